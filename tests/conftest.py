@@ -1,0 +1,80 @@
+"""Shared fixtures: the tiny seeded float64 model and factories for engines and requests."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig
+from vllmlite.engine import LLMEngine
+from vllmlite.loader import LoadedModel, load_model
+from vllmlite.outputs import RequestOutput
+from vllmlite.sampling_params import SamplingParams
+
+CACHE_KEYS = {"block_size", "num_blocks", "kv_cache_memory", "enable_prefix_caching",
+              "preemption_mode", "swap_space"}
+SCHEDULER_KEYS = {"max_num_seqs", "max_num_batched_tokens", "max_model_len"}
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> LoadedModel:
+    """2 layers, hidden 64, 4 heads / 2 KV heads, byte vocabulary, float64."""
+    return load_model("random", dtype="float64", seed=0)
+
+
+@pytest.fixture
+def make_engine(tiny_model) -> Callable[..., LLMEngine]:
+    def factory(**overrides) -> LLMEngine:
+        cache = {k: v for k, v in overrides.items() if k in CACHE_KEYS}
+        sched = {k: v for k, v in overrides.items() if k in SCHEDULER_KEYS}
+        unknown = set(overrides) - CACHE_KEYS - SCHEDULER_KEYS
+        assert not unknown, f"unknown engine overrides {unknown}"
+        cache.setdefault("num_blocks", 256)
+        config = EngineConfig(model="random", dtype="float64", cache=CacheConfig(**cache),
+                              scheduler=SchedulerConfig(**sched))
+        return LLMEngine(config, tiny_model)
+    return factory
+
+
+def make_prompts(count: int, seed: int = 0, min_len: int = 1, max_len: int = 40) -> list[list[int]]:
+    """Random byte-token prompts of varied lengths."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, size=int(rng.integers(min_len, max_len + 1))).tolist() for _ in range(count)]
+
+
+def greedy(max_tokens: int = 12, **kwargs) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kwargs)
+
+
+def run_to_completion(engine: LLMEngine, requests: list[tuple[list[int], SamplingParams]],
+                      arrivals: dict[int, int] | None = None) -> list[RequestOutput]:
+    """Add requests (request i at step arrivals.get(i, 0)), step until done, checking block
+    invariants after every step. Returns outputs in request order and asserts nothing leaked."""
+    arrivals = arrivals or {}
+    finished: dict[str, RequestOutput] = {}
+    for step in itertools.count():
+        for i, (prompt, params) in enumerate(requests):
+            if arrivals.get(i, 0) == step:
+                engine.add_request(str(i), prompt, params)
+        if step > max(arrivals.values(), default=0) and not engine.has_unfinished_requests():
+            break
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output
+        engine.block_manager.check_invariants()
+        assert step < 100_000, "engine did not finish"
+    assert_no_leaks(engine)
+    return [finished[str(i)] for i in range(len(requests))]
+
+
+def assert_no_leaks(engine: LLMEngine) -> None:
+    """Every block is free or cached, and no request state remains anywhere."""
+    bm = engine.block_manager
+    bm.check_invariants()
+    assert bm.num_free_blocks == bm.num_blocks
+    assert not engine.scheduler.requests and not engine.scheduler.running
+    assert len(engine.scheduler.waiting) == 0 and not engine.scheduler.swapped
+    assert not engine.has_unfinished_requests()

@@ -1,0 +1,53 @@
+"""Independent dense references for tests: no KV cache, no paging, KV heads repeated explicitly."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllmlite.loader import LoadedModel
+from vllmlite.model import apply_rope, rms_norm, rope_inv_freq, silu
+
+
+def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray) -> np.ndarray:
+    """Causal attention of q [n, heads, d] at q_positions over k, v [ctx, kv_heads, d] at 0..ctx-1."""
+    group = q.shape[1] // k.shape[1]
+    k = np.repeat(k, group, axis=1)                                  # [ctx, heads, d]
+    v = np.repeat(v, group, axis=1)
+    scores = np.einsum("nhd,lhd->hnl", q, k) / np.sqrt(q.shape[-1])  # [heads, n, ctx]
+    allowed = np.arange(k.shape[0])[None, :] <= q_positions[:, None]  # [n, ctx]
+    scores = np.where(allowed[None], scores, -np.inf)
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = scores / scores.sum(axis=-1, keepdims=True)
+    return np.einsum("hnl,lhd->nhd", probs, v)                       # [n, heads, d]
+
+
+def dense_logits(loaded: LoadedModel, token_ids: list[int]) -> np.ndarray:
+    """Logits at every position of one sequence, recomputed from scratch. [len, vocab]"""
+    c, w = loaded.config, loaded.weights
+    n = len(token_ids)
+    positions = np.arange(n)
+    angles = np.outer(positions, rope_inv_freq(c, w.rope_freq_factors))
+    cos, sin = np.cos(angles).astype(w.embed.dtype), np.sin(angles).astype(w.embed.dtype)
+    x = w.embed[np.asarray(token_ids)]
+    for layer in w.layers:
+        h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
+        qkv = h @ layer.wqkv.T
+        if layer.bqkv is not None:
+            qkv = qkv + layer.bqkv
+        q_end = c.num_heads * c.head_dim
+        k_end = q_end + c.num_kv_heads * c.head_dim
+        q = apply_rope(qkv[:, :q_end].reshape(n, c.num_heads, c.head_dim), cos, sin)
+        k = apply_rope(qkv[:, q_end:k_end].reshape(n, c.num_kv_heads, c.head_dim), cos, sin)
+        v = qkv[:, k_end:].reshape(n, c.num_kv_heads, c.head_dim)
+        x = x + dense_attention(q, k, v, positions).reshape(n, q_end) @ layer.wo.T
+        h = rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
+        gate, up = np.split(h @ layer.w_gate_up.T, 2, axis=-1)
+        x = x + (silu(gate) * up) @ layer.w_down.T
+    return rms_norm(x, w.final_norm, c.rms_norm_eps) @ w.lm_head.T
+
+
+def dense_greedy(loaded: LoadedModel, prompt: list[int], max_tokens: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(max_tokens):
+        tokens.append(int(np.argmax(dense_logits(loaded, tokens)[-1])))
+    return tokens[len(prompt):]

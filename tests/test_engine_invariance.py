@@ -1,0 +1,177 @@
+"""Greedy output is one thing: no knob of the serving machinery may change a token."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import greedy, make_prompts, run_to_completion
+from reference import dense_greedy
+from vllmlite.request import FinishReason
+from vllmlite.sampling_params import SamplingParams
+
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return make_prompts(8, seed=1, min_len=1, max_len=70)
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_model, prompts) -> list[list[int]]:
+    """Each prompt's greedy continuation from the dense, cache-free reference."""
+    return [dense_greedy(tiny_model, p, MAX_TOKENS) for p in prompts]
+
+
+def outputs_of(engine, prompts, **run_kwargs) -> list[list[int]]:
+    results = run_to_completion(engine, [(p, greedy(MAX_TOKENS)) for p in prompts], **run_kwargs)
+    return [r.outputs[0].token_ids for r in results]
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16, 64])
+def test_greedy_identical_across_block_sizes(make_engine, prompts, expected, block_size):
+    engine = make_engine(block_size=block_size, num_blocks=4096 // block_size)
+    assert outputs_of(engine, prompts) == expected
+
+
+@pytest.mark.parametrize("budget", [8, 33, 64, 4096])
+def test_greedy_identical_across_token_budgets(make_engine, prompts, expected, budget):
+    engine = make_engine(max_num_batched_tokens=budget)
+    assert outputs_of(engine, prompts) == expected
+
+
+@pytest.mark.parametrize("enable_prefix_caching", [True, False])
+def test_greedy_identical_with_and_without_prefix_caching(make_engine, prompts, expected,
+                                                          enable_prefix_caching):
+    engine = make_engine(enable_prefix_caching=enable_prefix_caching, block_size=4)
+    shared = prompts[3][:24]
+    with_prefix = [shared + p for p in prompts]  # every prompt shares 24 tokens = 6 blocks
+    first = outputs_of(engine, with_prefix)
+    again = outputs_of(engine, with_prefix)  # second pass may hit blocks cached by the first
+    assert first == again
+    engine_off = make_engine(enable_prefix_caching=False, block_size=4)
+    assert outputs_of(engine_off, with_prefix) == first
+    assert outputs_of(make_engine(), prompts) == expected
+
+
+def test_request_alone_batched_and_arriving_mid_flight_agree(make_engine, prompts, expected):
+    alone = [outputs_of(make_engine(), [p])[0] for p in prompts[:3]]
+    assert alone == expected[:3]
+    assert outputs_of(make_engine(), prompts) == expected  # batched with 7 others
+    arrivals = {i: 3 * i for i in range(len(prompts))}     # each arrives while others decode
+    assert outputs_of(make_engine(max_num_batched_tokens=16), prompts, arrivals=arrivals) == expected
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_greedy_identical_under_forced_preemption(make_engine, prompts, expected, mode):
+    # 24 blocks of 4 tokens cannot hold 8 sequences of up to 82 tokens: preemption is forced.
+    engine = make_engine(block_size=4, num_blocks=24, preemption_mode=mode, swap_space=0.01,
+                         max_num_batched_tokens=32)
+    assert outputs_of(engine, prompts) == expected
+    assert engine.scheduler.num_preemptions > 0
+
+
+def test_swap_preemption_actually_swaps(make_engine, prompts, expected):
+    engine = make_engine(block_size=4, num_blocks=24, preemption_mode="swap", swap_space=0.01)
+    swaps = []
+    original = engine.runner._copy_blocks
+
+    def spy(out):
+        swaps.append((len(out.blocks_to_swap_out), len(out.blocks_to_swap_in)))
+        original(out)
+
+    engine.runner._copy_blocks = spy
+    assert outputs_of(engine, prompts) == expected
+    assert sum(o for o, _ in swaps) > 0 and sum(i for _, i in swaps) > 0
+
+
+@pytest.mark.parametrize("length", [1, 3, 4, 5, 8, 9])
+def test_prompt_lengths_around_block_edges(make_engine, tiny_model, length):
+    prompt = make_prompts(1, seed=length, min_len=length, max_len=length)[0]
+    want = dense_greedy(tiny_model, prompt, MAX_TOKENS)
+    for budget in (1, 3, 4, 64):  # budget 4 ends chunks exactly on block edges
+        engine = make_engine(block_size=4, max_num_batched_tokens=budget)
+        assert outputs_of(engine, [prompt, prompt]) == [want, want]
+
+
+def test_full_prefix_hit_still_computes_last_token(make_engine, tiny_model):
+    prompt = make_prompts(1, seed=5, min_len=16, max_len=16)[0]  # exactly 4 blocks of 4
+    want = dense_greedy(tiny_model, prompt, MAX_TOKENS)
+    engine = make_engine(block_size=4)
+    assert outputs_of(engine, [prompt]) == [want]
+    engine.add_request("again", prompt, greedy(MAX_TOKENS))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert outputs[-1].outputs[0].token_ids == want
+    assert outputs[-1].num_cached_tokens == 12  # 3 full blocks; the last block is recomputed
+
+
+def test_concurrent_requests_share_a_system_prompt(make_engine, tiny_model):
+    system = make_prompts(1, seed=9, min_len=32, max_len=32)[0]
+    prompts = [system + p for p in make_prompts(4, seed=10, min_len=3, max_len=9)]
+    engine = make_engine(block_size=4, max_num_batched_tokens=32)
+    results = run_to_completion(engine, [(p, greedy(4)) for p in prompts])
+    for p, r in zip(prompts, results):
+        assert r.outputs[0].token_ids == dense_greedy(tiny_model, p, 4)
+    # The first request publishes the shared blocks; later ones hit them while it still runs.
+    assert [r.num_cached_tokens for r in results][1:] == [32, 32, 32]
+
+
+def test_re_prefill_after_preemption_loses_no_token(make_engine, prompts, expected):
+    engine = make_engine(block_size=4, num_blocks=20, max_num_batched_tokens=8)
+    assert outputs_of(engine, prompts[:4]) == expected[:4]
+    assert engine.scheduler.num_preemptions > 0
+
+
+def test_forked_samples_share_prompt_blocks_and_copy_on_write(make_engine):
+    prompt = make_prompts(1, seed=3, min_len=10, max_len=10)[0]  # ends mid-block: the fork must copy
+    params = SamplingParams(n=3, temperature=1.0, seed=123, max_tokens=8, ignore_eos=True)
+    engine = make_engine(block_size=4)
+    copies = []
+    original = engine.runner._copy_blocks
+
+    def spy(out):
+        copies.extend(out.blocks_to_copy)
+        original(out)
+
+    engine.runner._copy_blocks = spy
+    forked = run_to_completion(engine, [(prompt, params)])[0]
+    assert len(forked.outputs) == 3 and len(copies) >= 2
+    # Sample i of a seeded n > 1 request is the request alone with seed + i.
+    for i, completion in enumerate(forked.outputs):
+        alone = SamplingParams(temperature=1.0, seed=123 + i, max_tokens=8, ignore_eos=True)
+        single = run_to_completion(make_engine(block_size=4), [(prompt, alone)])[0]
+        assert completion.token_ids == single.outputs[0].token_ids
+
+
+def test_abort_frees_every_block(make_engine, prompts):
+    engine = make_engine(block_size=4)
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, greedy(50))
+    for _ in range(5):
+        engine.step()
+    assert engine.block_manager.num_free_blocks < engine.block_manager.num_blocks
+    for i in range(len(prompts)):
+        engine.abort_request(str(i))
+    engine.block_manager.check_invariants()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert not engine.has_unfinished_requests() and not engine.scheduler.requests
+
+
+def test_prompt_larger_than_cache_finishes_with_error(make_engine):
+    engine = make_engine(block_size=4, num_blocks=8)  # 32 tokens in all
+    big = make_prompts(1, seed=2, min_len=40, max_len=40)[0]
+    small = make_prompts(1, seed=3, min_len=5, max_len=5)[0]
+    results = run_to_completion(engine, [(big, greedy(4)), (small, greedy(4))])
+    assert results[0].outputs[0].finish_reason == FinishReason.ERROR.value
+    assert "cache" in results[0].error
+    assert results[1].outputs[0].finish_reason == "length" and len(results[1].outputs[0].token_ids) == 4
+
+
+def test_sequence_outgrowing_the_cache_ends_with_length(make_engine):
+    engine = make_engine(block_size=4, num_blocks=4)  # 16 tokens of KV in all
+    prompt = make_prompts(1, seed=4, min_len=6, max_len=6)[0]
+    result = run_to_completion(engine, [(prompt, greedy(100))])[0]
+    assert result.outputs[0].finish_reason == "length"
+    assert len(result.outputs[0].token_ids) == 16 - 6 + 1

@@ -1,0 +1,9 @@
+"""vllmlite: a readable LLM inference server in Python and numpy."""
+
+from vllmlite.engine import LLMEngine
+from vllmlite.llm import LLM
+from vllmlite.outputs import CompletionOutput, RequestOutput
+from vllmlite.sampling_params import SamplingParams
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]

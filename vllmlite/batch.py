@@ -1,0 +1,49 @@
+"""The data contracts between the scheduler and the runner. No logic lives here.
+
+The scheduler fills a SchedulerOutput; the runner reads it and returns a RunnerOutput; the
+scheduler's update() applies that. Neither side imports the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllmlite.request import Request
+
+
+@dataclass
+class ScheduledSequence:
+    """One request's share of this step: the tokens to compute and where their K/V goes."""
+
+    request: Request             # read-only for the runner
+    token_ids: list[int]         # the tokens computed this step
+    start_position: int          # position of token_ids[0] (= num_computed_tokens before the step)
+    block_table: list[int]       # covers positions 0 .. start_position + len(token_ids) - 1
+    samplers: list[Request] = field(default_factory=list)
+    # Requests that draw a token from this sequence's last logits: empty mid-prompt, usually just
+    # [request], and [parent, *forks] when an n > 1 request finishes its prompt.
+
+    @property
+    def seq_len(self) -> int:
+        return self.start_position + len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)   # (host, device)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)      # (src, dst) copy-on-write
+    finished: list[Request] = field(default_factory=list)  # ended while scheduling (e.g. cannot fit)
+    num_preempted: int = 0
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.scheduled)
+
+
+@dataclass
+class RunnerOutput:
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> new tokens
+    logprobs: dict[str, list] = field(default_factory=dict)                # request id -> TokenLogprobs
+    errors: dict[str, str] = field(default_factory=dict)                   # request id -> what failed

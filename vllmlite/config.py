@@ -1,0 +1,147 @@
+"""Configuration dataclasses: the model's shape, the KV cache, the scheduler and the engine.
+
+Every knob is validated at construction so a bad value fails at start-up, not mid-request.
+This module knows nothing of requests, tensors or HTTP.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+DTYPES = ("float32", "float64")
+PREEMPTION_MODES = ("recompute", "swap")
+DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB: about 23k tokens of SmolLM2-135M in float32
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Rotary scaling: "linear" divides every frequency; "llama3" scales only the low ones."""
+
+    rope_type: Literal["linear", "llama3"]
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        _require(self.rope_type in ("linear", "llama3"),
+                 f"rope_scaling type {self.rope_type!r} is not supported (linear, llama3)")
+        _require(self.factor > 0, f"rope_scaling factor must be > 0, got {self.factor}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a Llama-family decoder, as read from GGUF metadata or config.json."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[RopeScaling] = None
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 has q/k/v biases
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
+            _require(getattr(self, name) >= 1, f"{name} must be >= 1")
+        _require(self.num_heads % self.num_kv_heads == 0,
+                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        _require(self.head_dim % 2 == 0, "head_dim must be even for rotary embeddings")
+
+    @property
+    def num_queries_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def kv_bytes_per_token(self, itemsize: int) -> int:
+        """Bytes of K and V one token holds across all layers."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache: block size and pool size (a block count, or a byte budget)."""
+
+    block_size: int = 16
+    num_blocks: Optional[int] = None
+    kv_cache_memory: Optional[int] = None  # bytes; used when num_blocks is not given
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "recompute"
+    swap_space: float = 1.0  # GiB of host memory for swapped-out blocks (preemption_mode="swap")
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.block_size, int) and 1 <= self.block_size <= 1024,
+                 f"block_size must be an integer in [1, 1024], got {self.block_size!r}")
+        _require(self.num_blocks is None or self.num_blocks >= 1,
+                 f"num_blocks must be >= 1, got {self.num_blocks}")
+        _require(self.kv_cache_memory is None or self.kv_cache_memory > 0,
+                 f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}")
+        _require(self.preemption_mode in PREEMPTION_MODES,
+                 f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        _require(self.swap_space >= 0, f"swap_space must be >= 0 GiB, got {self.swap_space}")
+
+    def resolve_num_blocks(self, bytes_per_block: int) -> int:
+        """Blocks in the device pool: num_blocks if given, else the memory budget divided by block bytes."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        budget = self.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
+        num_blocks = budget // bytes_per_block
+        _require(num_blocks >= 1, f"kv_cache_memory {budget} B holds no block of {bytes_per_block} B")
+        return num_blocks
+
+    def resolve_num_host_blocks(self, bytes_per_block: int) -> int:
+        if self.preemption_mode != "swap":
+            return 0
+        return int(self.swap_space * (1 << 30)) // bytes_per_block
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How much work one step may take: sequences and tokens (the chunked-prefill budget)."""
+
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 256
+    max_model_len: Optional[int] = None  # defaults to the model's context length
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        _require(self.max_num_batched_tokens >= 1,
+                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        _require(self.max_model_len is None or self.max_model_len >= 2,
+                 f"max_model_len must be >= 2, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything LLMEngine needs to start: which model, its dtype, and the cache and scheduler."""
+
+    model: str = "default"
+    dtype: str = "float32"
+    seed: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def is_finite_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,237 @@
+"""LLMEngine: one step = schedule, one forward pass, update, detokenize.
+
+Owns the scheduler, the runner and the per-request output state (detokenizers, n > 1 groups).
+Knows nothing of HTTP or threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import numpy as np
+
+from vllmlite.block_manager import BlockManager
+from vllmlite.config import EngineConfig
+from vllmlite.detokenizer import IncrementalDetokenizer
+from vllmlite.loader import LoadedModel, load_model
+from vllmlite.model import LlamaModel
+from vllmlite.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from vllmlite.request import FinishReason, Request
+from vllmlite.runner import ModelRunner
+from vllmlite.sampling import make_generator
+from vllmlite.sampling_params import SamplingParams
+from vllmlite.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+Prompt = Union[str, list[int]]
+
+
+@dataclass
+class _Sample:
+    request: Request
+    detokenizer: IncrementalDetokenizer
+    num_detokenized: int = 0     # output tokens fed to the detokenizer
+    num_reported: int = 0        # output tokens already in a returned CompletionOutput
+    reported_text: str = ""      # text already in a returned CompletionOutput
+
+
+@dataclass
+class _Group:
+    """One user request: its samples (n or best_of of them) and what has been reported so far."""
+
+    request_id: str
+    prompt: Optional[str]
+    params: SamplingParams
+    samples: list[_Sample] = field(default_factory=list)
+    wants_logprobs: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return all(s.request.is_finished for s in self.samples)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded: Optional[LoadedModel] = None) -> None:
+        self.config = config
+        loaded = loaded or load_model(config.model, config.dtype, config.seed)
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.model_source = loaded.source
+        sched = config.scheduler
+        self.max_model_len = min(sched.max_model_len or loaded.config.max_position_embeddings,
+                                 loaded.config.max_position_embeddings)
+        itemsize = np.dtype(config.dtype).itemsize
+        bytes_per_block = loaded.config.kv_bytes_per_token(itemsize) * config.cache.block_size
+        num_blocks = config.cache.resolve_num_blocks(bytes_per_block)
+        num_host_blocks = config.cache.resolve_num_host_blocks(bytes_per_block)
+        stop_ids = self.tokenizer.stop_token_ids
+        self.block_manager = BlockManager(num_blocks, config.cache.block_size,
+                                          config.cache.enable_prefix_caching, num_host_blocks)
+        self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
+                                   config.cache.preemption_mode, stop_ids)
+        model = LlamaModel(loaded.config, loaded.weights, self.max_model_len)
+        self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids)
+        self.weights_bytes = loaded.weights.num_bytes
+        self._seed_rng = np.random.default_rng(config.seed)
+        self._groups: dict[str, _Group] = {}
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLMEngine:
+        return cls(config)
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes held by weights, the device KV cache and the host swap arena."""
+        return {"weights": self.weights_bytes, "kv_cache": self.runner.kv_cache_bytes,
+                "host_swap": self.runner.host_cache_bytes,
+                "kv_blocks": self.block_manager.num_blocks, "block_size": self.block_manager.block_size}
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, *,
+                    arrival_time: Optional[float] = None, priority: int = 0,
+                    cache_salt: Optional[str] = None, client_id: Optional[str] = None) -> None:
+        """Validate and queue a request. Raises ValueError (a client error) before allocating anything."""
+        if request_id in self._groups:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text = prompt if isinstance(prompt, str) else None
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        max_tokens = self._validate(token_ids, params)
+        num_samples = params.best_of or params.n
+        # best_of ranks samples by cumulative logprob, so their logprobs are computed regardless.
+        internal = params if params.best_of is None or params.logprobs is not None \
+            else dataclasses.replace(params, logprobs=0)
+        group = _Group(request_id, text, params, wants_logprobs=params.logprobs is not None)
+        for i in range(num_samples):
+            seed = None if params.seed is None else params.seed + i
+            generator = make_generator(seed if seed is not None else int(self._seed_rng.integers(2**63)))
+            request = Request(
+                request_id=request_id if i == 0 else f"{request_id}#{i}",
+                prompt_token_ids=token_ids, sampling_params=internal, max_tokens=max_tokens,
+                generator=generator, arrival_time=arrival_time or time.monotonic(), priority=priority,
+                cache_salt=cache_salt, client_id=client_id,
+                parent_id=None if i == 0 else request_id, sample_index=i)
+            detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens,
+                                                 params.stop or (), params.include_stop_str_in_output)
+            group.samples.append(_Sample(request, detokenizer))
+        self._groups[request_id] = group
+        first, *forks = [s.request for s in group.samples]
+        self.scheduler.add_request(first, forks)
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> int:
+        """Check the prompt against the vocabulary and context length; return the resolved max_tokens."""
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        params.verify(vocab)
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens but this model's maximum context "
+                             f"length is {self.max_model_len} tokens (prompt plus output)")
+        if params.max_tokens is None:
+            return self.max_model_len - len(token_ids)
+        if len(token_ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but the request asks "
+                f"for {len(token_ids)} prompt tokens plus {params.max_tokens} output tokens "
+                f"({len(token_ids) + params.max_tokens}); reduce the prompt or max_tokens")
+        return params.max_tokens
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request (all its samples) and free its blocks; unknown ids are ignored."""
+        group = self._groups.pop(request_id, None)
+        if group is not None:
+            self.scheduler.abort_requests([s.request.request_id for s in group.samples])
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._groups)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._groups)
+
+    # --- step -----------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step and forward pass; return an output for every request that changed."""
+        scheduled = self.scheduler.schedule()
+        result = self.runner.execute(scheduled)
+        touched = self.scheduler.update(scheduled, result)
+        return self._make_outputs(touched)
+
+    def _make_outputs(self, touched: list[Request]) -> list[RequestOutput]:
+        changed: dict[str, _Group] = {}
+        for request in touched:
+            group_id = request.parent_id or request.request_id
+            group = self._groups.get(group_id)
+            if group is None:
+                continue
+            self._detokenize(group.samples[request.sample_index])
+            changed[group_id] = group
+        outputs = []
+        for group_id, group in changed.items():
+            if group.finished:
+                del self._groups[group_id]
+            elif group.params.best_of and group.params.best_of > group.params.n:
+                continue  # best_of reports once, when every candidate is done
+            outputs.append(self._group_output(group))
+        return outputs
+
+    def _detokenize(self, sample: _Sample) -> None:
+        request = sample.request
+        new_ids = request.output_token_ids[sample.num_detokenized:]
+        sample.num_detokenized = request.num_output_tokens
+        if request.is_finished and request.finish_reason is FinishReason.STOP and new_ids \
+                and not isinstance(request.stop_reason, str):
+            new_ids = new_ids[:-1]  # EOS or a stop token id: kept in token_ids, never in the text
+        delta = sample.detokenizer.add_tokens(new_ids) if new_ids else None
+        if delta is not None and delta.stop_str is not None:
+            # Tokens sampled past the one that completed the stop string are dropped.
+            request.truncate_output(request.num_output_tokens - len(new_ids) + delta.num_tokens_used)
+            sample.num_detokenized = request.num_output_tokens
+            if not request.is_finished:
+                self.scheduler.finish(request, FinishReason.STOP, delta.stop_str)
+            else:
+                request.finish(FinishReason.STOP, delta.stop_str)
+        if request.is_finished and sample.detokenizer.stop_str is None:
+            sample.detokenizer.flush()
+
+    def _group_output(self, group: _Group) -> RequestOutput:
+        completions = [self._completion(group, s) for s in group.samples]
+        if group.params.best_of and group.params.best_of > group.params.n:
+            completions.sort(key=lambda c: c.cumulative_logprob, reverse=True)
+            completions = completions[:group.params.n]
+            for i, c in enumerate(completions):
+                c.index = i
+                if not group.wants_logprobs:
+                    c.logprobs = c.delta_logprobs = None
+        first = group.samples[0].request
+        errors = [s.request.error for s in group.samples if s.request.error]
+        metrics = RequestMetrics(first.arrival_time, first.first_token_time,
+                                 time.monotonic() if group.finished else None, first.num_preemptions)
+        return RequestOutput(group.request_id, group.prompt, first.prompt_token_ids, completions,
+                             group.finished, first.num_cached_tokens, errors[0] if errors else None, metrics)
+
+    def _completion(self, group: _Group, sample: _Sample) -> CompletionOutput:
+        request = sample.request
+        start, previous_text = sample.num_reported, sample.reported_text
+        text = sample.detokenizer.output_text
+        sample.num_reported, sample.reported_text = request.num_output_tokens, text
+        logprobs = request.logprobs if group.wants_logprobs or group.params.best_of else None
+        return CompletionOutput(
+            index=request.sample_index,
+            text=text,
+            token_ids=list(request.output_token_ids),
+            cumulative_logprob=request.cumulative_logprob if logprobs is not None else None,
+            logprobs=list(logprobs) if logprobs is not None else None,
+            finish_reason=request.finish_reason.value if request.finish_reason else None,
+            stop_reason=request.stop_reason,
+            delta_text=text[len(previous_text):],
+            delta_token_ids=request.output_token_ids[start:],
+            delta_logprobs=logprobs[start:] if logprobs is not None else None,
+        )

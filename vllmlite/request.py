@@ -1,0 +1,105 @@
+"""Per-request state: tokens, how many of them have KV (computed), status and finish reason.
+
+`num_computed_tokens` catches up to `num_tokens` one step at a time; this single number covers
+chunked prefill, prefix hits, preemption and decoding alike. Knows nothing of blocks or tensors.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import numpy as np
+
+from vllmlite.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"      # queued, or preempted by recompute (KV dropped)
+    RUNNING = "running"
+    SWAPPED = "swapped"      # preempted by swap: KV in the host arena
+    FORK_PENDING = "fork_pending"  # a sample of an n > 1 request, born when its parent's prompt is done
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"        # EOS, a stop token or a stop string
+    LENGTH = "length"    # max_tokens, the context length, or no room left in the KV cache
+    ABORT = "abort"      # the client went away or asked to stop
+    ERROR = "error"      # this request failed (e.g. its prompt can never fit in the cache)
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    max_tokens: int                    # resolved: never past the context length
+    generator: np.random.Generator     # this request's own random stream
+    arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0                  # lower runs first
+    cache_salt: Optional[str] = None
+    client_id: Optional[str] = None
+    parent_id: Optional[str] = None    # set on the extra samples of an n > 1 request
+    sample_index: int = 0
+
+    token_ids: list[int] = field(init=False)          # prompt followed by output
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0          # prompt tokens served from the prefix cache
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: Optional[FinishReason] = None
+    stop_reason: Union[int, str, None] = None
+    error: Optional[str] = None
+    cumulative_logprob: float = 0.0
+    logprobs: list = field(default_factory=list)      # TokenLogprobs per output token, when asked
+    num_preemptions: int = 0
+    first_token_time: Optional[float] = None
+    last_token_time: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def extra_keys(self) -> tuple:
+        """What besides token ids keys this request's prefix-cache blocks."""
+        return () if self.cache_salt is None else (self.cache_salt,)
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        self.output_token_ids.append(token_id)
+        now = time.monotonic()
+        if self.first_token_time is None:
+            self.first_token_time = now
+        self.last_token_time = now
+
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Drop output tokens past `num_output_tokens` (sampled after a stop string completed)."""
+        del self.output_token_ids[num_output_tokens:]
+        del self.token_ids[self.num_prompt_tokens + num_output_tokens:]
+        del self.logprobs[num_output_tokens:]
+
+    def finish(self, reason: FinishReason, stop_reason: Union[int, str, None] = None,
+               error: Optional[str] = None) -> None:
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+        self.error = error

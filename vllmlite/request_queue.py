@@ -1,0 +1,72 @@
+"""The waiting queue: which request is admitted next.
+
+Order: preempted requests first (they already waited), then lower priority value, then
+round-robin across clients (so one client flooding the queue cannot starve another), then arrival.
+Knows nothing of blocks or budgets.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterator, Optional
+
+from vllmlite.request import Request
+
+
+class WaitingQueue:
+    def __init__(self) -> None:
+        self._resumed: deque[Request] = deque()             # preempted, oldest-admitted first
+        self._by_client: dict[Optional[str], deque[Request]] = {}
+        self._turn = 0                                        # increases on every admission
+        self._last_turn: dict[Optional[str], int] = {}       # when each client was last admitted
+
+    def __len__(self) -> int:
+        return len(self._resumed) + sum(len(q) for q in self._by_client.values())
+
+    def __iter__(self) -> Iterator[Request]:
+        yield from self._resumed
+        for queue in self._by_client.values():
+            yield from queue
+
+    def add(self, request: Request) -> None:
+        self._by_client.setdefault(request.client_id, deque()).append(request)
+
+    def push_front(self, request: Request) -> None:
+        """Requeue a preempted request ahead of everything that has not run yet."""
+        self._resumed.appendleft(request)
+
+    def peek(self) -> Optional[Request]:
+        if self._resumed:
+            return self._resumed[0]
+        best: Optional[Request] = None
+        best_key = None
+        for client, queue in self._by_client.items():
+            # Within a client, the lowest priority value then the earliest arrival.
+            head = min(queue, key=lambda r: (r.priority, r.arrival_time))
+            key = (head.priority, self._last_turn.get(client, -1), head.arrival_time)
+            if best_key is None or key < best_key:
+                best, best_key = head, key
+        return best
+
+    def pop(self) -> Request:
+        request = self.peek()
+        if request is None:
+            raise IndexError("pop from an empty WaitingQueue")
+        self.remove(request)
+        if request.client_id in self._by_client:  # a client with nothing left waiting is forgotten
+            self._last_turn[request.client_id] = self._turn
+        self._turn += 1
+        return request
+
+    def remove(self, request: Request) -> bool:
+        if request in self._resumed:
+            self._resumed.remove(request)
+            return True
+        queue = self._by_client.get(request.client_id)
+        if queue is None or request not in queue:
+            return False
+        queue.remove(request)
+        if not queue:
+            del self._by_client[request.client_id]
+            self._last_turn.pop(request.client_id, None)
+        return True

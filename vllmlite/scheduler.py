@@ -1,0 +1,249 @@
+"""Who runs this step: running requests first (oldest first), then waiting ones, under a token budget.
+
+No prefill or decode phases: each request computes `num_tokens - num_computed_tokens` tokens,
+capped by the budget (that is chunked prefill). Under memory pressure the newest running request
+is preempted, so the oldest always progresses. Owns request lifecycles; never touches tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+from vllmlite.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
+from vllmlite.block_manager import BlockManager, PrefixHit
+from vllmlite.config import SchedulerConfig, ceil_div
+from vllmlite.request import FinishReason, Request, RequestStatus
+from vllmlite.request_queue import WaitingQueue
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int,
+                 preemption_mode: str, stop_token_ids: frozenset[int]) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.preemption_mode = preemption_mode
+        self.stop_token_ids = stop_token_ids      # the model's EOS and end-of-turn tokens
+        self.waiting = WaitingQueue()
+        self.running: list[Request] = []          # admission order: oldest first
+        self.swapped: list[Request] = []          # oldest first
+        self.requests: dict[str, Request] = {}
+        self.forks: dict[str, list[Request]] = {}  # parent id -> samples waiting for its prompt
+        self.num_preemptions = 0
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def add_request(self, request: Request, forks: Iterable[Request] = ()) -> None:
+        """Queue a request; `forks` are its extra samples (n > 1), born when its prompt is computed."""
+        self.requests[request.request_id] = request
+        forks = list(forks)
+        for fork in forks:
+            fork.status = RequestStatus.FORK_PENDING
+            self.requests[fork.request_id] = fork
+        if forks:
+            self.forks[request.request_id] = forks
+        self.waiting.add(request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
+        """Finish the given requests (and pending forks of a parent) as aborted; return them."""
+        aborted = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is not None and not request.is_finished:
+                self.finish(request, FinishReason.ABORT)
+                aborted.append(request)
+        return aborted
+
+    def finish(self, request: Request, reason: FinishReason, stop_reason=None, error=None) -> None:
+        """End a request wherever it is and free its blocks. Pending forks of a parent share its fate
+        unless the parent finished normally after they were born (then they are already running)."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status is RequestStatus.SWAPPED:
+            self.swapped.remove(request)
+        elif request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+        request.finish(reason, stop_reason, error)
+        self.block_manager.free(request.request_id)
+        self.requests.pop(request.request_id, None)
+        for fork in self.forks.pop(request.request_id, []):
+            fork.finish(reason, stop_reason, error)
+            self.requests.pop(fork.request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.swapped)
+
+    # --- schedule -------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if out.num_preempted == 0:
+            budget = self._schedule_swapped(out, budget)
+        if out.num_preempted == 0 and not self.swapped:
+            self._schedule_waiting(out, budget)
+        out.blocks_to_copy = self.block_manager.take_copies()
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self._allocate(request, num_new):
+                victim = self.running[-1]
+                if victim is request and index == 0:
+                    # Alone and still no room: the cache is too small for this sequence to grow.
+                    self.finish(request, FinishReason.LENGTH)
+                    out.finished.append(request)
+                    break
+                self._preempt(victim, out)
+                if victim is request:
+                    break
+            else:
+                self._add_scheduled(out, request, num_new)
+                budget -= num_new
+                index += 1
+        return budget
+
+    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        bm = self.block_manager
+        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.swapped[0]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            needed = ceil_div(request.num_computed_tokens + num_new, bm.block_size)
+            if not bm.can_swap_in(request.request_id) or bm.num_free_blocks < needed:
+                break
+            out.blocks_to_swap_in.extend(bm.swap_in(request.request_id))
+            if not self._allocate(request, num_new):  # cannot fail: checked above
+                raise AssertionError("allocation after swap-in failed")
+            self.swapped.pop(0)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self._add_scheduled(out, request, num_new)
+            budget -= num_new
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        bm = self.block_manager
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting.peek()
+            if request is None:
+                return
+            if ceil_div(request.num_tokens + 1, bm.block_size) > bm.num_blocks:
+                self.finish(request, FinishReason.ERROR, error=(
+                    f"the prompt needs {request.num_tokens} tokens of KV cache but the whole cache holds "
+                    f"{bm.num_blocks * bm.block_size}"))
+                out.finished.append(request)
+                continue
+            hit = self._prefix_hit(request)
+            num_new = min(request.num_tokens - hit.num_tokens, budget)
+            if not bm.allocate(request.request_id, hit.num_tokens, hit.num_tokens + num_new, hit):
+                return
+            self.waiting.pop()
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = hit.num_tokens
+            request.num_computed_tokens = hit.num_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self._add_scheduled(out, request, num_new)
+            budget -= num_new
+
+    def _prefix_hit(self, request: Request) -> PrefixHit:
+        if request.sampling_params.prompt_logprobs is not None:
+            return PrefixHit([], 0)  # prompt logprobs need logits at every prompt position
+        return self.block_manager.find_prefix_hit(request.token_ids, request.extra_keys)
+
+    def _allocate(self, request: Request, num_new: int) -> bool:
+        start = request.num_computed_tokens
+        return self.block_manager.allocate(request.request_id, start, start + num_new)
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        """Take the newest running request off the machine: swap its KV out, or drop it to recompute."""
+        bm = self.block_manager
+        self.running.remove(request)
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        out.num_preempted += 1
+        if self.preemption_mode == "swap" and bm.can_swap_out(request.request_id):
+            out.blocks_to_swap_out.extend(bm.swap_out(request.request_id))
+            request.status = RequestStatus.SWAPPED
+            self.swapped.insert(0, request)
+            return
+        bm.free(request.request_id)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        self.waiting.push_front(request)
+
+    def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        start = request.num_computed_tokens
+        samples = start + num_new == request.num_tokens
+        samplers = [request] + self.forks.get(request.request_id, []) if samples else []
+        out.scheduled.append(ScheduledSequence(
+            request=request,
+            token_ids=request.token_ids[start:start + num_new],
+            start_position=start,
+            block_table=list(self.block_manager.block_table(request.request_id)),
+            samplers=samplers,
+        ))
+
+    # --- update ---------------------------------------------------------------------------------
+
+    def update(self, out: SchedulerOutput, result: RunnerOutput) -> list[Request]:
+        """Apply a step's results: advance computed counts, publish full blocks, append sampled tokens,
+        apply stop conditions. Returns every request that produced a token or finished."""
+        touched: list[Request] = list(out.finished)
+        for seq in out.scheduled:
+            request = seq.request
+            if request.is_finished:
+                continue
+            request.num_computed_tokens += len(seq.token_ids)
+            self.block_manager.publish_full_blocks(request.request_id, request.token_ids,
+                                                   request.num_computed_tokens, request.extra_keys)
+            for sampler in seq.samplers:
+                if sampler is not request:
+                    self._birth_fork(request, sampler)
+                error = result.errors.get(sampler.request_id)
+                if error is not None:
+                    self.finish(sampler, FinishReason.ERROR, error=error)
+                else:
+                    self._append_tokens(sampler, result.sampled_token_ids.get(sampler.request_id, []),
+                                        result.logprobs.get(sampler.request_id))
+                touched.append(sampler)
+        return touched
+
+    def _birth_fork(self, parent: Request, fork: Request) -> None:
+        """An extra sample starts life sharing every block of its parent's computed prompt."""
+        self.forks.pop(parent.request_id, None)
+        self.block_manager.fork(parent.request_id, fork.request_id)
+        fork.num_computed_tokens = parent.num_computed_tokens
+        fork.num_cached_tokens = parent.num_cached_tokens
+        fork.status = RequestStatus.RUNNING
+        self.running.append(fork)
+
+    def _append_tokens(self, request: Request, token_ids: list[int], logprobs: Optional[list]) -> None:
+        params = request.sampling_params
+        for i, token_id in enumerate(token_ids):
+            request.append_token(token_id)
+            if logprobs is not None:
+                request.logprobs.append(logprobs[i])
+                request.cumulative_logprob += logprobs[i].logprob
+            reason, stop_reason = self._check_stop(request, token_id, params)
+            if reason is not None:
+                self.finish(request, reason, stop_reason)
+                return
+
+    def _check_stop(self, request: Request, token_id: int, params) -> tuple[Optional[FinishReason], object]:
+        if request.num_output_tokens >= params.min_tokens:
+            if token_id in (params.stop_token_ids or ()):
+                return FinishReason.STOP, token_id
+            if not params.ignore_eos and token_id in self.stop_token_ids:
+                return FinishReason.STOP, None
+        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH, None
+        return None, None
