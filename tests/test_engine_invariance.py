@@ -175,3 +175,18 @@ def test_sequence_outgrowing_the_cache_ends_with_length(make_engine):
     result = run_to_completion(engine, [(prompt, greedy(100))])[0]
     assert result.outputs[0].finish_reason == "length"
     assert len(result.outputs[0].token_ids) == 16 - 6 + 1
+
+
+def test_a_request_that_makes_the_engine_raise_fails_alone(make_engine, prompts, expected):
+    engine = make_engine()
+    poison = [7, 7, 7, 7, 7]
+
+    def fault(out):
+        if any(seq.request.prompt_token_ids == poison for seq in out.scheduled):
+            raise RuntimeError("injected fault")
+
+    engine.runner.fault_hook = fault
+    requests = [(p, greedy(MAX_TOKENS)) for p in prompts[:3]] + [(poison, greedy(MAX_TOKENS))]
+    results = run_to_completion(engine, requests)
+    assert [r.outputs[0].token_ids for r in results[:3]] == expected[:3]
+    assert results[3].outputs[0].finish_reason == "error" and "injected fault" in results[3].error

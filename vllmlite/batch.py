@@ -46,4 +46,5 @@ class SchedulerOutput:
 class RunnerOutput:
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> new tokens
     logprobs: dict[str, list] = field(default_factory=dict)                # request id -> TokenLogprobs
+    prompt_logprobs: dict[str, list] = field(default_factory=dict)         # request id -> TokenLogprobs
     errors: dict[str, str] = field(default_factory=dict)                   # request id -> what failed

@@ -14,6 +14,7 @@ from typing import Optional, Union
 
 import numpy as np
 
+from vllmlite.batch import RunnerOutput, SchedulerOutput
 from vllmlite.block_manager import BlockManager
 from vllmlite.config import EngineConfig
 from vllmlite.detokenizer import IncrementalDetokenizer
@@ -100,7 +101,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        max_tokens = self._validate(token_ids, params)
+        max_tokens = self.check_request(token_ids, params)
         num_samples = params.best_of or params.n
         # best_of ranks samples by cumulative logprob, so their logprobs are computed regardless.
         internal = params if params.best_of is None or params.logprobs is not None \
@@ -122,8 +123,11 @@ class LLMEngine:
         first, *forks = [s.request for s in group.samples]
         self.scheduler.add_request(first, forks)
 
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> int:
-        """Check the prompt against the vocabulary and context length; return the resolved max_tokens."""
+    def check_request(self, token_ids: list[int], params: SamplingParams) -> int:
+        """Check a prompt against the vocabulary and context length; return the resolved max_tokens.
+
+        Pure (changes no state), so the HTTP thread may call it to answer 400 before queueing.
+        Raises ValueError with a message fit for the client."""
         if not token_ids:
             raise ValueError("the prompt is empty")
         vocab = self.model_config.vocab_size
@@ -160,9 +164,40 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step and forward pass; return an output for every request that changed."""
         scheduled = self.scheduler.schedule()
-        result = self.runner.execute(scheduled)
+        result = self._execute(scheduled)
         touched = self.scheduler.update(scheduled, result)
         return self._make_outputs(touched)
+
+    def _execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        """Run the batch; if it raises, run each sequence alone so only the failing ones end in error.
+
+        Rewriting a sequence's K/V into the same slots is idempotent, so the retry is safe. A fault
+        that is not tied to a request (every sequence fails alone too) still ends only those requests;
+        only an exception outside this method marks the engine dead.
+        """
+        try:
+            return self.runner.execute(scheduled)
+        except Exception as batch_error:  # noqa: BLE001 - isolate per-request faults
+            if len(scheduled.scheduled) <= 1:
+                return self._errors_for(scheduled.scheduled, batch_error)
+        result = RunnerOutput()
+        for seq in scheduled.scheduled:
+            alone = SchedulerOutput(scheduled=[seq])
+            try:
+                part = self.runner.execute(alone)
+            except Exception as error:  # noqa: BLE001
+                part = self._errors_for([seq], error)
+            result.sampled_token_ids.update(part.sampled_token_ids)
+            result.logprobs.update(part.logprobs)
+            result.errors.update(part.errors)
+        return result
+
+    @staticmethod
+    def _errors_for(seqs: list, error: Exception) -> RunnerOutput:
+        logger.exception("request failed inside the engine: %s", error)
+        message = f"internal error while running this request: {type(error).__name__}: {error}"
+        errors = {r.request_id: message for seq in seqs for r in [seq.request, *seq.samplers]}
+        return RunnerOutput(errors=errors)
 
     def _make_outputs(self, touched: list[Request]) -> list[RequestOutput]:
         changed: dict[str, _Group] = {}
@@ -214,8 +249,12 @@ class LLMEngine:
         errors = [s.request.error for s in group.samples if s.request.error]
         metrics = RequestMetrics(first.arrival_time, first.first_token_time,
                                  time.monotonic() if group.finished else None, first.num_preemptions)
+        prompt_logprobs = None
+        if group.params.prompt_logprobs is not None:
+            prompt_logprobs = [None] + first.prompt_logprobs  # the first token has no context
         return RequestOutput(group.request_id, group.prompt, first.prompt_token_ids, completions,
-                             group.finished, first.num_cached_tokens, errors[0] if errors else None, metrics)
+                             group.finished, first.num_cached_tokens, errors[0] if errors else None, metrics,
+                             prompt_logprobs)
 
     def _completion(self, group: _Group, sample: _Sample) -> CompletionOutput:
         request = sample.request

@@ -55,6 +55,7 @@ class Request:
     error: Optional[str] = None
     cumulative_logprob: float = 0.0
     logprobs: list = field(default_factory=list)      # TokenLogprobs per output token, when asked
+    prompt_logprobs: list = field(default_factory=list)  # TokenLogprobs of prompt tokens 1.., when asked
     num_preemptions: int = 0
     first_token_time: Optional[float] = None
     last_token_time: Optional[float] = None

@@ -12,7 +12,7 @@ import numpy as np
 from vllmlite.attention import build_metadata
 from vllmlite.batch import RunnerOutput, SchedulerOutput
 from vllmlite.model import LlamaModel
-from vllmlite.sampling import Sampler, SamplingBatch
+from vllmlite.sampling import Sampler, SamplingBatch, compute_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +59,17 @@ class ModelRunner:
         # The last row of each sequence that samples; forks of one parent share that row.
         ends = np.cumsum([len(s.token_ids) for s in seqs]) - 1                        # [num_seqs]
         sampling = [(i, r) for i, s in enumerate(seqs) for r in s.samplers]
-        rows = np.array([ends[i] for i, _ in sampling], dtype=np.int64)               # [num_samples]
+        sample_rows = np.array([ends[i] for i, _ in sampling], dtype=np.int64)        # [num_samples]
+        prompt_rows, prompt_next, prompt_owners = _prompt_logprob_rows(seqs, ends)
+        rows = np.concatenate([sample_rows, prompt_rows])
         unique_rows, inverse = np.unique(rows, return_inverse=True)
         logits = self.model.forward(input_ids, positions, meta, self.kv_cache, unique_rows)
         self.num_forward_passes += 1
+        result = RunnerOutput()
+        if prompt_owners:
+            self._prompt_logprobs(logits[inverse[len(sample_rows):]], prompt_next, prompt_owners, result)
         if not sampling:
-            return RunnerOutput()
+            return result
         requests = [r for _, r in sampling]
         batch = SamplingBatch(
             params=[r.sampling_params for r in requests],
@@ -73,13 +78,19 @@ class ModelRunner:
             generators=[r.generator for r in requests],
             stop_token_ids=self.stop_token_ids,
         )
-        sampled = self.sampler(logits[inverse], batch)                                 # [num_samples]
-        result = RunnerOutput()
+        sampled = self.sampler(logits[inverse[:len(sample_rows)]], batch)             # [num_samples]
         for j, request in enumerate(requests):
             result.sampled_token_ids[request.request_id] = [int(sampled.token_ids[j])]
             if sampled.logprobs[j] is not None:
                 result.logprobs[request.request_id] = [sampled.logprobs[j]]
         return result
+
+    @staticmethod
+    def _prompt_logprobs(logits: np.ndarray, next_ids: np.ndarray, owners: list, result: RunnerOutput) -> None:
+        """Logprob of each next prompt token under the logits one position before it."""
+        top = [r.sampling_params.prompt_logprobs for r in owners]
+        for request, entry in zip(owners, compute_logprobs(logits, next_ids, top)):
+            result.prompt_logprobs.setdefault(request.request_id, []).append(entry)
 
     def _copy_blocks(self, out: SchedulerOutput) -> None:
         """Swap-out first (its device blocks may be reused below), then swap-in, then copy-on-write."""
@@ -98,3 +109,23 @@ class ModelRunner:
         """Every slot of the given blocks: [2, 5] with block_size 2 -> [4, 5, 10, 11]."""
         ids = np.asarray(block_ids, dtype=np.int64)
         return (ids[:, None] * self.block_size + np.arange(self.block_size)[None, :]).reshape(-1)
+
+
+def _prompt_logprob_rows(seqs: list, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
+    """Rows whose logits score the next prompt token, for requests that asked for prompt logprobs.
+
+    Position p predicts token p + 1; positions already scored (before a preemption) are skipped.
+    Example: prompt of 5 tokens computed in one chunk -> positions 0..3 score tokens 1..4.
+    """
+    rows, next_ids, owners = [], [], []
+    for seq, end in zip(seqs, ends):
+        request = seq.request
+        if request.sampling_params.prompt_logprobs is None:
+            continue
+        first_row = end - len(seq.token_ids) + 1
+        start = max(seq.start_position, len(request.prompt_logprobs))
+        for position in range(start, min(seq.seq_len, request.num_prompt_tokens - 1)):
+            rows.append(first_row + position - seq.start_position)
+            next_ids.append(request.token_ids[position + 1])
+            owners.append(request)
+    return np.array(rows, dtype=np.int64), np.array(next_ids, dtype=np.int64), owners

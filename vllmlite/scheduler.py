@@ -146,6 +146,7 @@ class Scheduler:
             if not bm.allocate(request.request_id, hit.num_tokens, hit.num_tokens + num_new, hit):
                 return
             self.waiting.pop()
+            bm.record_prefix_lookup(request.num_tokens, hit)
             if request.num_preemptions == 0:
                 request.num_cached_tokens = hit.num_tokens
             request.num_computed_tokens = hit.num_tokens
@@ -202,18 +203,21 @@ class Scheduler:
             request = seq.request
             if request.is_finished:
                 continue
+            error = result.errors.get(request.request_id)
+            if error is not None:
+                self.finish(request, FinishReason.ERROR, error=error)
+                touched.append(request)
+                touched.extend(seq.samplers[1:])  # pending forks share the parent's fate
+                continue
             request.num_computed_tokens += len(seq.token_ids)
+            request.prompt_logprobs.extend(result.prompt_logprobs.get(request.request_id, ()))
             self.block_manager.publish_full_blocks(request.request_id, request.token_ids,
                                                    request.num_computed_tokens, request.extra_keys)
             for sampler in seq.samplers:
                 if sampler is not request:
                     self._birth_fork(request, sampler)
-                error = result.errors.get(sampler.request_id)
-                if error is not None:
-                    self.finish(sampler, FinishReason.ERROR, error=error)
-                else:
-                    self._append_tokens(sampler, result.sampled_token_ids.get(sampler.request_id, []),
-                                        result.logprobs.get(sampler.request_id))
+                self._append_tokens(sampler, result.sampled_token_ids.get(sampler.request_id, []),
+                                    result.logprobs.get(sampler.request_id))
                 touched.append(sampler)
         return touched
 

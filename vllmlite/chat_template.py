@@ -1,0 +1,143 @@
+"""Chat templates: validate OpenAI-style messages and render a model's jinja template to a prompt.
+
+Renders exactly as HF `apply_chat_template(..., tokenize=False)` does, inside jinja2's immutable
+sandbox. Knows nothing of tokenizers or models: the caller passes the template and token strings.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Used when a model ships no template (vLLM and HF fall back to ChatML too).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+def normalize_messages(messages: Any) -> list[dict]:
+    """Validated copies of `messages` whose `content` is always a string.
+
+    Content may be a string, a list of `{"type": "text", "text": ...}` parts (joined with "\\n"),
+    or None/absent for an assistant message (e.g. one carrying tool_calls), which becomes "".
+    Other keys (name, tool_calls, tool_call_id, ...) pass through. Raises ValueError naming the
+    message index and the problem: unknown role, non-text part type, non-string content.
+
+    >>> parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    >>> normalize_messages([{"role": "user", "content": parts}])
+    [{'role': 'user', 'content': 'a\\nb'}]
+    """
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    return [_normalize_message(index, message) for index, message in enumerate(messages)]
+
+
+def _normalize_message(index: int, message: Any) -> dict:
+    if not isinstance(message, dict):
+        raise ValueError(f"messages[{index}] must be an object, got {type(message).__name__}")
+    role = message.get("role")
+    if role not in VALID_ROLES:
+        raise ValueError(f"messages[{index}].role {role!r} is not one of {sorted(VALID_ROLES)}")
+    content = message.get("content")
+    if content is None and role == "assistant":
+        content = ""
+    elif isinstance(content, list):
+        content = "\n".join(_part_text(index, part) for part in content)
+    elif not isinstance(content, str):
+        raise ValueError(
+            f"messages[{index}].content must be a string or a list of text parts, got {type(content).__name__}"
+        )
+    return {**message, "content": content}
+
+
+def _part_text(index: int, part: Any) -> str:
+    part_type = part.get("type") if isinstance(part, dict) else type(part).__name__
+    if part_type != "text":
+        raise ValueError(f"messages[{index}].content part type {part_type!r} is not supported (only 'text')")
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise ValueError(f"messages[{index}].content text part must have a string 'text'")
+    return text
+
+
+def render_chat_template(
+    template: str | None,
+    messages: list[dict],
+    add_generation_prompt: bool,
+    bos_token: str | None,
+    eos_token: str | None,
+) -> str:
+    """The prompt text for `messages` under `template` (ChatML when None).
+
+    Messages are normalized first (see `normalize_messages`). Raises ValueError when the template
+    is not valid jinja, calls `raise_exception`, or is stopped by the sandbox.
+    """
+    compiled = _compile(template if template is not None else CHATML_TEMPLATE)
+    try:
+        return compiled.render(
+            messages=normalize_messages(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token or "",
+            eos_token=eos_token or "",
+        )
+    except (jinja2.TemplateError, TypeError, KeyError, IndexError, ValueError) as error:
+        # TemplateError covers raise_exception, SecurityError and UndefinedError; the others come
+        # from template expressions on unexpected message data, such as `'a' + 1`.
+        raise ValueError(f"chat template failed to render: {error}") from error
+
+
+@lru_cache(maxsize=32)
+def _compile(template: str) -> jinja2.Template:
+    """Compile once per distinct template string, with the environment HF uses."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateSyntaxError as error:
+        raise ValueError(f"chat template is not valid jinja (line {error.lineno}): {error.message}") from error
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # jinja's own tojson escapes HTML characters; HF's does not, so neither do we.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` renders its body (HF uses it to mark assistant
+    tokens for training masks; generation needs only the text)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller: Any) -> str:
+        return caller()
