@@ -19,6 +19,7 @@ class ScheduledSequence:
     token_ids: list[int]         # the tokens computed this step
     start_position: int          # position of token_ids[0] (= num_computed_tokens before the step)
     block_table: list[int]       # covers positions 0 .. start_position + len(token_ids) - 1
+    num_draft_slots: int = 0     # speculative decoding: guesses that may follow token_ids this step
     samplers: list[Request] = field(default_factory=list)
     # Requests that draw a token from this sequence's last logits: empty mid-prompt, usually just
     # [request], and [parent, *forks] when an n > 1 request finishes its prompt.
@@ -47,4 +48,6 @@ class RunnerOutput:
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> new tokens
     logprobs: dict[str, list] = field(default_factory=dict)                # request id -> TokenLogprobs
     prompt_logprobs: dict[str, list] = field(default_factory=dict)         # request id -> TokenLogprobs
+    num_drafts: dict[str, int] = field(default_factory=dict)               # request id -> guesses scored
+    num_accepted: dict[str, int] = field(default_factory=dict)             # request id -> guesses kept
     errors: dict[str, str] = field(default_factory=dict)                   # request id -> what failed

@@ -271,6 +271,21 @@ class BlockManager:
         if state.host_block_ids is not None:
             self._host_free.extend(state.host_block_ids)
 
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Shrink the table to the blocks that hold `num_tokens` tokens, releasing the rest.
+
+        Used after speculative verification: slots taken for rejected drafts go back to the pool.
+        Published blocks are never trimmed (they hold computed tokens only).
+        """
+        state = self._requests.get(request_id)
+        if state is None or state.is_swapped_out:
+            return
+        keep = max(_cdiv(num_tokens, self.block_size), state.num_published_blocks)
+        if keep < len(state.block_ids):
+            tail = state.block_ids[keep:]
+            del state.block_ids[keep:]
+            self._release_table(tail)
+
     def can_swap_out(self, request_id: str) -> bool:
         state = self._requests.get(request_id)
         is_resident = state is not None and not state.is_swapped_out

@@ -6,7 +6,6 @@ This module knows nothing of requests, tensors or HTTP.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -125,6 +124,40 @@ class SchedulerConfig:
                  f"max_model_len must be >= 2, got {self.max_model_len}")
 
 
+SPECULATIVE_METHODS = ("ngram", "draft_model", "self_draft")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding, named as vLLM names it: `{"method": ..., "num_speculative_tokens": k}`."""
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int = 1           # ngram: shortest suffix to look up
+    prompt_lookup_max: int = 4           # ngram: longest suffix to look up
+    model: Optional[str] = None          # draft_model: path of a model sharing the tokenizer
+    num_draft_layers: Optional[int] = None  # self_draft: the target's first L layers (default: a quarter)
+
+    def __post_init__(self) -> None:
+        _require(self.method in SPECULATIVE_METHODS,
+                 f"speculative method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
+        _require(isinstance(self.num_speculative_tokens, int) and 1 <= self.num_speculative_tokens <= 16,
+                 f"num_speculative_tokens must be an integer in [1, 16], got {self.num_speculative_tokens!r}")
+        _require(1 <= self.prompt_lookup_min <= self.prompt_lookup_max,
+                 "need 1 <= prompt_lookup_min <= prompt_lookup_max")
+        _require(self.method != "draft_model" or bool(self.model),
+                 "speculative method 'draft_model' needs a draft 'model' (a path, or 'random')")
+        _require(self.num_draft_layers is None or self.num_draft_layers >= 1,
+                 f"num_draft_layers must be >= 1, got {self.num_draft_layers}")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "SpeculativeConfig":
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(values) - known
+        _require(not unknown, f"unknown speculative_config keys {sorted(unknown)}")
+        return cls(**values)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything LLMEngine needs to start: which model, its dtype, and the cache and scheduler."""
@@ -134,6 +167,7 @@ class EngineConfig:
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: Optional[SpeculativeConfig] = None
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
@@ -142,6 +176,3 @@ class EngineConfig:
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
-
-def is_finite_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -16,9 +16,9 @@ import numpy as np
 
 from vllmlite.batch import RunnerOutput, SchedulerOutput
 from vllmlite.block_manager import BlockManager
-from vllmlite.config import EngineConfig
+from vllmlite.config import EngineConfig, SpeculativeConfig
 from vllmlite.detokenizer import IncrementalDetokenizer
-from vllmlite.loader import LoadedModel, load_model
+from vllmlite.loader import LoadedModel, ModelWeights, load_model
 from vllmlite.model import LlamaModel
 from vllmlite.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from vllmlite.request import FinishReason, Request
@@ -26,6 +26,7 @@ from vllmlite.runner import ModelRunner
 from vllmlite.sampling import make_generator
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.scheduler import Scheduler
+from vllmlite.speculative import DraftModelProposer, NgramProposer, Proposer
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +74,14 @@ class LLMEngine:
         stop_ids = self.tokenizer.stop_token_ids
         self.block_manager = BlockManager(num_blocks, config.cache.block_size,
                                           config.cache.enable_prefix_caching, num_host_blocks)
+        spec = config.speculative
         self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
-                                   config.cache.preemption_mode, stop_ids)
+                                   config.cache.preemption_mode, stop_ids,
+                                   spec.num_speculative_tokens if spec else 0)
         model = LlamaModel(loaded.config, loaded.weights, self.max_model_len)
-        self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids)
+        proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len) if spec else None
+        self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
+                                  proposer)
         self.weights_bytes = loaded.weights.num_bytes
         self._seed_rng = np.random.default_rng(config.seed)
         self._groups: dict[str, _Group] = {}
@@ -87,7 +92,9 @@ class LLMEngine:
 
     def memory_report(self) -> dict[str, int]:
         """Bytes held by weights, the device KV cache and the host swap arena."""
+        proposer = self.runner.proposer
         return {"weights": self.weights_bytes, "kv_cache": self.runner.kv_cache_bytes,
+                "draft_kv_cache": getattr(proposer, "kv_cache_bytes", 0),
                 "host_swap": self.runner.host_cache_bytes,
                 "kv_blocks": self.block_manager.num_blocks, "block_size": self.block_manager.block_size}
 
@@ -212,6 +219,9 @@ class LLMEngine:
         for group_id, group in changed.items():
             if group.finished:
                 del self._groups[group_id]
+                if self.runner.proposer is not None:
+                    for sample in group.samples:
+                        self.runner.proposer.forget(sample.request.request_id)
             elif group.params.best_of and group.params.best_of > group.params.n:
                 continue  # best_of reports once, when every candidate is done
             outputs.append(self._group_output(group))
@@ -248,7 +258,9 @@ class LLMEngine:
         first = group.samples[0].request
         errors = [s.request.error for s in group.samples if s.request.error]
         metrics = RequestMetrics(first.arrival_time, first.first_token_time,
-                                 time.monotonic() if group.finished else None, first.num_preemptions)
+                                 time.monotonic() if group.finished else None, first.num_preemptions,
+                                 sum(s.request.num_draft_tokens for s in group.samples),
+                                 sum(s.request.num_accepted_tokens for s in group.samples))
         prompt_logprobs = None
         if group.params.prompt_logprobs is not None:
             prompt_logprobs = [None] + first.prompt_logprobs  # the first token has no context
@@ -274,3 +286,25 @@ class LLMEngine:
             delta_token_ids=request.output_token_ids[start:],
             delta_logprobs=logprobs[start:] if logprobs is not None else None,
         )
+
+
+def make_proposer(spec: SpeculativeConfig, target: LoadedModel, config: EngineConfig, num_blocks: int,
+                  max_model_len: int) -> Proposer:
+    """The proposer a SpeculativeConfig names. Draft models must share the target's vocabulary."""
+    if spec.method == "ngram":
+        return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    if spec.method == "self_draft":
+        num_layers = spec.num_draft_layers or max(1, target.config.num_layers // 4)
+        if num_layers > target.config.num_layers:
+            raise ValueError(f"num_draft_layers {num_layers} exceeds the model's {target.config.num_layers}")
+        w = target.weights  # the draft shares the target's arrays: no extra weight memory
+        weights = ModelWeights(w.embed, w.layers[:num_layers], w.final_norm, w.lm_head, w.rope_freq_factors)
+        draft_config = dataclasses.replace(target.config, num_layers=num_layers)
+    else:
+        draft = load_model(spec.model, config.dtype, config.seed + 1)
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError(f"the draft model's vocabulary ({draft.config.vocab_size}) differs from the "
+                             f"target's ({target.config.vocab_size})")
+        weights, draft_config = draft.weights, draft.config
+    model = LlamaModel(draft_config, weights, max_model_len)
+    return DraftModelProposer(model, num_blocks, config.cache.block_size, config.seed)

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Optional, Sequence, Union
 
-from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig
+from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from vllmlite.engine import LLMEngine
 from vllmlite.outputs import RequestOutput
 from vllmlite.sampling_params import SamplingParams
@@ -24,14 +24,15 @@ class LLM:
                  kv_cache_memory: Optional[int] = None, max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 256, max_model_len: Optional[int] = None,
                  enable_prefix_caching: bool = True, preemption_mode: str = "recompute",
-                 swap_space: float = 1.0) -> None:
+                 swap_space: float = 1.0, speculative_config: Optional[dict] = None) -> None:
         cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
                             enable_prefix_caching=enable_prefix_caching, preemption_mode=preemption_mode,
                             swap_space=swap_space)
         scheduler = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                     max_model_len=max_model_len)
+        speculative = SpeculativeConfig.from_dict(speculative_config) if speculative_config else None
         self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, seed=seed, cache=cache,
-                                             scheduler=scheduler))
+                                             scheduler=scheduler, speculative=speculative))
         self._next_id = 0
 
     def get_tokenizer(self) -> Tokenizer:

@@ -30,6 +30,8 @@ class RequestMetrics:
     first_token_time: Optional[float] = None
     finished_time: Optional[float] = None
     num_preemptions: int = 0
+    num_draft_tokens: int = 0       # speculative guesses scored
+    num_accepted_tokens: int = 0    # of those, kept
 
 
 @dataclass

@@ -57,6 +57,8 @@ class Request:
     logprobs: list = field(default_factory=list)      # TokenLogprobs per output token, when asked
     prompt_logprobs: list = field(default_factory=list)  # TokenLogprobs of prompt tokens 1.., when asked
     num_preemptions: int = 0
+    num_draft_tokens: int = 0           # speculative guesses scored for this request
+    num_accepted_tokens: int = 0        # of those, kept
     first_token_time: Optional[float] = None
     last_token_time: Optional[float] = None
 

@@ -1,5 +1,6 @@
 """The model runner: owns the KV tensors, flattens a SchedulerOutput into one batch, runs the
-forward pass and samples. It reads requests but never changes scheduler state.
+forward pass, samples and verifies speculative guesses. It reads requests but never changes
+scheduler state.
 """
 
 from __future__ import annotations
@@ -10,21 +11,23 @@ from typing import Callable, Optional
 import numpy as np
 
 from vllmlite.attention import build_metadata
-from vllmlite.batch import RunnerOutput, SchedulerOutput
+from vllmlite.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.model import LlamaModel
 from vllmlite.sampling import Sampler, SamplingBatch, compute_logprobs
+from vllmlite.speculative import Draft, Proposer, verify
 
 logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, num_host_blocks: int,
-                 stop_token_ids: frozenset[int]) -> None:
+                 stop_token_ids: frozenset[int], proposer: Optional[Proposer] = None) -> None:
         c = model.config
         self.model = model
         self.block_size = block_size
         self.stop_token_ids = stop_token_ids
         self.sampler = Sampler()
+        self.proposer = proposer
         shape = (num_blocks * block_size, c.num_kv_heads, c.head_dim)
         # np.zeros maps pages lazily, so an unused part of a large budget costs no RAM.
         self.kv_cache = [(np.zeros(shape, model.dtype), np.zeros(shape, model.dtype))
@@ -45,45 +48,97 @@ class ModelRunner:
         return sum(k.nbytes + v.nbytes for k, v in self.host_cache)
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        """Apply block copies, run one forward pass over every scheduled token, sample."""
+        """Apply block copies, propose guesses, run one forward pass over every scheduled token
+        (guesses included), then sample or verify."""
         self._copy_blocks(out)
         if not out.scheduled:
             return RunnerOutput()
         if self.fault_hook is not None:
             self.fault_hook(out)
         seqs = out.scheduled
-        input_ids = np.array([t for s in seqs for t in s.token_ids], dtype=np.int64)  # [num_tokens]
-        positions = np.concatenate([np.arange(s.start_position, s.seq_len) for s in seqs])
-        meta = build_metadata([len(s.token_ids) for s in seqs], [s.seq_len for s in seqs],
-                              [s.block_table for s in seqs], self.block_size)
-        # The last row of each sequence that samples; forks of one parent share that row.
-        ends = np.cumsum([len(s.token_ids) for s in seqs]) - 1                        # [num_seqs]
-        sampling = [(i, r) for i, s in enumerate(seqs) for r in s.samplers]
-        sample_rows = np.array([ends[i] for i, _ in sampling], dtype=np.int64)        # [num_samples]
+        drafts = self._propose(seqs)
+        tokens = [s.token_ids + d.token_ids for s, d in zip(seqs, drafts)]          # this step's inputs
+        input_ids = np.array([t for ts in tokens for t in ts], dtype=np.int64)      # [num_tokens]
+        positions = np.concatenate([np.arange(s.start_position, s.start_position + len(ts))
+                                    for s, ts in zip(seqs, tokens)])               # [num_tokens]
+        seq_lens = [s.start_position + len(ts) for s, ts in zip(seqs, tokens)]
+        meta = build_metadata([len(ts) for ts in tokens], seq_lens, [s.block_table for s in seqs],
+                              self.block_size)
+        ends = np.cumsum([len(ts) for ts in tokens]) - 1                             # [num_seqs] last rows
+        # Rows whose logits are needed: sampling rows (forks of one parent share a row), every
+        # row of a sequence with guesses, and prompt rows scored for prompt logprobs.
+        sample_rows = [ends[i] for i, s in enumerate(seqs) for _ in s.samplers if not drafts[i].token_ids]
+        spec_rows = [r for i, d in enumerate(drafts) if d.token_ids
+                     for r in range(ends[i] - len(d.token_ids), ends[i] + 1)]
         prompt_rows, prompt_next, prompt_owners = _prompt_logprob_rows(seqs, ends)
-        rows = np.concatenate([sample_rows, prompt_rows])
+        rows = np.concatenate([np.array(sample_rows + spec_rows, dtype=np.int64), prompt_rows])
         unique_rows, inverse = np.unique(rows, return_inverse=True)
-        logits = self.model.forward(input_ids, positions, meta, self.kv_cache, unique_rows)
+        logits = self.model.forward(input_ids, positions, meta, self.kv_cache, unique_rows)[inverse]
         self.num_forward_passes += 1
         result = RunnerOutput()
+        num_sample, num_spec = len(sample_rows), len(spec_rows)
+        self._sample([(s, r) for s, d in zip(seqs, drafts) if not d.token_ids for r in s.samplers],
+                     logits[:num_sample], result)
+        self._verify([(s, d) for s, d in zip(seqs, drafts) if d.token_ids],
+                     logits[num_sample:num_sample + num_spec], result)
         if prompt_owners:
-            self._prompt_logprobs(logits[inverse[len(sample_rows):]], prompt_next, prompt_owners, result)
-        if not sampling:
-            return result
-        requests = [r for _, r in sampling]
-        batch = SamplingBatch(
-            params=[r.sampling_params for r in requests],
-            prompt_token_ids=[r.prompt_token_ids for r in requests],
-            output_token_ids=[r.output_token_ids for r in requests],
-            generators=[r.generator for r in requests],
-            stop_token_ids=self.stop_token_ids,
-        )
-        sampled = self.sampler(logits[inverse[:len(sample_rows)]], batch)             # [num_samples]
+            self._prompt_logprobs(logits[num_sample + num_spec:], prompt_next, prompt_owners, result)
+        return result
+
+    def _propose(self, seqs: list[ScheduledSequence]) -> list[Draft]:
+        empty = Draft([], None)
+        speculating = [i for i, s in enumerate(seqs) if s.num_draft_slots]
+        drafts = [empty] * len(seqs)
+        if self.proposer is None or not speculating:
+            return drafts
+        for i, draft in zip(speculating, self.proposer.propose([seqs[i] for i in speculating])):
+            drafts[i] = Draft(draft.token_ids[:seqs[i].num_draft_slots], draft.probs)
+        return drafts
+
+    def _sample(self, samplers: list, logits: np.ndarray, result: RunnerOutput) -> None:
+        """One token per sampler from its row of logits [num_samplers, vocab]."""
+        if not samplers:
+            return
+        requests = [r for _, r in samplers]
+        batch = self._batch(requests, [r.output_token_ids for r in requests])
+        sampled = self.sampler(logits, batch)
         for j, request in enumerate(requests):
             result.sampled_token_ids[request.request_id] = [int(sampled.token_ids[j])]
             if sampled.logprobs[j] is not None:
                 result.logprobs[request.request_id] = [sampled.logprobs[j]]
-        return result
+
+    def _verify(self, spec: list[tuple[ScheduledSequence, Draft]], logits: np.ndarray,
+                result: RunnerOutput) -> None:
+        """Score every guess: row j of a sequence is the target's view after its first j guesses."""
+        if not spec:
+            return
+        requests, outputs = [], []
+        for seq, draft in spec:
+            for j in range(len(draft.token_ids) + 1):
+                requests.append(seq.request)
+                outputs.append(seq.request.output_token_ids + draft.token_ids[:j])
+        probs = self.sampler.probs(logits, self._batch(requests, outputs))          # [rows, vocab]
+        start = 0
+        for seq, draft in spec:
+            request, num_rows = seq.request, len(draft.token_ids) + 1
+            emitted = verify(probs[start:start + num_rows], draft, request.sampling_params.is_greedy,
+                             request.generator)
+            request_id = request.request_id
+            result.sampled_token_ids[request_id] = emitted
+            result.num_drafts[request_id] = len(draft.token_ids)
+            result.num_accepted[request_id] = len(emitted) - 1
+            k = request.sampling_params.logprobs
+            if k is not None:
+                rows = logits[start:start + len(emitted)]
+                result.logprobs[request_id] = compute_logprobs(rows, np.array(emitted), [k] * len(emitted))
+            self.proposer.verified(seq, len(draft.token_ids), len(emitted) - 1)
+            start += num_rows
+
+    def _batch(self, requests: list, outputs: list) -> SamplingBatch:
+        return SamplingBatch(params=[r.sampling_params for r in requests],
+                             prompt_token_ids=[r.prompt_token_ids for r in requests],
+                             output_token_ids=outputs, generators=[r.generator for r in requests],
+                             stop_token_ids=self.stop_token_ids)
 
     @staticmethod
     def _prompt_logprobs(logits: np.ndarray, next_ids: np.ndarray, owners: list, result: RunnerOutput) -> None:

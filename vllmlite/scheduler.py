@@ -18,7 +18,7 @@ from vllmlite.request_queue import WaitingQueue
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int,
-                 preemption_mode: str, stop_token_ids: frozenset[int]) -> None:
+                 preemption_mode: str, stop_token_ids: frozenset[int], num_speculative_tokens: int = 0) -> None:
         self.config = config
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -30,6 +30,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.forks: dict[str, list[Request]] = {}  # parent id -> samples waiting for its prompt
         self.num_preemptions = 0
+        self.num_speculative_tokens = num_speculative_tokens
+        self.spec_stats = SpecDecodeStats(num_speculative_tokens)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -95,7 +97,10 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not self._allocate(request, num_new):
+            num_drafts = self._num_draft_slots(request, budget)
+            if num_drafts and not self._allocate(request, num_new + num_drafts):
+                num_drafts = 0  # under memory pressure, guesses go before any request is preempted
+            while not self._allocate(request, num_new + num_drafts):
                 victim = self.running[-1]
                 if victim is request and index == 0:
                     # Alone and still no room: the cache is too small for this sequence to grow.
@@ -106,10 +111,19 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                self._add_scheduled(out, request, num_new)
-                budget -= num_new
+                self._add_scheduled(out, request, num_new, num_drafts)
+                budget -= num_new + num_drafts
                 index += 1
         return budget
+
+    def _num_draft_slots(self, request: Request, budget: int) -> int:
+        """Guesses a decoding request may verify this step: k, capped so the round can never pass
+        the budget, max_tokens or the context length (one round emits up to drafts + 1 tokens)."""
+        if not self.num_speculative_tokens or request.num_computed_tokens != request.num_tokens - 1:
+            return 0
+        return max(0, min(self.num_speculative_tokens, budget - 1,
+                          request.max_tokens - request.num_output_tokens - 1,
+                          self.max_model_len - request.num_tokens - 1))
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
         bm = self.block_manager
@@ -181,7 +195,7 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting.push_front(request)
 
-    def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+    def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int, num_drafts: int = 0) -> None:
         start = request.num_computed_tokens
         samples = start + num_new == request.num_tokens
         samplers = [request] + self.forks.get(request.request_id, []) if samples else []
@@ -190,6 +204,7 @@ class Scheduler:
             token_ids=request.token_ids[start:start + num_new],
             start_position=start,
             block_table=list(self.block_manager.block_table(request.request_id)),
+            num_draft_slots=num_drafts,
             samplers=samplers,
         ))
 
@@ -209,6 +224,10 @@ class Scheduler:
                 touched.append(request)
                 touched.extend(seq.samplers[1:])  # pending forks share the parent's fate
                 continue
+            if seq.num_draft_slots:
+                self._apply_speculative(seq, result)
+                touched.append(request)
+                continue
             request.num_computed_tokens += len(seq.token_ids)
             request.prompt_logprobs.extend(result.prompt_logprobs.get(request.request_id, ()))
             self.block_manager.publish_full_blocks(request.request_id, request.token_ids,
@@ -220,6 +239,20 @@ class Scheduler:
                                     result.logprobs.get(sampler.request_id))
                 touched.append(sampler)
         return touched
+
+    def _apply_speculative(self, seq: ScheduledSequence, result: RunnerOutput) -> None:
+        """A verified round: the last token and the accepted guesses now have KV; the tokens emitted
+        are the accepted guesses plus one. Slots of rejected or unproposed guesses are returned."""
+        request = seq.request
+        num_accepted = result.num_accepted.get(request.request_id, 0)
+        self.spec_stats.record(request, result.num_drafts.get(request.request_id, 0), num_accepted)
+        request.num_computed_tokens += len(seq.token_ids) + num_accepted
+        self._append_tokens(request, result.sampled_token_ids.get(request.request_id, []),
+                            result.logprobs.get(request.request_id))
+        if not request.is_finished:  # a stop mid-round already freed everything
+            self.block_manager.trim(request.request_id, request.num_computed_tokens)
+            self.block_manager.publish_full_blocks(request.request_id, request.token_ids,
+                                                   request.num_computed_tokens, request.extra_keys)
 
     def _birth_fork(self, parent: Request, fork: Request) -> None:
         """An extra sample starts life sharing every block of its parent's computed prompt."""
@@ -251,3 +284,28 @@ class Scheduler:
         if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH, None
         return None, None
+
+
+class SpecDecodeStats:
+    """Speculative decoding counters: guesses scored, guesses kept, and acceptance per position."""
+
+    def __init__(self, num_speculative_tokens: int) -> None:
+        self.num_drafts = 0               # rounds that scored at least one guess
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_position = [0] * num_speculative_tokens  # [k]: rounds whose guess i was kept
+
+    def record(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        if num_drafts == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        for position in range(num_accepted):
+            self.accepted_per_position[position] += 1
+        request.num_draft_tokens += num_drafts
+        request.num_accepted_tokens += num_accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
