@@ -7,6 +7,7 @@ KV head, never by repeating KV heads.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,7 +104,7 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     bs = meta.block_size
     k_blocks = k_cache.reshape(-1, bs, num_kv_heads, head_dim)    # [num_blocks, bs, kv_heads, head_dim]
     v_blocks = v_cache.reshape(-1, bs, num_kv_heads, head_dim)
-    scale = 1.0 / np.sqrt(head_dim)
+    scale = 1.0 / math.sqrt(head_dim)  # a Python float keeps float32 scores float32 (NEP 50)
     out = np.empty_like(q)                                          # [num_tokens, heads, head_dim]
     for g in meta.groups:
         num_seqs, max_q = g.query_rows.shape

