@@ -1,0 +1,218 @@
+"""Live-server fixtures: a real uvicorn server on a free loopback port, in a thread or a subprocess,
+plus a strict parser of the Prometheus text format and small polling helpers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import httpx
+import uvicorn
+
+from vllmlite.api.cli import ServerConfig
+from vllmlite.api.server import build_app, make_async_engine
+from vllmlite.async_engine import AsyncLLMEngine
+from vllmlite.loader import LoadedModel
+
+REPO = Path(__file__).resolve().parents[1]
+START_TIMEOUT = 60.0
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.02) -> bool:
+    """Poll `predicate` until it holds or `timeout` seconds pass; return its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@dataclass
+class ThreadServer:
+    """uvicorn serving the app in a background thread; the engine stays reachable for checks."""
+
+    engine: AsyncLLMEngine
+    config: ServerConfig
+    server: uvicorn.Server
+    sock: socket.socket
+    thread: Optional[threading.Thread] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        if not wait_until(lambda: self.server.started, START_TIMEOUT):
+            raise RuntimeError("the test server did not start")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+        self.sock.close()
+
+    def is_idle(self) -> bool:
+        """Every block free and no request left in the engine (polled from the test thread)."""
+        block_manager = self.engine.engine.block_manager
+        return (self.engine.num_unfinished_requests == 0
+                and block_manager.num_free_blocks == block_manager.num_blocks)
+
+
+def server_config(**overrides) -> ServerConfig:
+    values = dict(model="random", dtype="float64", num_blocks=1024, port=0, shutdown_timeout=2.0,
+                  log_level="warning", max_queue=64)
+    values.update(overrides)
+    return ServerConfig(**values)
+
+
+@contextlib.contextmanager
+def running_server(loaded: LoadedModel, **overrides) -> Iterator[ThreadServer]:
+    """A live server over the random model with `overrides` of ServerConfig; stopped on exit."""
+    config = server_config(**overrides)
+    engine = make_async_engine(config, loaded)
+    app = build_app(engine, config)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
+    live = ThreadServer(engine, config, server, sock)
+    live.start()
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class SubprocessServer:
+    """`python -m vllmlite.api.server` in a child process (for signals and the CLI)."""
+
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    process: Optional[subprocess.Popen] = None
+    log_path: Optional[Path] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, log_path: Path) -> None:
+        self.log_path = log_path
+        env = {**os.environ, "PYTHONPATH": str(REPO), **self.env}
+        command = [sys.executable, "-m", "vllmlite.api.server", "--port", str(self.port), *self.args]
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if not wait_until(self._is_healthy, START_TIMEOUT, interval=0.1):
+            self.kill()
+            raise RuntimeError(f"server did not start:\n{self.log()}")
+
+    def _is_healthy(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
+        try:
+            return httpx.get(self.url + "/health", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+
+# --- Prometheus text format -----------------------------------------------------------------------
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*",?)*\})? (\S+)$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\.)*)"')
+
+
+@dataclass
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def parse_prometheus(text: str) -> tuple[dict[str, str], list[Sample]]:
+    """Strictly parse text format 0.0.4: every line is `# HELP`, `# TYPE` or `name{labels} value`.
+
+    Returns (metric name -> type, samples). Checks that each sample belongs to a declared metric,
+    and that each histogram's buckets are monotone, end in +Inf and that +Inf equals `_count`.
+    """
+    assert text.endswith("\n"), "the exposition must end with a newline"
+    types: dict[str, str] = {}
+    samples: list[Sample] = []
+    for line in text.rstrip("\n").split("\n"):
+        if line.startswith("# HELP "):
+            assert len(line.split(" ", 3)) == 4, line
+        elif line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert kind in ("counter", "gauge", "histogram", "summary", "untyped"), line
+            assert name not in types, f"{name} declared twice"
+            types[name] = kind
+        else:
+            match = _SAMPLE.match(line)
+            assert match, f"not a sample line: {line!r}"
+            labels = dict(_LABEL.findall(match.group(2) or ""))
+            samples.append(Sample(match.group(1), labels, float(match.group(3))))
+    for sample in samples:
+        base = re.sub(r"_(bucket|sum|count)$", "", sample.name)
+        assert sample.name in types or types.get(base) == "histogram", f"undeclared {sample.name}"
+    for name, kind in types.items():
+        if kind == "histogram":
+            _check_histogram(name, samples)
+    return types, samples
+
+
+def _check_histogram(name: str, samples: list[Sample]) -> None:
+    series: dict[tuple, list[tuple[float, float]]] = {}
+    counts: dict[tuple, float] = {}
+    for s in samples:
+        key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+        if s.name == name + "_bucket":
+            series.setdefault(key, []).append((float(s.labels["le"]), s.value))
+        elif s.name == name + "_count":
+            counts[key] = s.value
+    assert set(series) == set(counts), f"{name}: buckets and counts disagree on label sets"
+    for key, buckets in series.items():
+        bounds = [b for b, _ in buckets]
+        values = [v for _, v in buckets]
+        assert bounds == sorted(bounds) and math.isinf(bounds[-1]), f"{name}: bad bucket bounds {bounds}"
+        assert values == sorted(values), f"{name}: bucket counts are not monotone {values}"
+        assert values[-1] == counts[key], f"{name}: +Inf bucket {values[-1]} != _count {counts[key]}"
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The value of one sample (summed over label sets that include `labels`)."""
+    _, samples = parse_prometheus(text)
+    matching = [s.value for s in samples if s.name == name and labels.items() <= s.labels.items()]
+    assert matching, f"no sample {name} {labels}"
+    return sum(matching)

@@ -1,0 +1,178 @@
+"""AsyncLLMEngine: one engine thread, one stream per request, aborts that free blocks, admission
+limits, a dead loop, and shutdown. No HTTP here."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from conftest import greedy, make_prompts, run_to_completion
+from server_util import wait_until
+from vllmlite.async_engine import (AsyncLLMEngine, EngineDeadError, EngineDrainingError, GenerateRequest,
+                                   QueueFullError, RequestAbortedError, RequestTimeoutError)
+from vllmlite.metrics import EngineMetrics
+
+
+@pytest.fixture
+def make_async(make_engine):
+    engines: list[AsyncLLMEngine] = []
+
+    def factory(max_queue=None, request_timeout=None, **engine_overrides) -> AsyncLLMEngine:
+        engine = AsyncLLMEngine(make_engine(**engine_overrides), EngineMetrics("random"), max_queue=max_queue,
+                                request_timeout=request_timeout)
+        engine.start()
+        engines.append(engine)
+        return engine
+
+    yield factory
+    for engine in engines:
+        engine.shutdown(timeout=0)
+        assert not engine.is_running
+
+
+def is_idle(engine: AsyncLLMEngine) -> bool:
+    bm = engine.engine.block_manager
+    return engine.num_unfinished_requests == 0 and bm.num_free_blocks == bm.num_blocks
+
+
+async def collect(engine: AsyncLLMEngine, request: GenerateRequest) -> list:
+    return [output async for output in engine.generate(request)]
+
+
+def test_generate_streams_deltas_that_add_up_to_the_offline_output(make_async, make_engine):
+    prompts = make_prompts(6, seed=3)
+    expected = run_to_completion(make_engine(), [(p, greedy(10)) for p in prompts])
+    engine = make_async()
+
+    async def main():
+        return await asyncio.gather(*(collect(engine, GenerateRequest(str(i), p, greedy(10)))
+                                      for i, p in enumerate(prompts)))
+
+    for outputs, reference in zip(asyncio.run(main()), expected):
+        assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
+        deltas = [t for o in outputs for t in o.outputs[0].delta_token_ids]
+        assert deltas == outputs[-1].outputs[0].token_ids == reference.outputs[0].token_ids
+    assert wait_until(lambda: is_idle(engine))
+
+
+def test_consumer_that_stops_early_aborts_and_frees_blocks(make_async):
+    engine = make_async()
+
+    async def main():
+        generator = engine.generate(GenerateRequest("early", list(range(40)), greedy(3000)))
+        async for output in generator:
+            assert engine.engine.block_manager.num_free_blocks < engine.engine.block_manager.num_blocks
+            break
+        await generator.aclose()
+
+    asyncio.run(main())
+    assert wait_until(lambda: is_idle(engine))
+    metrics = engine.metrics.render()
+    assert 'vllmlite:request_success_total{model_name="random",finished_reason="abort"} 1.0' in metrics
+
+
+def test_cancelled_task_aborts_its_request(make_async):
+    engine = make_async()
+
+    async def main():
+        async def consume():
+            async for _ in engine.generate(GenerateRequest("cancel-me", [1, 2, 3], greedy(3000))):
+                pass
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert wait_until(lambda: is_idle(engine))
+
+
+def test_queue_bound_rejects_when_requests_wait(make_async):
+    engine = make_async(max_queue=2, max_num_seqs=1)
+
+    async def main():
+        first = engine.add_request(GenerateRequest("a", [1, 2], greedy(3000)))
+        await anext(first)  # running now: it does not count against the queue
+        waiting = [engine.add_request(GenerateRequest(r, [3, 4], greedy(3000))) for r in ("b", "c")]
+        with pytest.raises(QueueFullError):
+            engine.add_request(GenerateRequest("d", [5], greedy(2)))
+        for stream in (first, *waiting):
+            stream.cancel()
+
+    asyncio.run(main())
+    assert wait_until(lambda: is_idle(engine))
+
+
+def test_engine_side_validation_error_reaches_the_stream(make_async):
+    engine = make_async()
+
+    async def main():
+        with pytest.raises(ValueError, match="prompt token ids"):
+            await collect(engine, GenerateRequest("bad", [10**6], greedy(2)))
+
+    asyncio.run(main())
+
+
+def test_step_failure_marks_the_engine_dead_and_fails_every_stream(make_async):
+    engine = make_async()
+    started = threading.Event()
+
+    def broken_step():
+        started.set()
+        raise RuntimeError("boom")
+
+    engine.engine.step = broken_step
+
+    async def main():
+        with pytest.raises(EngineDeadError, match="boom"):
+            await collect(engine, GenerateRequest("x", [1, 2, 3], greedy(4)))
+        with pytest.raises(EngineDeadError):
+            engine.add_request(GenerateRequest("y", [1], greedy(1)))
+
+    asyncio.run(main())
+    assert started.is_set() and engine.is_dead
+
+
+def test_request_timeout_aborts_the_request(make_async):
+    engine = make_async(request_timeout=0.2)
+
+    async def main():
+        with pytest.raises(RequestTimeoutError):
+            await collect(engine, GenerateRequest("slow", [1, 2, 3], greedy(4000)))
+
+    asyncio.run(main())
+    assert wait_until(lambda: is_idle(engine))
+
+
+def test_shutdown_lets_in_flight_requests_finish(make_async):
+    engine = make_async()
+
+    async def main():
+        stream = engine.add_request(GenerateRequest("finish-me", [1, 2, 3], greedy(50)))
+        await asyncio.to_thread(engine.shutdown, 60.0)
+        with pytest.raises(EngineDrainingError):
+            engine.add_request(GenerateRequest("late", [1], greedy(1)))
+        return [output async for output in stream]
+
+    outputs = asyncio.run(main())
+    assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 50
+    assert not engine.is_running
+
+
+def test_shutdown_past_its_timeout_aborts_the_rest(make_async):
+    engine = make_async()
+
+    async def main():
+        stream = engine.add_request(GenerateRequest("too-long", [1, 2, 3], greedy(4000)))
+        await anext(stream)
+        await asyncio.to_thread(engine.shutdown, 0.1)
+        with pytest.raises(RequestAbortedError):
+            async for _ in stream:
+                pass
+
+    asyncio.run(main())
+    block_manager = engine.engine.block_manager
+    assert not engine.is_running and block_manager.num_free_blocks == block_manager.num_blocks

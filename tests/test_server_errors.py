@@ -1,0 +1,237 @@
+"""Every error path of the server answers in OpenAI's shape with DESIGN.md's status, and the server
+keeps serving afterwards: 400, 401, 404, 413, 500 (one request), 503 (queue full, draining, dead),
+504 (request timeout), and SIGTERM's graceful drain."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import httpx
+import openai
+import pytest
+
+from server_util import SubprocessServer, metric_value, running_server, wait_until
+
+MODEL = "random"
+MARKER = "@@FAULT@@"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    with running_server(tiny_model, max_body_bytes=4096) as live:
+        yield live
+
+
+@pytest.fixture
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+def assert_openai_error(response: httpx.Response, status: int, param=None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == status and error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+BAD_COMPLETIONS = [
+    ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "max_tokens": "5"}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
+    ({"prompt": "x", "stream": 1}, "stream"),
+    ({"prompt": "x", "n": 100}, "n"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "logprobs": 6}, "logprobs"),
+    ({"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
+    ({"prompt": "x", "stop": ["s"] * 17}, "stop"),
+    ({"prompt": "x", "stop": [""]}, "stop"),
+    ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias"),
+    ({"prompt": "x", "stop_token_ids": [1 << 30]}, "stop_token_ids"),
+    ({"prompt": "x", "min_tokens": 10, "max_tokens": 5}, "min_tokens"),
+    ({"prompt": "x", "best_of": 1, "n": 2}, "best_of"),
+    ({"prompt": "x", "best_of": 3, "stream": True}, "best_of"),
+    ({"prompt": "x", "suffix": "tail"}, "suffix"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": [1, "a"]}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [300]}, "prompt"),
+    ({"prompt": ["x"] * 65}, "prompt"),
+    ({"prompt": ["x"] * 20, "n": 16}, "n"),
+    ({}, "prompt"),
+    ({"prompt": "x" * 100, "max_tokens": 4090}, "prompt"),
+]
+
+
+@pytest.mark.parametrize("body,param", BAD_COMPLETIONS)
+def test_bad_completion_fields_are_400_naming_the_param(server, body, param):
+    assert_openai_error(httpx.post(server.base_url + "/completions", json=body), 400, param)
+
+
+USER = [{"role": "user", "content": "hi"}]
+BAD_CHATS = [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user"}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages.0.content"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": USER, "tool_choice": "auto"}, "tool_choice"),
+    ({"messages": USER, "functions": [{"name": "f"}]}, "functions"),
+    ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": USER, "chat_template": "{{ 7 * 7 }}"}, "chat_template"),
+    ({"messages": USER, "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": USER, "add_generation_prompt": "yes"}, "add_generation_prompt"),
+    ({"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"messages": USER, "max_completion_tokens": 5000}, "messages"),
+]
+
+
+@pytest.mark.parametrize("body,param", BAD_CHATS)
+def test_bad_chat_fields_are_400_naming_the_param(server, body, param):
+    assert_openai_error(httpx.post(server.base_url + "/chat/completions", json=body), 400, param)
+
+
+def test_malformed_bodies_are_400(server):
+    url = server.base_url + "/completions"
+    assert_openai_error(httpx.post(url, content=b"{not json"), 400)
+    assert_openai_error(httpx.post(url, content=b"[1, 2]"), 400)
+    assert_openai_error(httpx.post(url, content=b"[" * 1000 + b"]" * 1000), 400)
+    assert_openai_error(httpx.post(url, content=b""), 400)
+
+
+def test_openai_client_raises_bad_request_and_the_server_keeps_serving(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=4, extra_body={"suffix": "s"})
+    assert caught.value.status_code == 400 and caught.value.body["param"] == "suffix"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=USER, tools=[
+            {"type": "function", "function": {"name": "f", "parameters": {}}}])
+    assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).choices[0].text is not None
+
+
+def test_unknown_model_and_route_are_404(server, client):
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
+    assert caught.value.body["type"] == "not_found_error" and caught.value.body["param"] == "model"
+    error = assert_openai_error(httpx.get(server.url + "/v1/nothing"), 404)
+    assert error["type"] == "not_found_error"
+    assert_openai_error(httpx.get(server.base_url + "/completions"), 405)
+
+
+def test_body_over_the_limit_is_413_by_header_and_by_counted_bytes(server):
+    url = server.base_url + "/completions"
+    body = json.dumps({"prompt": "x" * 5000}).encode()
+    assert_openai_error(httpx.post(url, content=body), 413)
+
+    def chunked():  # no Content-Length: the server must count what arrives
+        for i in range(0, len(body), 1000):
+            yield body[i:i + 1000]
+
+    assert_openai_error(httpx.post(url, content=chunked()), 413)
+    assert httpx.post(url, json={"prompt": "x", "max_tokens": 1}).status_code == 200
+
+
+def test_engine_fault_fails_only_that_request(server, client):
+    def fault(scheduler_output):
+        for seq in scheduler_output.scheduled:
+            if MARKER.encode() in bytes(t for t in seq.request.prompt_token_ids if t < 256):
+                raise RuntimeError("injected fault")
+
+    server.engine.engine.runner.fault_hook = fault
+    try:
+        with pytest.raises(openai.InternalServerError) as caught:
+            client.completions.create(model=MODEL, prompt=f"boom {MARKER}", max_tokens=4)
+        assert caught.value.status_code == 500 and "injected fault" in caught.value.body["message"]
+        body = {"prompt": f"boom {MARKER}", "max_tokens": 4, "stream": True}
+        events = httpx.post(server.base_url + "/completions", json=body, timeout=60).text.split("\n\n")
+        assert "injected fault" in json.loads(events[-3][len("data: "):])["error"]["message"]
+        assert events[-2] == "data: [DONE]"
+        assert len(client.completions.create(model=MODEL, prompt="fine", max_tokens=3).choices[0].text) > 0
+    finally:
+        server.engine.engine.runner.fault_hook = None
+    assert wait_until(server.is_idle)
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_api_key_is_required_except_for_health(tiny_model):
+    with running_server(tiny_model, api_key="s3cret") as live:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=live.base_url, api_key="wrong", max_retries=0).models.list()
+        assert_openai_error(httpx.get(live.url + "/metrics"), 401)
+        assert_openai_error(httpx.post(live.base_url + "/completions", json={"prompt": "x"}), 401)
+        assert httpx.get(live.url + "/health").status_code == 200
+        good = openai.OpenAI(base_url=live.base_url, api_key="s3cret", max_retries=0, timeout=60)
+        assert good.completions.create(model=MODEL, prompt="x", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_full_queue_is_503_with_retry_after(tiny_model):
+    with running_server(tiny_model, max_queue=1, max_num_seqs=1) as live:
+        long = {"model": MODEL, "prompt": "long", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", live.base_url + "/completions", json=long, timeout=60) as running:
+            chunks = running.iter_bytes()  # kept referenced: a collected iterator closes the stream
+            next(chunks)  # admitted and running
+            with httpx.stream("POST", live.base_url + "/completions", json=long, timeout=60) as waiting:
+                assert wait_until(lambda: metric_value(httpx.get(live.url + "/metrics").text,
+                                                       "vllmlite:num_requests_waiting") == 1)
+                client = openai.OpenAI(base_url=live.base_url, api_key="x", max_retries=0)
+                with pytest.raises(openai.APIStatusError) as caught:
+                    client.completions.create(model=MODEL, prompt="one too many", max_tokens=2)
+                assert caught.value.status_code == 503
+                assert caught.value.response.headers["Retry-After"] == "1"
+                assert waiting.status_code == 200
+        assert wait_until(live.is_idle)
+
+
+def test_draining_server_is_503_with_retry_after(tiny_model):
+    with running_server(tiny_model) as live:
+        live.engine.begin_draining()
+        response = httpx.post(live.base_url + "/completions", json={"prompt": "x", "max_tokens": 2})
+        assert_openai_error(response, 503)
+        assert response.headers["retry-after"] == "1"
+        assert_openai_error(httpx.get(live.url + "/health"), 503)
+
+
+def test_dead_engine_loop_fails_requests_and_health(tiny_model):
+    with running_server(tiny_model) as live:
+        def broken_step():
+            raise RuntimeError("the loop itself broke")
+
+        live.engine.engine.step = broken_step
+        response = httpx.post(live.base_url + "/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
+        assert_openai_error(response, 503)
+        assert wait_until(lambda: live.engine.is_dead)
+        assert "broke" in assert_openai_error(httpx.get(live.url + "/health"), 503)["message"]
+
+
+def test_request_past_the_timeout_is_aborted_with_an_error(tiny_model):
+    with running_server(tiny_model, request_timeout=0.3) as live:
+        body = {"prompt": "slow", "max_tokens": 4000, "ignore_eos": True}
+        response = httpx.post(live.base_url + "/completions", json=body, timeout=60)
+        assert "timeout" in assert_openai_error(response, 504)["message"]
+        assert wait_until(live.is_idle)
+
+
+def test_sigterm_lets_the_in_flight_request_finish_and_exits_zero(tmp_path):
+    server = SubprocessServer(["--model", "random", "--dtype", "float64", "--num-blocks", "512",
+                               "--log-level", "info"], env={"VLLMLITE_SHUTDOWN_TIMEOUT": "60"})
+    server.start(tmp_path / "server.log")
+    try:
+        body = {"prompt": "in flight", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+        events = []
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            events.append(next(lines))
+            server.process.send_signal(signal.SIGTERM)
+            events.extend(lines)
+        assert server.process.wait(timeout=60) == 0, server.log()
+    finally:
+        server.kill()
+    data = [e[len("data: "):] for e in events if e.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    finishes = [c["finish_reason"] for e in data[:-1] for c in json.loads(e)["choices"]]
+    assert finishes[-1] == "length" and "draining" in server.log()

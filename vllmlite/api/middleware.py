@@ -1,0 +1,106 @@
+"""The request guard, a pure ASGI middleware: API key first, then the body size limit, then the app.
+
+Owns authentication (a constant-time comparison of `Authorization: Bearer <key>`) and reading the
+body within `max_body_bytes` (Content-Length checked first, then the bytes actually received,
+all before any JSON parsing). Knows nothing of routes beyond the paths that stay open.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Optional
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from vllmlite.api.errors import APIError
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+class _ClientGone(Exception):
+    """The client disconnected while sending its body."""
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp, api_key: Optional[str], max_body_bytes: int) -> None:
+        self.app = app
+        self.expected_authorization = None if api_key is None else f"Bearer {api_key}".encode()
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        error = self._check_authorization(scope) or self._check_declared_length(scope)
+        if error is None:
+            try:
+                body = await self._read_body(receive)
+            except APIError as too_large:
+                error = too_large
+            except _ClientGone:
+                return
+        if error is not None:
+            response = JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+            await response(scope, receive, send)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    def _check_authorization(self, scope: Scope) -> Optional[APIError]:
+        if self.expected_authorization is None or scope["path"] in OPEN_PATHS:
+            return None
+        provided = _header(scope, b"authorization") or b""
+        if hmac.compare_digest(provided, self.expected_authorization):
+            return None
+        return APIError(401, "a valid API key is required: send `Authorization: Bearer <key>`",
+                        headers={"WWW-Authenticate": "Bearer"})
+
+    def _check_declared_length(self, scope: Scope) -> Optional[APIError]:
+        declared = _header(scope, b"content-length")
+        if declared is None:
+            return None
+        if not declared.isdigit():
+            return APIError(400, "the Content-Length header is not a number")
+        if int(declared) > self.max_body_bytes:
+            return self._too_large()
+        return None
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        """The whole body, counted as it arrives (a chunked body has no Content-Length)."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise self._too_large()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"the request body is larger than the server's limit of {self.max_body_bytes} bytes")
+
+
+def _header(scope: Scope, name: bytes) -> Optional[bytes]:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that first hands the app the buffered body, then passes through (to see disconnects)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

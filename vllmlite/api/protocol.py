@@ -1,0 +1,353 @@
+"""Request and response models in OpenAI's shapes (pydantic 2), with every request field bounded.
+
+Requests are parsed strictly from JSON (no "1" for 1, no 1.0 for an int, no NaN); unknown fields
+are ignored as OpenAI does. Every size a client controls is capped here, before anything is
+tokenized or allocated. Knows nothing of the engine, tokenizers or HTTP routing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator
+
+
+MAX_N = 16                     # n and best_of
+MAX_PROMPTS = 64               # prompts in one completions request
+MAX_PROMPT_CHARS = 1 << 21     # one prompt string or message content
+MAX_PROMPT_TOKEN_IDS = 1 << 18 # one token-id prompt (the engine then checks the context length)
+MAX_MESSAGES = 1024
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS = 300
+MAX_TOKENS_BOUND = 1 << 20     # the engine then checks prompt + max_tokens against the context
+MAX_NAME_CHARS = 256           # model, user, cache_salt, message name
+MAX_COMPLETION_LOGPROBS = 5
+MAX_CHAT_TOP_LOGPROBS = 20
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+PRIORITY_BOUND = 2**31
+
+
+
+def _name_field() -> Any:
+    return Field(None, min_length=1, max_length=MAX_NAME_CHARS)
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+def _check_token_ids(value: list, where: str) -> list[int]:
+    if not value:
+        raise ValueError(f"{where} must not be empty")
+    if len(value) > MAX_PROMPT_TOKEN_IDS:
+        raise ValueError(f"{where} has {len(value)} token ids; at most {MAX_PROMPT_TOKEN_IDS} are accepted")
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        raise ValueError(f"{where} must contain only non-negative integer token ids")
+    return value
+
+
+def _check_text(value: str, where: str) -> str:
+    if len(value) > MAX_PROMPT_CHARS:
+        raise ValueError(f"{where} has {len(value)} characters; at most {MAX_PROMPT_CHARS} are accepted")
+    return value
+
+
+def parse_prompt(value: Any) -> list[Union[str, list[int]]]:
+    """A completions `prompt` as a list of prompts: str, [str], [int] or [[int]]. Raises ValueError.
+
+    >>> parse_prompt("hi"), parse_prompt([1, 2]), parse_prompt([[1], [2]])
+    (['hi'], [[1, 2]], [[1], [2]])
+    """
+    if isinstance(value, str):
+        return [_check_text(value, "prompt")]
+    if not isinstance(value, list) or not value:
+        raise ValueError("prompt must be a string, a list of strings, a list of token ids or a list of "
+                         "token id lists, and must not be empty")
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return [_check_token_ids(value, "prompt")]
+    if len(value) > MAX_PROMPTS:
+        raise ValueError(f"prompt has {len(value)} prompts; at most {MAX_PROMPTS} are accepted per request")
+    if all(isinstance(v, str) for v in value):
+        return [_check_text(v, f"prompt[{i}]") for i, v in enumerate(value)]
+    if all(isinstance(v, list) for v in value):
+        return [_check_token_ids(v, f"prompt[{i}]") for i, v in enumerate(value)]
+    raise ValueError("prompt must be a string, a list of strings, a list of token ids or a list of "
+                     "token id lists (not a mix)")
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class SamplingFields(_Request):
+    """Fields shared by completions and chat: OpenAI's, then vLLM's extensions."""
+
+    model: Optional[str] = Field(None, max_length=MAX_NAME_CHARS)
+    max_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS_BOUND)
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    stop: Union[str, list[str], None] = None
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    logit_bias: Optional[dict[str, float]] = Field(None, max_length=MAX_LOGIT_BIAS)
+    seed: Optional[int] = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    user: Optional[str] = Field(None, max_length=MAX_NAME_CHARS)
+    # vLLM's extensions
+    top_k: Optional[int] = Field(None, ge=-1, le=1 << 20)
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: Optional[float] = Field(None, gt=0.0, le=10.0)
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0, le=MAX_TOKENS_BOUND)
+    stop_token_ids: Optional[list[int]] = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    priority: int = Field(0, ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)
+    cache_salt: Optional[str] = _name_field()
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, value: Union[str, list[str], None]) -> Optional[list[str]]:
+        strings = [value] if isinstance(value, str) else value
+        if strings is None:
+            return None
+        if len(strings) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are accepted, got {len(strings)}")
+        if any(not s or len(s) > MAX_STOP_CHARS for s in strings):
+            raise ValueError(f"each stop string must have 1 to {MAX_STOP_CHARS} characters")
+        return strings
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _non_negative_ids(cls, value: Optional[list[int]]) -> Optional[list[int]]:
+        if value is not None and any(t < 0 for t in value):
+            raise ValueError("stop_token_ids must be non-negative token ids")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, value: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
+        for key, bias in (value or {}).items():
+            if not (key.isascii() and key.isdigit() and len(key) <= 10):
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Any
+    suffix: Optional[str] = Field(None, max_length=MAX_PROMPT_CHARS)
+    echo: bool = False
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    best_of: Optional[int] = Field(None, ge=1, le=MAX_N)
+
+    @field_validator("prompt")
+    @classmethod
+    def _parse_prompt(cls, value: Any) -> list[Union[str, list[int]]]:
+        return parse_prompt(value)
+
+
+class ChatMessage(_Request):
+    """One message; `content` arrives as a string or text parts and leaves as a string."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Any = Field(None, validate_default=True)  # validated to a str
+    name: Optional[str] = _name_field()
+
+    @field_validator("content")
+    @classmethod
+    def _text_content(cls, value: Any, info: ValidationInfo) -> str:
+        if value is None and info.data.get("role") == "assistant":
+            return ""
+        if isinstance(value, list):
+            if len(value) > MAX_MESSAGES:
+                raise ValueError(f"at most {MAX_MESSAGES} content parts are accepted")
+            value = "\n".join(_part_text(part) for part in value)
+        if not isinstance(value, str):
+            raise ValueError("content must be a string or a list of text parts")
+        return _check_text(value, "content")
+
+    def as_dict(self) -> dict:
+        """The message as the chat template sees it."""
+        message = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+def _part_text(part: Any) -> str:
+    """`{"type": "text", "text": "..."}` -> its text; any other part (image, audio) is rejected."""
+    part_type = part.get("type") if isinstance(part, dict) else type(part).__name__
+    if part_type != "text":
+        raise ValueError(f"content part type {part_type!r} is not supported (only 'text')")
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise ValueError("a text content part must have a string 'text'")
+    return text
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(..., min_length=1, max_length=MAX_MESSAGES)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
+    max_completion_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS_BOUND)
+    # Accepted only to be rejected with a clear message (see serving_chat).
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
+    add_generation_prompt: bool = True
+
+
+class TokenizeRequest(_Request):
+    model: Optional[str] = Field(None, max_length=MAX_NAME_CHARS)
+    prompt: Optional[str] = Field(None, max_length=MAX_PROMPT_CHARS)
+    messages: Optional[list[ChatMessage]] = Field(None, min_length=1, max_length=MAX_MESSAGES)
+    add_special_tokens: Optional[bool] = None
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Request):
+    model: Optional[str] = Field(None, max_length=MAX_NAME_CHARS)
+    tokens: list[int] = Field(..., max_length=MAX_PROMPT_TOKEN_IDS)
+
+
+# --- responses ----------------------------------------------------------------------------------
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PromptTokensDetails(_Response):
+    cached_tokens: int = 0
+
+
+class Usage(_Response):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+
+
+class CompletionLogprobs(_Response):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
+
+
+class CompletionChoice(_Response):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogprobs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+class CompletionResponse(_Response):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Optional[Usage] = None
+
+
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(_Response):
+    content: Optional[list[ChatTokenLogprob]] = None
+
+
+class ChatResponseMessage(_Response):
+    role: Literal["assistant"] = "assistant"
+    content: str = ""
+
+
+class ChatChoice(_Response):
+    index: int
+    message: ChatResponseMessage
+    logprobs: Optional[ChatLogprobs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+class ChatCompletionResponse(_Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Optional[Usage] = None
+
+
+class DeltaMessage(_Response):
+    role: Optional[Literal["assistant"]] = None
+    content: Optional[str] = None
+
+
+class ChatStreamChoice(_Response):
+    index: int
+    delta: DeltaMessage
+    logprobs: Optional[ChatLogprobs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+    @field_serializer("delta")
+    def _delta_without_nulls(self, delta: DeltaMessage) -> dict:
+        return delta.model_dump(exclude_none=True)  # OpenAI's last delta is {}
+
+
+class ChatCompletionChunk(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: Optional[Usage] = None
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "vllmlite"
+    root: str
+    max_model_len: int
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(_Response):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(_Response):
+    prompt: str

@@ -1,0 +1,274 @@
+"""The HTTP server: FastAPI app factory `build_app`, routes, error handlers, and the CLI `main()`.
+
+Owns the mapping of routes to serving functions, errors to OpenAI-shaped responses, client
+disconnects to aborts, and the process lifecycle (SIGINT/SIGTERM drain the engine, then exit 0).
+Run it: `python -m vllmlite.api.server --help`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Optional, TypeVar
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from vllmlite import __version__
+from vllmlite.api.cli import ServerConfig, parse_config
+from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
+from vllmlite.api.middleware import RequestGuard
+from vllmlite.api.protocol import (MAX_NAME_CHARS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                   DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse)
+from vllmlite.api.serving import Admission, ServingContext, check_model, encode_prompt, new_request_id
+from vllmlite.api.serving_chat import create_chat, prepare_chat, render_messages
+from vllmlite.api.serving_completions import create_completion, prepare_completion
+from vllmlite.async_engine import AsyncLLMEngine
+from vllmlite.engine import LLMEngine
+from vllmlite.loader import LoadedModel
+from vllmlite.metrics import EngineMetrics
+
+logger = logging.getLogger("vllmlite.api.server")
+Model = TypeVar("Model", bound=BaseModel)
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def make_async_engine(config: ServerConfig, loaded: Optional[LoadedModel] = None) -> AsyncLLMEngine:
+    """Load the model and wrap its LLMEngine for serving (the thread starts with the app)."""
+    engine = LLMEngine(config.engine_config(), loaded)
+    return AsyncLLMEngine(engine, EngineMetrics(config.model_name), max_queue=config.max_queue,
+                          request_timeout=config.request_timeout)
+
+
+def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
+    """The OpenAI-compatible app over `engine`; its lifespan starts and drains the engine thread."""
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        yield
+        await asyncio.to_thread(engine.shutdown, config.shutdown_timeout)
+
+    app = FastAPI(title="vllmlite", version=__version__, lifespan=lifespan)
+    app.state.engine = engine
+    app.state.config = config
+    _add_error_handlers(app)
+    ctx = ServingContext(engine, config.model_name)
+    _add_info_routes(app, ctx)
+    _add_token_routes(app, ctx)
+    _add_generate_routes(app, ctx)
+    app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+    return app
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0]
+        loc = tuple(first.get("loc", ()))
+        param = param_path(loc[1:] if loc and loc[0] in ("body", "query", "path") else loc)
+        return JSONResponse(error_body(400, f"{param}: {first.get('msg')}" if param else str(first.get("msg")),
+                                       param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        message = (f"no route for {request.method} {request.url.path}" if error.status_code == 404
+                   else str(error.detail))
+        return JSONResponse(error_body(error.status_code, message), status_code=error.status_code,
+                            headers=getattr(error, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body(500, f"internal error: {type(error).__name__}"), status_code=500)
+
+
+async def parse_body(request: Request, model: type[Model]) -> Model:
+    """The body as `model`, parsed strictly from JSON; any problem is a 400 naming the field."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as error:
+        raise from_validation_error(error) from error
+
+
+# --- routes -------------------------------------------------------------------------------------
+
+def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
+    engine = ctx.engine
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if engine.is_dead:
+            return _error_response(unavailable(f"the engine loop has failed: {engine.dead_error}"))
+        if engine.is_draining:
+            return _error_response(unavailable("the server is shutting down"))
+        return JSONResponse({})
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = ModelCard(id=ctx.model_name, root=engine.engine.model_source, max_model_len=engine.max_model_len)
+        return ModelList(data=[card]).model_dump()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        text = engine.metrics.render() if engine.metrics is not None else ""
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _add_token_routes(app: FastAPI, ctx: ServingContext) -> None:
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        req = await parse_body(request, TokenizeRequest)
+        check_model(ctx, req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise bad_request("send exactly one of prompt or messages", "prompt")
+        if req.messages is not None:
+            tokens = render_messages(ctx, req.messages, req.add_generation_prompt)
+        else:
+            add_special = True if req.add_special_tokens is None else req.add_special_tokens
+            tokens = encode_prompt(ctx, req.prompt, "prompt", add_special_tokens=add_special)
+        return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=ctx.engine.max_model_len).model_dump()
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        req = await parse_body(request, DetokenizeRequest)
+        check_model(ctx, req.model)
+        vocab_size = ctx.engine.tokenizer.vocab_size
+        if any(not 0 <= t < vocab_size for t in req.tokens):
+            raise bad_request(f"tokens must be token ids in [0, {vocab_size})", "tokens")
+        return DetokenizeResponse(prompt=ctx.engine.tokenizer.decode(req.tokens)).model_dump()
+
+
+def _add_generate_routes(app: FastAPI, ctx: ServingContext) -> None:
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = await parse_body(request, CompletionRequest)
+        prepared = prepare_completion(ctx, req)
+        admission = _admission(request, "cmpl", req.priority, req.cache_salt)
+        return await _respond(request, create_completion(ctx, prepared, admission))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req = await parse_body(request, ChatCompletionRequest)
+        prepared = prepare_chat(ctx, req)
+        admission = _admission(request, "chatcmpl", req.priority, req.cache_salt)
+        return await _respond(request, create_chat(ctx, prepared, admission))
+
+
+def _admission(request: Request, prefix: str, priority: int, cache_salt: Optional[str]) -> Admission:
+    return Admission(new_request_id(prefix), _client_id(request), priority, cache_salt)
+
+
+def _client_id(request: Request) -> Optional[str]:
+    """Fairness key: the X-Client-Id header, else a hash of the bearer token, else None."""
+    client_id = request.headers.get("x-client-id")
+    if client_id is not None:
+        if not 0 < len(client_id) <= MAX_NAME_CHARS:
+            raise bad_request(f"X-Client-Id must have 1 to {MAX_NAME_CHARS} characters", "X-Client-Id")
+        return client_id
+    authorization = request.headers.get("authorization", "")
+    if authorization.startswith("Bearer ") and len(authorization) > len("Bearer "):
+        return "key-" + hashlib.sha256(authorization.encode()).hexdigest()[:16]
+    return None
+
+
+async def _respond(request: Request, work: Awaitable[Any]) -> Response:
+    """Run `work` until it returns or the client disconnects (then it is cancelled, so its requests
+    are aborted); a pydantic result becomes JSON, an async iterator becomes an SSE stream."""
+    result = await _until_disconnect(request, work)
+    if result is None:
+        return Response(status_code=499)  # nobody is listening
+    if isinstance(result, BaseModel):
+        return JSONResponse(result.model_dump())
+    return StreamingResponse(result, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        return None
+    finally:
+        watcher.cancel()
+        task.cancel()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+# --- process ------------------------------------------------------------------------------------
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn whose SIGINT/SIGTERM first drains the engine: new requests get 503, in-flight ones
+    have `shutdown_timeout` seconds to finish, the rest are aborted; then the process exits 0.
+    A second signal exits at once."""
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncLLMEngine, shutdown_timeout: float) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self.shutdown_timeout = shutdown_timeout
+        self._drain_started = False
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self._drain_started:
+            self.should_exit = self.force_exit = True
+            return
+        self._drain_started = True
+        logger.info("signal %d: draining (up to %.1f s for in-flight requests)", sig, self.shutdown_timeout)
+        self.engine.begin_draining()
+        threading.Thread(target=self._drain, name="vllmlite-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        self.engine.shutdown(self.shutdown_timeout)
+        self.should_exit = True
+
+
+def _log_startup(engine: AsyncLLMEngine, config: ServerConfig) -> None:
+    report = engine.engine.memory_report()
+    logger.info("model %s (%s) served as %r, dtype %s, context %d tokens", config.model,
+                engine.engine.model_source, config.model_name, config.dtype, engine.max_model_len)
+    logger.info("memory: weights %.1f MiB, KV cache %.1f MiB (%d blocks of %d tokens), host swap %.1f MiB",
+                report["weights"] / 2**20, report["kv_cache"] / 2**20, report["kv_blocks"],
+                report["block_size"], report["host_swap"] / 2**20)
+    logger.info("OpenAI-compatible API at http://%s:%d/v1%s", config.host, config.port,
+                " (API key required)" if config.api_key else "")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    config = parse_config(argv)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = make_async_engine(config)
+    _log_startup(engine, config)
+    app = build_app(engine, config)
+    uvicorn_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                                    timeout_graceful_shutdown=5, lifespan="on")
+    GracefulServer(uvicorn_config, engine, config.shutdown_timeout).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""What the OpenAI routes share: model check, prompt bounds, SamplingParams, admission, merged output
+streams, usage and server-sent-event framing.
+
+Owns turning validated request fields into engine requests, and the parts of OpenAI's response
+shapes both endpoints use. Knows nothing of routes or middleware: failures are raised as APIError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Optional, Sequence
+
+from vllmlite.api.errors import APIError, bad_request, from_engine_error
+from vllmlite.api.protocol import PromptTokensDetails, SamplingFields, Usage
+from vllmlite.async_engine import AsyncLLMEngine, GenerateRequest, RequestStream
+from vllmlite.outputs import RequestOutput
+from vllmlite.sampling_params import SamplingParams
+
+MAX_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per context token cannot fit
+DONE_EVENT = "data: [DONE]\n\n"
+LOGPROB_FLOOR = -9999.0   # JSON has no -inf; vLLM clamps the same way
+
+
+@dataclass(frozen=True)
+class ServingContext:
+    """What a handler needs: the engine and the name clients must use for the model."""
+
+    engine: AsyncLLMEngine
+    model_name: str
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Per-request facts that are not sampling fields: who is asking, and the id prefix."""
+
+    request_id: str
+    client_id: Optional[str]
+    priority: int = 0
+    cache_salt: Optional[str] = None
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def check_model(ctx: ServingContext, requested: Optional[str]) -> None:
+    """The `model` field must name the served model (or be omitted); else 404."""
+    if requested is not None and requested != ctx.model_name:
+        raise APIError(404, f"the model {requested!r} does not exist; this server serves {ctx.model_name!r}",
+                       param="model")
+
+
+def encode_prompt(ctx: ServingContext, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+    """Tokenize `text`, after bounding its length by the context length (so no huge tokenization)."""
+    max_chars = ctx.engine.max_model_len * MAX_CHARS_PER_TOKEN
+    if len(text) > max_chars:
+        raise bad_request(f"{param} has {len(text)} characters, more than this model's context of "
+                          f"{ctx.engine.max_model_len} tokens can hold", param)
+    return ctx.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+_LEADING_NAME = re.compile(r"^([a-z_]+)\b")
+
+
+def sampling_params(req: SamplingFields, **fields: Any) -> SamplingParams:
+    """SamplingParams from the shared request fields plus endpoint-specific `fields`; 400 if invalid."""
+    values = dict(
+        n=req.n, temperature=_default(req.temperature, 1.0), top_p=_default(req.top_p, 1.0),
+        top_k=req.top_k, min_p=_default(req.min_p, 0.0),
+        presence_penalty=_default(req.presence_penalty, 0.0),
+        frequency_penalty=_default(req.frequency_penalty, 0.0),
+        repetition_penalty=_default(req.repetition_penalty, 1.0), seed=req.seed, stop=req.stop,
+        stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
+        skip_special_tokens=req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output,
+        logit_bias=req.logit_bias, max_tokens=req.max_tokens,
+    )
+    values.update(fields)
+    try:
+        return SamplingParams(**values)
+    except ValueError as error:
+        raise bad_request(str(error), _named_field(str(error), req, None)) from error
+
+
+def _named_field(message: str, req: SamplingFields, fallback: Optional[str]) -> Optional[str]:
+    """The request field an engine message starts with ("top_p must be ..." -> "top_p")."""
+    match = _LEADING_NAME.match(message)
+    return match.group(1) if match and match.group(1) in type(req).model_fields else fallback
+
+
+def _default(value: Optional[float], default: float) -> float:
+    return default if value is None else value
+
+
+def check_request(ctx: ServingContext, req: SamplingFields, token_ids: list[int], params: SamplingParams,
+                  param: str) -> None:
+    """The engine's context-length and vocabulary check, as a 400 naming `param` (the prompt) unless
+    the message names another field (logit_bias, stop_token_ids)."""
+    try:
+        ctx.engine.check_request(token_ids, params)
+    except ValueError as error:
+        raise bad_request(str(error), _named_field(str(error), req, param)) from error
+
+
+def admit(ctx: ServingContext, prompts: Sequence[list[int]], params: SamplingParams,
+          admission: Admission) -> list[RequestStream]:
+    """Queue one engine request per prompt; all or nothing (503 on queue full or draining)."""
+    streams: list[RequestStream] = []
+    try:
+        for i, token_ids in enumerate(prompts):
+            request_id = admission.request_id if len(prompts) == 1 else f"{admission.request_id}-{i}"
+            streams.append(ctx.engine.add_request(GenerateRequest(
+                request_id, token_ids, params, priority=admission.priority,
+                cache_salt=admission.cache_salt, client_id=admission.client_id)))
+    except Exception as error:
+        cancel_all(streams)
+        raise from_engine_error(error) from error
+    return streams
+
+
+def cancel_all(streams: Sequence[RequestStream]) -> None:
+    for stream in streams:
+        stream.cancel()
+
+
+def raise_if_failed(output: RequestOutput) -> None:
+    """A request that failed inside the engine is a 500 for this request only."""
+    if output.error is not None:
+        raise APIError(500, output.error)
+
+
+async def final_outputs(streams: Sequence[RequestStream]) -> list[RequestOutput]:
+    """Each stream's finished output, consumed concurrently; streams are cancelled on any exit."""
+    async def last(stream: RequestStream) -> RequestOutput:
+        output = None
+        async for output in stream:
+            pass
+        if output is None:
+            raise APIError(500, "the engine ended the request without an output")
+        raise_if_failed(output)
+        return output
+
+    tasks = [asyncio.ensure_future(last(s)) for s in streams]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except Exception as error:
+        raise from_engine_error(error) from error
+    finally:
+        for task in tasks:  # gather leaves the others running when one fails
+            task.cancel()
+        cancel_all(streams)
+
+
+async def merged(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(stream index, output) from all streams as they arrive; each stream's own order is kept."""
+    pending = {asyncio.ensure_future(anext(stream)): i for i, stream in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=pending.__getitem__):
+                index = pending.pop(task)
+                try:
+                    output = task.result()
+                except StopAsyncIteration:
+                    continue
+                yield index, output
+                pending[asyncio.ensure_future(anext(streams[index]))] = index
+    finally:
+        for task in pending:
+            task.cancel()
+
+
+def make_usage(outputs: Sequence[RequestOutput]) -> Usage:
+    """Prompt tokens count once per prompt; completion tokens once per returned choice."""
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    cached = sum(o.num_cached_tokens for o in outputs)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+def sse_event(payload: Any) -> str:
+    """One server-sent event: `data: {json}\\n\\n` (a pydantic model or a plain object)."""
+    if hasattr(payload, "model_dump_json"):
+        return f"data: {payload.model_dump_json()}\n\n"
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def sse_stream(events: AsyncIterator[str], streams: Sequence[RequestStream]) -> AsyncIterator[str]:
+    """`events` then `data: [DONE]`; a failure mid-stream becomes an error event before [DONE].
+    However the stream ends (finished, failed, client gone), the engine requests are cancelled."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as error:  # noqa: BLE001 - the status line is already sent
+        yield from_engine_error(error).sse_event()
+    finally:
+        cancel_all(streams)
+    yield DONE_EVENT
+
+
+def clamp_logprob(value: float) -> float:
+    return max(value, LOGPROB_FLOOR)
+
+
+def token_bytes(token_text: str) -> list[int]:
+    """The bytes of a token as `Tokenizer.token_text` spells it (`bytes:\\xe2\\x80` when not UTF-8).
+
+    >>> token_bytes("hi"), token_bytes("bytes:\\\\xe2\\\\x80")
+    ([104, 105], [226, 128])
+    """
+    if token_text.startswith("bytes:") and re.fullmatch(r"(\\x[0-9a-f]{2})+", token_text[6:]):
+        return list(bytes.fromhex(token_text[6:].replace("\\x", "")))
+    return list(token_text.encode("utf-8"))

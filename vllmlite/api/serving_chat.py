@@ -1,0 +1,158 @@
+"""POST /v1/chat/completions: messages through the model's chat template, assistant messages out.
+
+Owns the chat rules: rendering (never a request-supplied template), rejecting tool calling and
+structured output with a 400 naming the param, `max_completion_tokens`, the role-first streaming
+deltas, and OpenAI's chat logprobs format. Knows nothing of routes or middleware.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Optional, Sequence, Union
+
+from vllmlite.api.errors import bad_request
+from vllmlite.api.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
+                                   ChatLogprobs, ChatMessage, ChatResponseMessage, ChatStreamChoice,
+                                   ChatTokenLogprob, DeltaMessage, TopLogprob)
+from vllmlite.api.serving import (MAX_CHARS_PER_TOKEN, Admission, ServingContext, admit, check_model, check_request, clamp_logprob,
+                                  encode_prompt, final_outputs, make_usage, raise_if_failed, sampling_params,
+                                  sse_event, sse_stream, token_bytes)
+from vllmlite.outputs import CompletionOutput, RequestOutput
+from vllmlite.sampling import TokenLogprobs
+from vllmlite.sampling_params import SamplingParams
+from vllmlite.tokenizer import Tokenizer
+
+# Request fields this server does not implement: (name, the values that mean "not used").
+UNSUPPORTED_FIELDS = (
+    ("tools", (None, [])),
+    ("tool_choice", (None, "none")),
+    ("functions", (None, [])),
+    ("function_call", (None, "none")),
+    ("response_format", (None, {"type": "text"})),
+    ("chat_template_kwargs", (None, {})),
+)
+
+
+@dataclass
+class PreparedChat:
+    request: ChatCompletionRequest
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+def render_messages(ctx: ServingContext, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> list[int]:
+    """The prompt's token ids: the model's chat template, then encode without special tokens
+    (the template already wrote them)."""
+    dicts = [m.as_dict() for m in messages]
+    max_chars = ctx.engine.max_model_len * MAX_CHARS_PER_TOKEN
+    if sum(len(m["content"]) for m in dicts) > max_chars:
+        raise bad_request(f"messages are longer than this model's context of {ctx.engine.max_model_len} "
+                          "tokens can hold", "messages")
+    try:
+        text = ctx.engine.tokenizer.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt)
+    except ValueError as error:
+        raise bad_request(str(error), "messages") from error
+    return encode_prompt(ctx, text, "messages", add_special_tokens=False)
+
+
+def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedChat:
+    """Validate, render and tokenize; raise APIError (400/404) before anything is queued."""
+    check_model(ctx, req.model)
+    _reject_unsupported(req)
+    if req.top_logprobs and not req.logprobs:
+        raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    params = sampling_params(req, max_tokens=max_tokens,
+                             logprobs=(req.top_logprobs or 0) if req.logprobs else None)
+    token_ids = render_messages(ctx, req.messages, req.add_generation_prompt)
+    check_request(ctx, req, token_ids, params, "messages")
+    return PreparedChat(req, token_ids, params)
+
+
+def _reject_unsupported(req: ChatCompletionRequest) -> None:
+    if req.chat_template is not None:
+        raise bad_request("chat_template: request-supplied chat templates are never rendered; the model's "
+                          "own template is used", "chat_template")
+    for name, allowed in UNSUPPORTED_FIELDS:
+        if getattr(req, name) not in allowed:
+            raise bad_request(f"{name} is not supported by this server (no tool calling or structured "
+                              "output)", name)
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+
+
+async def create_chat(ctx: ServingContext, prepared: PreparedChat,
+                      admission: Admission) -> Union[ChatCompletionResponse, AsyncIterator[str]]:
+    """Queue the conversation; return the whole response, or the SSE events when streaming."""
+    streams = admit(ctx, [prepared.prompt_token_ids], prepared.params, admission)
+    if prepared.request.stream:
+        return sse_stream(_chunks(ctx, prepared, streams[0], admission.request_id), streams)
+    (output,) = await final_outputs(streams)
+    return _response(ctx, prepared, output, admission.request_id)
+
+
+def _response(ctx: ServingContext, prepared: PreparedChat, output: RequestOutput,
+              request_id: str) -> ChatCompletionResponse:
+    top = prepared.request.top_logprobs or 0
+    choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+                          logprobs=_logprobs(ctx.engine.tokenizer, c.token_ids, c.logprobs, top)
+                          if prepared.request.logprobs else None,
+                          finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+               for c in sorted(output.outputs, key=lambda c: c.index)]
+    return ChatCompletionResponse(id=request_id, model=ctx.model_name, choices=choices,
+                                  usage=make_usage([output]))
+
+
+async def _chunks(ctx: ServingContext, prepared: PreparedChat, stream, request_id: str) -> AsyncIterator[str]:
+    req = prepared.request
+    created = int(time.time())
+
+    def chunk(choices: list[ChatStreamChoice], **extra: Any) -> str:
+        return sse_event(ChatCompletionChunk(id=request_id, created=created, model=ctx.model_name,
+                                             choices=choices, **extra))
+
+    for index in range(req.n):
+        yield chunk([ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+    finished: set[int] = set()
+    last: Optional[RequestOutput] = None
+    async for last in stream:
+        raise_if_failed(last)
+        choices = [choice for completion in last.outputs
+                   if (choice := _delta_choice(ctx, req, completion, finished)) is not None]
+        if choices:
+            yield chunk(choices)
+    if req.include_usage and last is not None:
+        yield chunk([], usage=make_usage([last]))
+
+
+def _delta_choice(ctx: ServingContext, req: ChatCompletionRequest, completion: CompletionOutput,
+                  finished: set[int]) -> Optional[ChatStreamChoice]:
+    """The chunk for what is new in one choice; None when nothing is (another sample moved)."""
+    if completion.index in finished:
+        return None
+    has_logprobs = req.logprobs and bool(completion.delta_token_ids)
+    if not completion.delta_text and not has_logprobs and completion.finish_reason is None:
+        return None  # e.g. a token holding half a UTF-8 character: its text comes with the next one
+    if completion.finish_reason is not None:
+        finished.add(completion.index)
+    logprobs = _logprobs(ctx.engine.tokenizer, completion.delta_token_ids, completion.delta_logprobs,
+                         req.top_logprobs or 0) if req.logprobs else None
+    delta = DeltaMessage(content=completion.delta_text) if completion.delta_text else DeltaMessage()
+    return ChatStreamChoice(index=completion.index, delta=delta, logprobs=logprobs,
+                            finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
+
+
+def _logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Optional[Sequence[TokenLogprobs]],
+              num_top: int) -> ChatLogprobs:
+    """OpenAI's chat logprobs: one entry per token with its bytes and its `num_top` best alternatives."""
+    def entry(token_id: int, logprob: float) -> TopLogprob:
+        text = tokenizer.token_text(token_id)
+        return TopLogprob(token=text, logprob=clamp_logprob(logprob), bytes=token_bytes(text))
+
+    content = []
+    for token_id, lp in zip(token_ids, logprobs or ()):
+        sampled = entry(token_id, lp.logprob)
+        top = [entry(t, value) for t, value in lp.top[:num_top]]
+        content.append(ChatTokenLogprob(**sampled.model_dump(), top_logprobs=top))
+    return ChatLogprobs(content=content)

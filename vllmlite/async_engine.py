@@ -1,0 +1,335 @@
+"""AsyncLLMEngine: one background thread steps the LLMEngine; asyncio callers get one stream per request.
+
+Owns the engine thread, the command queue (add/abort) drained before each step, the per-request
+output streams, admission (queue bound, draining) and liveness (a fault of the loop marks the
+engine dead). Knows nothing of HTTP: it raises typed exceptions that the API layer maps to statuses.
+Only the engine thread touches the LLMEngine's mutable state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable, Optional, Union
+
+from vllmlite.engine import LLMEngine
+from vllmlite.metrics import EngineMetrics, EngineStats
+from vllmlite.outputs import RequestOutput
+from vllmlite.sampling_params import SamplingParams
+from vllmlite.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop itself failed; no request can be served until a restart."""
+
+
+class QueueFullError(RuntimeError):
+    """Too many requests are waiting to run; the client should retry later."""
+
+
+class EngineDrainingError(RuntimeError):
+    """The engine is shutting down and admits no new request."""
+
+
+class RequestAbortedError(RuntimeError):
+    """The request was aborted by the server (shutdown) before it finished."""
+
+
+class RequestTimeoutError(RuntimeError):
+    """The request ran past the engine's request timeout and was aborted."""
+
+
+@dataclass
+class GenerateRequest:
+    """One request, already validated and tokenized by the caller."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int = 0
+    cache_salt: Optional[str] = None
+    client_id: Optional[str] = None
+    arrival_time: float = field(default_factory=time.monotonic)
+
+
+StreamItem = Union[RequestOutput, BaseException]
+
+
+class RequestStream:
+    """One request's RequestOutputs in order, fed from the engine thread; an async iterator.
+
+    Ends after the output with `finished=True`, or by raising the error the engine sent
+    (EngineDeadError, RequestAbortedError, ValueError), or RequestTimeoutError at the deadline.
+    `cancel()` aborts the request in the engine unless it already ended there.
+    """
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop,
+                 abort: Callable[[str], None], timeout: Optional[float]) -> None:
+        self.request_id = request_id
+        self._loop = loop
+        self._abort = abort
+        self._queue: asyncio.Queue[StreamItem] = asyncio.Queue()
+        self._deadline = None if timeout is None else loop.time() + timeout
+        self._timeout = timeout
+        self.is_finished = False   # the engine has sent its last item
+
+    def put(self, item: StreamItem) -> None:
+        """Called from the engine thread."""
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:
+            pass  # the event loop is closed: nobody is listening any more
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.is_finished:
+            raise StopAsyncIteration
+        if self._deadline is None:
+            item = await self._queue.get()
+        else:
+            try:
+                item = await asyncio.wait_for(self._queue.get(), max(self._deadline - self._loop.time(), 0.0))
+            except asyncio.TimeoutError:
+                raise RequestTimeoutError(f"the request ran past the server's request timeout "
+                                          f"({self._timeout:g} s) and was aborted") from None
+        if isinstance(item, BaseException):
+            self.is_finished = True
+            raise item
+        self.is_finished = item.finished
+        return item
+
+    def cancel(self) -> None:
+        """Abort the request in the engine (its blocks are freed within a step) unless it ended."""
+        if not self.is_finished:
+            self.is_finished = True
+            self._abort(self.request_id)
+
+
+@dataclass
+class _Add:
+    request: GenerateRequest
+    stream: RequestStream
+
+
+@dataclass
+class _Abort:
+    request_id: str
+    error: Optional[BaseException] = None  # sent to the stream, if it still has a listener
+
+
+class AsyncLLMEngine:
+    """Runs `engine.step()` on one dedicated thread while there is work, and sleeps when idle.
+
+    `max_queue` bounds the requests not yet running (queued commands plus the scheduler's waiting
+    ones); `request_timeout` (seconds) bounds each request's life. Call `start()` once, then
+    `add_request`/`generate` from the event loop; `shutdown()` drains and stops the thread.
+    """
+
+    def __init__(self, engine: LLMEngine, metrics: Optional[EngineMetrics] = None,
+                 max_queue: Optional[int] = None, request_timeout: Optional[float] = None) -> None:
+        if max_queue is not None and max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1, got {max_queue}")
+        if request_timeout is not None and request_timeout <= 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {request_timeout}")
+        self.engine = engine
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self.request_timeout = request_timeout
+        self._cond = threading.Condition()
+        self._commands: list[Union[_Add, _Abort]] = []   # guarded by _cond
+        self._streams: dict[str, RequestStream] = {}     # engine thread only
+        self._num_engine_waiting = 0                     # guarded by _cond
+        self._num_engine_unfinished = 0                  # guarded by _cond
+        self._stop_requested = False
+        self.is_draining = False
+        self.dead_error: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # --- read-only views, safe from any thread --------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def is_dead(self) -> bool:
+        return self.dead_error is not None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        """Requests queued or in the engine, as of the last step."""
+        with self._cond:
+            return self._num_engine_unfinished + sum(isinstance(c, _Add) for c in self._commands)
+
+    def check_request(self, token_ids: list[int], params: SamplingParams) -> int:
+        """The engine's pure validation (vocab, context length); raises ValueError for the client."""
+        return self.engine.check_request(token_ids, params)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run_loop, name="vllmlite-engine", daemon=True)
+            self._thread.start()
+
+    def begin_draining(self) -> None:
+        """Admit nothing new; requests already admitted keep running."""
+        self.is_draining = True
+
+    def wait_until_idle(self, timeout: Optional[float]) -> bool:
+        """Block until no request is queued or unfinished (or the engine died); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self.is_dead or (not self._commands and self._num_engine_unfinished == 0), timeout)
+
+    def shutdown(self, timeout: float = 0.0) -> None:
+        """Stop admitting, let in-flight requests finish within `timeout` seconds, abort the rest
+        (their streams raise RequestAbortedError) and stop the engine thread."""
+        self.begin_draining()
+        if self.is_running and not self.wait_until_idle(timeout):
+            logger.warning("shutdown: aborting %d unfinished request(s) after %.1f s",
+                           self.num_unfinished_requests, timeout)
+        with self._cond:
+            self._stop_requested = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=max(timeout, 5.0))
+
+    # --- requests (event loop side) -------------------------------------------------------------
+
+    def add_request(self, request: GenerateRequest) -> RequestStream:
+        """Queue a validated request and return its stream. Must run inside the event loop.
+
+        Raises EngineDeadError, EngineDrainingError or QueueFullError without queueing anything.
+        """
+        stream = RequestStream(request.request_id, asyncio.get_running_loop(), self.abort, self.request_timeout)
+        with self._cond:
+            if self.dead_error is not None:
+                raise EngineDeadError(f"the engine loop has failed: {self.dead_error}")
+            if self.is_draining or self._stop_requested:
+                raise EngineDrainingError("the server is shutting down and accepts no new requests")
+            if self.max_queue is not None and self._num_not_running() >= self.max_queue:
+                raise QueueFullError(f"the server is overloaded: {self.max_queue} requests are already "
+                                     "waiting; retry later")
+            self._commands.append(_Add(request, stream))
+            self._cond.notify_all()
+        return stream
+
+    def _num_not_running(self) -> int:
+        return self._num_engine_waiting + sum(isinstance(c, _Add) for c in self._commands)
+
+    def abort(self, request_id: str, error: Optional[BaseException] = None) -> None:
+        """Abort a request from any thread; unknown or finished ids are ignored."""
+        with self._cond:
+            self._commands.append(_Abort(request_id, error))
+            self._cond.notify_all()
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        """Queue `request` and yield its outputs; a consumer that stops early aborts the request."""
+        stream = self.add_request(request)
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            stream.cancel()
+
+    # --- the engine thread ----------------------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        try:
+            while self._take_commands():
+                outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
+                with self._cond:  # before delivering, so a consumer never sees counts older than its output
+                    self._publish_stats()
+                    self._cond.notify_all()
+                self._deliver(outputs)
+        except BaseException as error:  # noqa: BLE001 - any fault of the loop kills the engine
+            self._die(error)
+            return
+        self._abort_all(RequestAbortedError("the server shut down before this request finished"))
+
+    def _take_commands(self) -> bool:
+        """Sleep until there is work; apply queued commands. False once shutdown is requested."""
+        with self._cond:
+            while not (self._commands or self._stop_requested or self.engine.has_unfinished_requests()):
+                self._cond.wait()
+            commands, self._commands = self._commands, []
+            for command in commands:
+                if isinstance(command, _Add):
+                    self._apply_add(command)
+                else:
+                    self._apply_abort(command)
+            self._publish_stats()
+            self._cond.notify_all()
+            return not self._stop_requested
+
+    def _apply_add(self, command: _Add) -> None:
+        request = command.request
+        try:
+            self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
+                                    arrival_time=request.arrival_time, priority=request.priority,
+                                    cache_salt=request.cache_salt, client_id=request.client_id)
+        except ValueError as error:  # a client error the caller's validation did not catch
+            command.stream.put(error)
+            return
+        self._streams[request.request_id] = command.stream
+
+    def _apply_abort(self, command: _Abort) -> None:
+        stream = self._streams.pop(command.request_id, None)
+        if stream is None:
+            return
+        self.engine.abort_request(command.request_id)
+        stream.put(command.error or RequestAbortedError("the request was aborted"))
+        if self.metrics is not None:
+            self.metrics.record_abort(command.request_id)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        if self.metrics is not None:
+            self.metrics.record_outputs(outputs, time.monotonic())
+        for output in outputs:
+            stream = self._streams.pop(output.request_id) if output.finished \
+                else self._streams.get(output.request_id)
+            if stream is not None:
+                stream.put(output)
+
+    def _publish_stats(self) -> None:
+        """Under _cond: the counts admission reads, and the metrics gauges."""
+        scheduler, block_manager = self.engine.scheduler, self.engine.block_manager
+        self._num_engine_waiting = scheduler.num_waiting
+        self._num_engine_unfinished = self.engine.num_unfinished_requests
+        if self.metrics is not None:
+            self.metrics.record_stats(EngineStats(
+                num_running=len(scheduler.running), num_waiting=scheduler.num_waiting,
+                kv_cache_usage=block_manager.usage, prefix_cache_queries=block_manager.prefix_queries,
+                prefix_cache_hits=block_manager.prefix_hits, num_preemptions=scheduler.num_preemptions))
+
+    def _abort_all(self, error: BaseException) -> None:
+        for request_id in list(self._streams):
+            self._apply_abort(_Abort(request_id, error))
+
+    def _die(self, error: BaseException) -> None:
+        logger.exception("the engine loop failed; the engine is dead")
+        dead = EngineDeadError(f"the engine loop has failed: {type(error).__name__}: {error}")
+        with self._cond:
+            self.dead_error = error
+            pending = [c.stream for c in self._commands if isinstance(c, _Add)]
+            self._commands.clear()
+            self._cond.notify_all()
+        for stream in [*self._streams.values(), *pending]:
+            stream.put(dead)
+        self._streams.clear()
