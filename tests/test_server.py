@@ -281,3 +281,31 @@ def test_cli_flags_win_over_environment_variables(capsys):
     help_text = build_parser().format_help()
     for option in OPTIONS:
         assert f"--{option.name}" in help_text and option.env in help_text.replace("\n", " ").replace(" ", "")
+
+
+def test_echo_with_logprobs_scores_the_prompt_tokens_too(server):
+    import httpx
+    body = {"model": MODEL, "prompt": [5, 6, 7, 8], "max_tokens": 3, "temperature": 0,
+            "echo": True, "logprobs": 2}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    logprobs = response.json()["choices"][0]["logprobs"]
+    assert len(logprobs["tokens"]) == 4 + 3
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    assert all(isinstance(lp, float) and lp <= 0 for lp in logprobs["token_logprobs"][1:])
+    assert logprobs["text_offset"] == sorted(logprobs["text_offset"])
+
+
+def test_speculative_server_gives_offline_greedy_text_and_reports_acceptance(tiny_model):
+    import httpx
+    from server_util import metric_value
+    spec = '{"method": "self_draft", "num_draft_layers": 1, "num_speculative_tokens": 3}'
+    prompts = ["abcabcabcabc", "hello there"]
+    want = offline_greedy(tiny_model, prompts, 12)
+    with running_server(tiny_model, speculative_config=spec) as live:
+        client = openai.OpenAI(base_url=live.base_url, api_key="unused", max_retries=0, timeout=60)
+        got = [client.completions.create(model=MODEL, prompt=p, max_tokens=12, **GREEDY).choices[0].text
+               for p in prompts]
+        metrics = httpx.get(live.url + "/metrics").text
+    assert got == want
+    assert metric_value(metrics, "vllmlite:spec_decode_num_draft_tokens_total") > 0

@@ -313,10 +313,14 @@ class AsyncLLMEngine:
         self._num_engine_waiting = scheduler.num_waiting
         self._num_engine_unfinished = self.engine.num_unfinished_requests
         if self.metrics is not None:
+            spec = scheduler.spec_stats
             self.metrics.record_stats(EngineStats(
                 num_running=len(scheduler.running), num_waiting=scheduler.num_waiting,
                 kv_cache_usage=block_manager.usage, prefix_cache_queries=block_manager.prefix_queries,
-                prefix_cache_hits=block_manager.prefix_hits, num_preemptions=scheduler.num_preemptions))
+                prefix_cache_hits=block_manager.prefix_hits, num_preemptions=scheduler.num_preemptions,
+                spec_num_drafts=spec.num_drafts, spec_num_draft_tokens=spec.num_draft_tokens,
+                spec_num_accepted_tokens=spec.num_accepted_tokens,
+                spec_accepted_per_position=tuple(spec.accepted_per_position)))
 
     def _abort_all(self, error: BaseException) -> None:
         for request_id in list(self._streams):

@@ -154,6 +154,10 @@ class EngineStats:
     prefix_cache_queries: int      # tokens, cumulative
     prefix_cache_hits: int         # tokens, cumulative
     num_preemptions: int           # cumulative
+    spec_num_drafts: int = 0                   # speculative rounds that scored a guess, cumulative
+    spec_num_draft_tokens: int = 0             # guesses scored, cumulative
+    spec_num_accepted_tokens: int = 0          # guesses kept, cumulative
+    spec_accepted_per_position: tuple[int, ...] = ()  # guesses kept at each position, cumulative
 
 
 @dataclass
@@ -186,9 +190,15 @@ class EngineMetrics:
                              ITL_BUCKETS)
         self.e2e = Histogram("e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
                              E2E_BUCKETS)
+        self.spec_drafts = Counter("spec_decode_num_drafts_total", "Speculative rounds that scored a guess.")
+        self.spec_draft_tokens = Counter("spec_decode_num_draft_tokens_total", "Speculative guesses scored.")
+        self.spec_accepted = Counter("spec_decode_num_accepted_tokens_total", "Speculative guesses accepted.")
+        self.spec_accepted_per_pos = Counter("spec_decode_num_accepted_tokens_per_pos_total",
+                                             "Speculative guesses accepted, by position in the round.")
         self._metrics = (self.num_running, self.num_waiting, self.kv_cache_usage, self.prefix_queries,
                          self.prefix_hits, self.preemptions, self.prompt_tokens, self.generation_tokens,
-                         self.request_success, self.ttft, self.itl, self.e2e)
+                         self.request_success, self.ttft, self.itl, self.e2e, self.spec_drafts,
+                         self.spec_draft_tokens, self.spec_accepted, self.spec_accepted_per_pos)
         self.record_stats(EngineStats(0, 0, 0.0, 0, 0, 0))
         for counter in (self.prompt_tokens, self.generation_tokens):
             counter.inc(self.labels, 0.0)
@@ -201,6 +211,11 @@ class EngineMetrics:
             self.prefix_queries.set_total(self.labels, stats.prefix_cache_queries)
             self.prefix_hits.set_total(self.labels, stats.prefix_cache_hits)
             self.preemptions.set_total(self.labels, stats.num_preemptions)
+            self.spec_drafts.set_total(self.labels, stats.spec_num_drafts)
+            self.spec_draft_tokens.set_total(self.labels, stats.spec_num_draft_tokens)
+            self.spec_accepted.set_total(self.labels, stats.spec_num_accepted_tokens)
+            for position, count in enumerate(stats.spec_accepted_per_position):
+                self.spec_accepted_per_pos.set_total((*self.labels, ("position", str(position))), count)
 
     def record_outputs(self, outputs: Iterable, now: float) -> None:
         """Token counts and latencies from one step's RequestOutputs (taken at time `now`)."""

@@ -7,6 +7,8 @@ routes or of the engine loop.
 
 from __future__ import annotations
 
+import json
+
 import argparse
 import os
 import re
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig
+from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from vllmlite.model_source import DEFAULT_ALIASES, RANDOM_MODEL
 
 ENV_PREFIX = "VLLMLITE_"
@@ -72,6 +74,7 @@ class ServerConfig:
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     swap_space: float = 1.0
+    speculative_config: Optional[str] = None  # JSON, as vLLM's --speculative-config
     api_key: Optional[str] = None
     max_queue: Optional[int] = 256
     request_timeout: Optional[float] = None
@@ -105,7 +108,17 @@ class ServerConfig:
                             preemption_mode=self.preemption_mode, swap_space=self.swap_space)
         scheduler = SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                                     max_model_len=self.max_model_len)
-        return EngineConfig(model=self.model, dtype=self.dtype, seed=self.seed, cache=cache, scheduler=scheduler)
+        speculative = None
+        if self.speculative_config:
+            try:
+                values = json.loads(self.speculative_config)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"speculative_config is not valid JSON: {error}") from error
+            if not isinstance(values, dict):
+                raise ValueError("speculative_config must be a JSON object")
+            speculative = SpeculativeConfig.from_dict(values)
+        return EngineConfig(model=self.model, dtype=self.dtype, seed=self.seed, cache=cache, scheduler=scheduler,
+                            speculative=speculative)
 
 
 @dataclass(frozen=True)
@@ -142,6 +155,8 @@ OPTIONS = (
     Option("enable-prefix-caching", parse_bool, "reuse cached KV blocks of shared prompt prefixes"),
     Option("preemption-mode", str, "under memory pressure: recompute or swap"),
     Option("swap-space", float, "GiB of host memory for swapped-out blocks (preemption-mode swap)"),
+    Option("speculative-config", str, "speculative decoding as JSON, e.g. '{\"method\": \"ngram\", "
+                                      "\"num_speculative_tokens\": 4}' (methods: ngram, draft_model, self_draft)"),
     Option("api-key", str, "require `Authorization: Bearer <key>` on every route but /health "
                            "(prefer the environment variable: flags show in `ps`)"),
     Option("max-queue", int, "most requests waiting to run; beyond it requests get 503 with Retry-After"),

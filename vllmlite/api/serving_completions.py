@@ -54,8 +54,10 @@ def prepare_completion(ctx: ServingContext, req: CompletionRequest) -> PreparedC
                           "accepted per request", "n")
     if req.stream and req.best_of is not None and req.best_of > req.n:
         raise bad_request("best_of cannot be used with stream (it ranks finished samples)", "best_of")
+    # echo with logprobs also scores the prompt (OpenAI returns logprobs for the echoed tokens).
+    prompt_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
     params = sampling_params(req, max_tokens=16 if req.max_tokens is None else req.max_tokens,
-                             logprobs=req.logprobs, best_of=req.best_of)
+                             logprobs=req.logprobs, best_of=req.best_of, prompt_logprobs=prompt_logprobs)
     texts, token_lists = [], []
     for i, prompt in enumerate(req.prompt):
         param = "prompt" if len(req.prompt) == 1 else f"prompt.{i}"
@@ -90,10 +92,13 @@ def _response(ctx: ServingContext, prepared: PreparedCompletion, outputs: Sequen
     for prompt_index, output in enumerate(outputs):
         prefix = prepared.prompt_texts[prompt_index] if req.echo else ""
         for completion in output.outputs:
+            logprobs = _logprobs(ctx.engine.tokenizer, completion.token_ids, completion.logprobs,
+                                 req.logprobs, len(prefix))
+            if req.echo:
+                logprobs = _with_prompt(ctx.engine.tokenizer, output, req.logprobs, logprobs)
             choices.append(CompletionChoice(
                 index=prompt_index * req.n + completion.index, text=prefix + completion.text,
-                logprobs=_logprobs(ctx.engine.tokenizer, completion.token_ids, completion.logprobs,
-                                   req.logprobs, len(prefix)),
+                logprobs=logprobs,
                 finish_reason=completion.finish_reason, stop_reason=completion.stop_reason))
     choices.sort(key=lambda c: c.index)
     return CompletionResponse(id=request_id, model=ctx.model_name, choices=choices, usage=make_usage(outputs))
@@ -105,7 +110,7 @@ async def _chunks(ctx: ServingContext, prepared: PreparedCompletion, streams, re
     async for prompt_index, output in merged(streams):
         raise_if_failed(output)
         choices = [choice for completion in output.outputs
-                   if (choice := _delta_choice(ctx, prepared, prompt_index, completion, state)) is not None]
+                   if (choice := _delta_choice(ctx, prepared, prompt_index, output, completion, state)) is not None]
         if choices:
             yield sse_event(CompletionResponse(id=request_id, created=created, model=ctx.model_name,
                                                choices=choices))
@@ -117,7 +122,7 @@ async def _chunks(ctx: ServingContext, prepared: PreparedCompletion, streams, re
                                            choices=[], usage=usage))
 
 
-def _delta_choice(ctx: ServingContext, prepared: PreparedCompletion, prompt_index: int,
+def _delta_choice(ctx: ServingContext, prepared: PreparedCompletion, prompt_index: int, output: RequestOutput,
                   completion: CompletionOutput, state: _StreamState) -> Optional[CompletionChoice]:
     """The chunk for what is new in one choice; None when nothing is (another sample moved)."""
     req = prepared.request
@@ -136,6 +141,8 @@ def _delta_choice(ctx: ServingContext, prepared: PreparedCompletion, prompt_inde
         state.finished_choices.add(index)
     logprobs = _logprobs(ctx.engine.tokenizer, completion.delta_token_ids, completion.delta_logprobs,
                          req.logprobs, offset + len(prefix))
+    if prefix:
+        logprobs = _with_prompt(ctx.engine.tokenizer, output, req.logprobs, logprobs)
     return CompletionChoice(index=index, text=text, logprobs=logprobs,
                             finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
 
@@ -150,12 +157,36 @@ def _logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Optional
         return None
     result = CompletionLogprobs()
     for token_id, entry in zip(token_ids, logprobs):
-        text = tokenizer.token_text(token_id)
+        offset = _append(result, tokenizer, token_id, entry, num_top, offset)
+    return result
+
+
+def _with_prompt(tokenizer: Tokenizer, output: RequestOutput, num_top: Optional[int],
+                 generated: Optional[CompletionLogprobs]) -> Optional[CompletionLogprobs]:
+    """Prepend the echoed prompt's logprobs (the first prompt token has none) to `generated`."""
+    if num_top is None or generated is None or output.prompt_logprobs is None:
+        return generated
+    result = CompletionLogprobs()
+    offset = 0
+    for token_id, entry in zip(output.prompt_token_ids, output.prompt_logprobs):
+        offset = _append(result, tokenizer, token_id, entry, num_top, offset)
+    for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        getattr(result, name).extend(getattr(generated, name))
+    return result
+
+
+def _append(result: CompletionLogprobs, tokenizer: Tokenizer, token_id: int, entry: Optional[TokenLogprobs],
+            num_top: int, offset: int) -> int:
+    """Add one token (its logprob None when `entry` is); return the next token's text offset."""
+    text = tokenizer.token_text(token_id)
+    result.tokens.append(text)
+    result.text_offset.append(offset)
+    if entry is None:
+        result.token_logprobs.append(None)
+        result.top_logprobs.append(None)
+    else:
         top = {tokenizer.token_text(t): clamp_logprob(lp) for t, lp in entry.top[:num_top]}
         top.setdefault(text, clamp_logprob(entry.logprob))
-        result.tokens.append(text)
         result.token_logprobs.append(clamp_logprob(entry.logprob))
         result.top_logprobs.append(top)
-        result.text_offset.append(offset)
-        offset += 0 if text.startswith("bytes:") else len(text)  # part of a character: no text yet
-    return result
+    return offset + (0 if text.startswith("bytes:") else len(text))  # part of a character: no text yet

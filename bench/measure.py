@@ -1,0 +1,159 @@
+"""What the offline benchmark measures: KV occupancy after every step, per-request latency records,
+and one summary per row. Reads engine state and outputs; never changes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from vllmlite.engine import LLMEngine
+from vllmlite.outputs import RequestOutput
+
+
+@dataclass
+class KVSample:
+    """KV occupancy between two steps."""
+
+    held_tokens: int       # tokens whose K/V is present, counted once per block even when shared
+    used_blocks: int       # blocks referenced by some request
+    num_running: int
+
+
+def kv_occupancy(engine: LLMEngine) -> KVSample:
+    """Tokens held by running requests and blocks in use, right after a step.
+
+    Block i of a table holds min(block_size, computed - i * block_size) tokens: with block size 16 and
+    40 computed tokens the table's blocks hold [16, 16, 8]. A block shared through the prefix cache is
+    counted once.
+    """
+    bm = engine.block_manager
+    bs = bm.block_size
+    filled: dict[int, int] = {}  # block id -> tokens held in it
+    for request in engine.scheduler.running:
+        for i, block_id in enumerate(bm.block_table(request.request_id)):
+            num_held = min(bs, request.num_computed_tokens - i * bs)
+            if num_held > 0:
+                filled[block_id] = max(filled.get(block_id, 0), num_held)
+    used = bm.num_blocks - bm.num_free_blocks
+    return KVSample(sum(filled.values()), used, len(engine.scheduler.running))
+
+
+@dataclass
+class KVTrace:
+    """KV samples of one row. `reserved_tokens` is set for static batching (B * max_model_len)."""
+
+    block_size: int
+    num_blocks: int
+    reserved_tokens: Optional[int] = None
+    samples: list[KVSample] = field(default_factory=list)
+
+    def utilization(self) -> float:
+        """Mean over steps of tokens held / slots reserved (static) or / slots in used blocks (paged)."""
+        ratios = [s.held_tokens / self._capacity(s) for s in self.samples if self._capacity(s) > 0]
+        return float(np.mean(ratios)) if ratios else math.nan
+
+    def _capacity(self, sample: KVSample) -> int:
+        if self.reserved_tokens is not None:
+            return self.reserved_tokens
+        return sample.used_blocks * self.block_size
+
+    def budget_fraction(self) -> tuple[float, float]:
+        """(mean, peak) fraction of the KV budget in use: reserved slots (static) or used blocks (paged)."""
+        budget = self.num_blocks * self.block_size
+        if self.reserved_tokens is not None:
+            fraction = self.reserved_tokens / budget
+            return fraction, fraction
+        used = [s.used_blocks / self.num_blocks for s in self.samples] or [math.nan]
+        return float(np.mean(used)), float(np.max(used))
+
+
+def request_record(output: RequestOutput, max_tokens: int, start: float) -> dict:
+    """One finished request: lengths, latencies from the run's start (seconds), a hash of its tokens."""
+    token_ids = output.outputs[0].token_ids
+    num_output = len(token_ids)
+    first = output.metrics.first_token_time  # None only if the request failed before any token
+    ttft = first - start if first is not None else math.nan
+    e2e = output.metrics.finished_time - start
+    tpot = (e2e - ttft) / (num_output - 1) if num_output > 1 else math.nan
+    digest = hashlib.sha1(np.asarray(token_ids, dtype=np.int64).tobytes()).hexdigest()[:12]
+    return {"request_id": output.request_id, "prompt_tokens": len(output.prompt_token_ids),
+            "max_tokens": max_tokens, "output_tokens": num_output, "cached_tokens": output.num_cached_tokens,
+            "ttft_s": ttft, "e2e_s": e2e, "tpot_s": tpot, "num_preemptions": output.metrics.num_preemptions,
+            "finish_reason": output.outputs[0].finish_reason, "output_sha1": digest}
+
+
+@dataclass
+class RowSummary:
+    name: str
+    workload: str
+    batching: str
+    prefix_caching: bool
+    num_requests: int
+    prompt_tokens: int
+    output_tokens: int
+    wall_time_s: float
+    output_tokens_per_s: float
+    ttft_mean_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    tpot_mean_s: float
+    e2e_mean_s: float
+    forward_passes: int
+    kv_utilization: float
+    kv_utilization_basis: str
+    kv_budget_fraction_mean: float
+    kv_budget_fraction_peak: float
+    mean_running: float
+    prefix_hit_rate: Optional[float]
+    num_preemptions: int
+    all_complete: bool  # every request produced exactly max_tokens tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else math.nan
+
+
+def ttft_tpot_stats(records: list[dict]) -> dict[str, float]:
+    ttft = [r["ttft_s"] for r in records]
+    tpot = [r["tpot_s"] for r in records if not math.isnan(r["tpot_s"])]
+    return {"ttft_mean_s": float(np.mean(ttft)), "ttft_p50_s": percentile(ttft, 50),
+            "ttft_p99_s": percentile(ttft, 99), "tpot_mean_s": float(np.mean(tpot)) if tpot else math.nan,
+            "e2e_mean_s": float(np.mean([r["e2e_s"] for r in records]))}
+
+
+class CpuMeter:
+    """CPU the rest of the machine used while a row ran, in cores: (machine busy - this process) / wall.
+
+    The benchmark shares its cores with whatever else runs; a row with a high value was slowed by it.
+    Reads /proc/stat (Linux); elsewhere reports None.
+    """
+
+    def __init__(self) -> None:
+        self._start = self._read()
+
+    @staticmethod
+    def _read() -> Optional[tuple[float, float, float]]:
+        try:
+            fields = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        tick = os.sysconf("SC_CLK_TCK")
+        user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+        own = os.times()
+        return ((user + nice + system + irq + softirq) / tick, steal / tick, own.user + own.system)
+
+    def other_load(self, wall: float) -> dict[str, Optional[float]]:
+        end = self._read()
+        if self._start is None or end is None or wall <= 0:
+            return {"other_cpu_load_cores": None, "steal_cores": None}
+        busy, steal, own = (e - s for e, s in zip(end, self._start))
+        return {"other_cpu_load_cores": max(busy - own, 0.0) / wall, "steal_cores": steal / wall}

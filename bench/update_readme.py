@@ -1,0 +1,85 @@
+"""Regenerate README.md's benchmark section from the raw JSON in results/.
+
+    python bench/update_readme.py
+
+Everything between `<!-- bench:start -->` and `<!-- bench:end -->` is rewritten; the numbers come
+only from results/*.json, with the machine, command and date each file records.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+
+
+def _machine_line(report: dict) -> str:
+    m = report.get("machine", {})
+    cpu = m.get("cpu_model") or m.get("processor") or "unknown CPU"
+    commit = (m.get("git_commit") or "")[:10]
+    return (f"Machine: {cpu}, {m.get('cpu_count')} cores, numpy {m.get('numpy')}, Python {m.get('python')}; "
+            f"date {m.get('date')}; commit {commit}. Command: `{report.get('command')}`")
+
+
+def offline_section(report: dict) -> list[str]:
+    lines = ["### Offline: sequential vs static batching vs the paged engine (`bench/bench.py`)", "",
+             _machine_line(report), "",
+             "| row | output tok/s | x sequential | TTFT mean / p50 / p99 (s) | TPOT (ms) | forward passes "
+             "| KV utilization | prefix hit rate |",
+             "|---|---:|---:|---|---:|---:|---:|---:|"]
+    rows = report["rows"]
+    base = {}
+    for row in rows:
+        base.setdefault(row["workload"], row["output_tokens_per_s"])
+        hit = row.get("prefix_hit_rate")
+        lines.append(
+            f"| {row['name']} | {row['output_tokens_per_s']:.1f} | "
+            f"{row['output_tokens_per_s'] / base[row['workload']]:.2f} | "
+            f"{row['ttft_mean_s']:.1f} / {row['ttft_p50_s']:.1f} / {row['ttft_p99_s']:.1f} | "
+            f"{row['tpot_mean_s'] * 1000:.0f} | {row['forward_passes']} | {row['kv_utilization']:.0%} | "
+            f"{'-' if hit is None else f'{hit:.0%}'} |")
+    lines += ["", "Targets (from the issue), as measured:", ""]
+    for t in report.get("targets", []):
+        verdict = "met" if t["met"] else "**missed**"
+        lines.append(f"- {t['description']}: {t['value']:.2f} (target >= {t['threshold']}) - {verdict}")
+    return lines
+
+
+def spec_section(report: dict) -> list[str]:
+    lines = ["### Speculative decoding, one request at a time, greedy (`bench/spec_bench.py`)", "",
+             _machine_line(report), "",
+             "| prompt | config | wall s | speedup | target passes | draft passes | acceptance | same output |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in report["rows"]:
+        lines.append(f"| {r['prompt_kind']} | {r['config']} | {r['seconds']:.2f} | {r['speedup']:.2f}x | "
+                     f"{r['target_forward_passes']} | {r['draft_forward_passes']} | "
+                     f"{r['acceptance_rate']:.0%} | {r['identical_to_off']} |")
+    return lines
+
+
+SECTIONS = [("bench_offline.json", offline_section), ("bench_spec.json", spec_section)]
+
+
+def main() -> None:
+    blocks = []
+    for name, render in SECTIONS:
+        path = ROOT / "results" / name
+        if path.is_file():
+            blocks += render(json.loads(path.read_text())) + [""]
+        else:
+            blocks += [f"_{name} not present: run the benchmark that writes it._", ""]
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    if START not in text or END not in text:
+        sys.exit(f"README.md lacks the {START} / {END} markers")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(head + START + "\n" + "\n".join(blocks) + END + tail)
+    print("README.md benchmark section regenerated from results/")
+
+
+if __name__ == "__main__":
+    main()
