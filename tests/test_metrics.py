@@ -23,6 +23,10 @@ EXPECTED_TYPES = {
     "vllmlite:time_to_first_token_seconds": "histogram",
     "vllmlite:inter_token_latency_seconds": "histogram",
     "vllmlite:e2e_request_latency_seconds": "histogram",
+    "vllmlite:spec_decode_num_drafts_total": "counter",
+    "vllmlite:spec_decode_num_draft_tokens_total": "counter",
+    "vllmlite:spec_decode_num_accepted_tokens_total": "counter",
+    "vllmlite:spec_decode_num_accepted_tokens_per_pos_total": "counter",
 }
 
 
