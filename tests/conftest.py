@@ -16,7 +16,7 @@ from vllmlite.sampling_params import SamplingParams
 
 CACHE_KEYS = {"block_size", "num_blocks", "kv_cache_memory", "enable_prefix_caching",
               "preemption_mode", "swap_space"}
-SCHEDULER_KEYS = {"max_num_seqs", "max_num_batched_tokens", "max_model_len"}
+SCHEDULER_KEYS = {"max_num_seqs", "max_num_batched_tokens", "max_model_len", "batching"}
 
 
 @pytest.fixture(scope="session")

@@ -190,3 +190,19 @@ def test_a_request_that_makes_the_engine_raise_fails_alone(make_engine, prompts,
     results = run_to_completion(engine, requests)
     assert [r.outputs[0].token_ids for r in results[:3]] == expected[:3]
     assert results[3].outputs[0].finish_reason == "error" and "injected fault" in results[3].error
+
+
+def test_static_batching_admits_only_into_an_empty_machine_and_changes_no_token(make_engine, prompts, expected):
+    engine = make_engine(max_num_seqs=3, batching="static")
+    admitted_while_busy = []
+    original = engine.scheduler._schedule_waiting
+
+    def spy(out, budget):
+        before = len(engine.scheduler.running)
+        original(out, budget)
+        if before and len(engine.scheduler.running) > before:
+            admitted_while_busy.append(before)
+
+    engine.scheduler._schedule_waiting = spy
+    assert outputs_of(engine, prompts) == expected
+    assert not admitted_while_busy

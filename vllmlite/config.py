@@ -115,8 +115,11 @@ class SchedulerConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 256
     max_model_len: Optional[int] = None  # defaults to the model's context length
+    batching: str = "continuous"  # "static": admit a new batch only when the running one is done (a baseline)
 
     def __post_init__(self) -> None:
+        _require(self.batching in ("continuous", "static"),
+                 f"batching must be 'continuous' or 'static', got {self.batching!r}")
         _require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         _require(self.max_num_batched_tokens >= 1,
                  f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")

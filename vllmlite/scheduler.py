@@ -87,7 +87,9 @@ class Scheduler:
         budget = self._schedule_running(out, budget)
         if out.num_preempted == 0:
             budget = self._schedule_swapped(out, budget)
-        if out.num_preempted == 0 and not self.swapped:
+        # Static batching (a baseline for benchmarks) admits only into an empty machine.
+        batch_done = self.config.batching == "continuous" or not self.running
+        if out.num_preempted == 0 and not self.swapped and batch_done:
             self._schedule_waiting(out, budget)
         out.blocks_to_copy = self.block_manager.take_copies()
         return out

@@ -74,6 +74,7 @@ class ServerConfig:
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     swap_space: float = 1.0
+    batching: str = "continuous"
     speculative_config: Optional[str] = None  # JSON, as vLLM's --speculative-config
     api_key: Optional[str] = None
     max_queue: Optional[int] = 256
@@ -107,7 +108,7 @@ class ServerConfig:
                             kv_cache_memory=self.kv_cache_memory, enable_prefix_caching=self.enable_prefix_caching,
                             preemption_mode=self.preemption_mode, swap_space=self.swap_space)
         scheduler = SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                                    max_model_len=self.max_model_len)
+                                    max_model_len=self.max_model_len, batching=self.batching)
         speculative = None
         if self.speculative_config:
             try:
@@ -155,6 +156,8 @@ OPTIONS = (
     Option("enable-prefix-caching", parse_bool, "reuse cached KV blocks of shared prompt prefixes"),
     Option("preemption-mode", str, "under memory pressure: recompute or swap"),
     Option("swap-space", float, "GiB of host memory for swapped-out blocks (preemption-mode swap)"),
+    Option("batching", str, "continuous (default), or static: admit a new batch of up to max-num-seqs only "
+                            "when the running batch has finished (a baseline for benchmarks)"),
     Option("speculative-config", str, "speculative decoding as JSON, e.g. '{\"method\": \"ngram\", "
                                       "\"num_speculative_tokens\": 4}' (methods: ngram, draft_model, self_draft)"),
     Option("api-key", str, "require `Authorization: Bearer <key>` on every route but /health "
