@@ -16,9 +16,9 @@ import numpy as np
 
 from vllmlite.batch import RunnerOutput, SchedulerOutput
 from vllmlite.block_manager import BlockManager
-from vllmlite.config import EngineConfig, SpeculativeConfig
+from vllmlite.config import EngineConfig
 from vllmlite.detokenizer import IncrementalDetokenizer
-from vllmlite.loader import LoadedModel, ModelWeights, load_model
+from vllmlite.loader import LoadedModel, load_model
 from vllmlite.model import LlamaModel
 from vllmlite.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from vllmlite.request import FinishReason, Request
@@ -26,7 +26,7 @@ from vllmlite.runner import ModelRunner
 from vllmlite.sampling import make_generator
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.scheduler import Scheduler
-from vllmlite.speculative import DraftModelProposer, NgramProposer, Proposer
+from vllmlite.speculative import make_proposer
 
 logger = logging.getLogger(__name__)
 
@@ -287,24 +287,3 @@ class LLMEngine:
             delta_logprobs=logprobs[start:] if logprobs is not None else None,
         )
 
-
-def make_proposer(spec: SpeculativeConfig, target: LoadedModel, config: EngineConfig, num_blocks: int,
-                  max_model_len: int) -> Proposer:
-    """The proposer a SpeculativeConfig names. Draft models must share the target's vocabulary."""
-    if spec.method == "ngram":
-        return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
-    if spec.method == "self_draft":
-        num_layers = spec.num_draft_layers or max(1, target.config.num_layers // 4)
-        if num_layers > target.config.num_layers:
-            raise ValueError(f"num_draft_layers {num_layers} exceeds the model's {target.config.num_layers}")
-        w = target.weights  # the draft shares the target's arrays: no extra weight memory
-        weights = ModelWeights(w.embed, w.layers[:num_layers], w.final_norm, w.lm_head, w.rope_freq_factors)
-        draft_config = dataclasses.replace(target.config, num_layers=num_layers)
-    else:
-        draft = load_model(spec.model, config.dtype, config.seed + 1)
-        if draft.config.vocab_size != target.config.vocab_size:
-            raise ValueError(f"the draft model's vocabulary ({draft.config.vocab_size}) differs from the "
-                             f"target's ({target.config.vocab_size})")
-        weights, draft_config = draft.weights, draft.config
-    model = LlamaModel(draft_config, weights, max_model_len)
-    return DraftModelProposer(model, num_blocks, config.cache.block_size, config.seed)

@@ -8,6 +8,7 @@ target's). Knows the model and sampler, never the scheduler.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from typing import NamedTuple, Optional
 
@@ -15,6 +16,8 @@ import numpy as np
 
 from vllmlite.attention import build_metadata
 from vllmlite.batch import ScheduledSequence
+from vllmlite.config import EngineConfig, SpeculativeConfig
+from vllmlite.loader import LoadedModel, ModelWeights, load_model
 from vllmlite.model import LlamaModel
 from vllmlite.sampling import Sampler, SamplingBatch
 
@@ -177,3 +180,26 @@ def _one_hot(token: int, vocab: int) -> np.ndarray:
 def _draw(probs: np.ndarray, generator: np.random.Generator) -> int:
     cdf = np.cumsum(probs)
     return int(min(np.searchsorted(cdf, generator.random() * cdf[-1], side="right"), len(probs) - 1))
+
+
+
+def make_proposer(spec: SpeculativeConfig, target: LoadedModel, config: EngineConfig, num_blocks: int,
+                  max_model_len: int) -> Proposer:
+    """The proposer a SpeculativeConfig names. Draft models must share the target's vocabulary."""
+    if spec.method == "ngram":
+        return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    if spec.method == "self_draft":
+        num_layers = spec.num_draft_layers or max(1, target.config.num_layers // 4)
+        if num_layers > target.config.num_layers:
+            raise ValueError(f"num_draft_layers {num_layers} exceeds the model's {target.config.num_layers}")
+        w = target.weights  # the draft shares the target's arrays: no extra weight memory
+        weights = ModelWeights(w.embed, w.layers[:num_layers], w.final_norm, w.lm_head, w.rope_freq_factors)
+        draft_config = dataclasses.replace(target.config, num_layers=num_layers)
+    else:
+        draft = load_model(spec.model, config.dtype, config.seed + 1)
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError(f"the draft model's vocabulary ({draft.config.vocab_size}) differs from the "
+                             f"target's ({target.config.vocab_size})")
+        weights, draft_config = draft.weights, draft.config
+    model = LlamaModel(draft_config, weights, max_model_len)
+    return DraftModelProposer(model, num_blocks, config.cache.block_size, config.seed)
