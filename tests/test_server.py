@@ -309,3 +309,23 @@ def test_speculative_server_gives_offline_greedy_text_and_reports_acceptance(tin
         metrics = httpx.get(live.url + "/metrics").text
     assert got == want
     assert metric_value(metrics, "vllmlite:spec_decode_num_draft_tokens_total") > 0
+
+
+def test_client_id_and_priority_reach_the_scheduler(server, client):
+    seen = []
+    engine = server.engine.engine
+    original = engine.add_request
+
+    def spy(request_id, prompt, params, **kwargs):
+        seen.append(kwargs)
+        return original(request_id, prompt, params, **kwargs)
+
+    engine.add_request = spy
+    try:
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, extra_headers={"X-Client-Id": "tenant-7"},
+                                  extra_body={"priority": 3})
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2)  # bearer "unused" hashes to a client
+    finally:
+        del engine.add_request
+    assert seen[0]["client_id"] == "tenant-7" and seen[0]["priority"] == 3
+    assert seen[1]["client_id"].startswith("key-") and seen[1]["priority"] == 0
