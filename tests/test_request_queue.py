@@ -65,3 +65,24 @@ def test_engine_admits_a_second_client_before_a_flooders_backlog(make_engine):
         finished += [o.request_id for o in engine.step() if o.finished]
     assert finished.index("B0") <= 2  # not behind all of A's backlog
     assert len(finished) == 6
+
+
+def test_a_client_trickling_one_request_at_a_time_takes_turns_with_a_flooder():
+    queue = WaitingQueue()
+    for i in range(5):
+        queue.add(make_request(f"A{i}", client="A", arrival=float(i)))
+    order = []
+    for step in range(6):
+        queue.add(make_request(f"B{step}", client="B", arrival=10.0 + step))  # B always has one waiting
+        order.append(queue.pop().request_id[0])
+        if order[-1] == "A":
+            queue.remove(next(r for r in queue if r.client_id == "B"))  # keep exactly one B waiting
+    assert order.count("A") >= 2 and order.count("B") >= 2
+
+
+def test_turn_memory_stays_bounded():
+    queue = WaitingQueue()
+    for i in range(200):
+        queue.add(make_request(f"r{i}", client=f"client{i}"))
+        queue.pop()
+    assert len(queue._last_turn) <= 1

@@ -149,3 +149,30 @@ def test_logprobs_equal_log_softmax_of_reference_logits(make_engine, tiny_model)
     for position, entry in enumerate(out.prompt_logprobs[1:]):
         assert entry.token_id == prompt[position + 1]
         assert entry.logprob == pytest.approx(reference[position][prompt[position + 1]], abs=1e-9)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(n=2, max_tokens=1, temperature=1.0, seed=1),
+    SamplingParams(n=3, temperature=0, max_tokens=5, logit_bias={EOS: 100.0}),  # EOS as the first token
+    SamplingParams(n=2, best_of=3, temperature=1.0, seed=2, max_tokens=1),
+], ids=["max_tokens_1", "eos_first", "best_of"])
+def test_forks_survive_a_parent_that_finishes_on_its_first_token(make_engine, params):
+    prompt = make_prompts(1, seed=31, min_len=5, max_len=5)[0]
+    result = run_to_completion(make_engine(block_size=4), [(prompt, params)])[0]
+    assert len(result.outputs) == params.n
+    assert all(len(c.token_ids) == 1 for c in result.outputs)
+
+
+def test_stop_string_and_eos_in_one_round_keep_only_tokens_up_to_the_stop(make_engine):
+    from vllmlite.request import FinishReason
+    engine = make_engine()
+    engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=10, stop=["a"]))
+    request = engine.scheduler.requests["r"]
+    sample = engine._groups["r"].samples[0]
+    # As after a speculative round that emitted "a", "b" and EOS at once.
+    for token in (ord("a"), ord("b"), EOS):
+        request.append_token(token)
+    engine.scheduler.finish(request, FinishReason.STOP)
+    engine._detokenize(sample)
+    assert request.output_token_ids == [ord("a")] and request.stop_reason == "a"
+    assert sample.detokenizer.output_text == ""

@@ -28,8 +28,9 @@ STATS = ("mean", "p50", "p90", "p99")
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("serve") / "serve_quick.json"
-    command = [sys.executable, "bench/serve.py", "--launch", "", "--launch", "static=--batching static --max-num-seqs 4",
-               "--quick", "--model", "random", "--arrivals", "burst,poisson:50,concurrency:3", "--out", str(out)]
+    command = [sys.executable, "bench/serve.py", "--launch", "",
+               "--launch", "static=--batching static --max-num-seqs 4", "--quick", "--model", "random",
+               "--arrivals", "burst,poisson:50,concurrency:3", "--out", str(out)]
     result = subprocess.run(command, cwd=REPO_ROOT, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -94,7 +95,8 @@ def test_chunks_fold_into_timing_and_usage():
     apply_chunk(result, {"choices": [{"text": "", "finish_reason": None}]}, 0.1)  # no tokens yet
     apply_chunk(result, {"choices": [{"text": "a", "finish_reason": None}]}, 0.2)
     apply_chunk(result, {"choices": [{"text": "bc", "finish_reason": "length"}]}, 0.5)
-    apply_chunk(result, {"choices": [], "usage": {"completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 0}}}, 0.5)
+    usage = {"completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 0}}
+    apply_chunk(result, {"choices": [], "usage": usage}, 0.5)
     result.e2e_s = 0.6
     assert result.ttft_s == 0.2 and result.num_chunks == 2 and result.output_tokens == 3
     assert result.itl_s == pytest.approx([0.3])

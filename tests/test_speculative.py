@@ -148,3 +148,15 @@ def test_sampled_speculation_matches_target_distribution_end_to_end(tiny_model):
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = x - x.max()
     return x - np.log(np.exp(x).sum())
+
+
+def test_forks_are_born_when_the_last_prompt_token_is_a_one_token_chunk(tiny_model):
+    # Budget 8 and a 9-token prompt: the last chunk is one token, exactly a decode-shaped step.
+    config = EngineConfig(model="random", dtype="float64", cache=CacheConfig(num_blocks=64, block_size=4),
+                          scheduler=SchedulerConfig(max_num_batched_tokens=8),
+                          speculative=SpeculativeConfig("ngram", 3, prompt_lookup_max=2))
+    engine = LLMEngine(config, tiny_model)
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6, 7]
+    params = SamplingParams(n=2, temperature=1.0, seed=4, max_tokens=6, ignore_eos=True)
+    result = run_to_completion(engine, [(prompt, params)])[0]
+    assert [len(c.token_ids) for c in result.outputs] == [6, 6]

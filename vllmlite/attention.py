@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vllmlite.config import ceil_div
+
 # Sequences with at most this many query tokens (decodes, speculative verification) are attended
 # together in one padded batch; longer prefill chunks are attended one sequence at a time, where
 # padding every decode up to the chunk length would cost more than the Python loop.
@@ -69,7 +71,7 @@ def _group(seqs: list[int], query_start: np.ndarray, query_lens: list[int], seq_
     lens = np.array([query_lens[i] for i in seqs])                 # [B]
     ctx = np.array([seq_lens[i] for i in seqs])                    # [B]
     max_q = int(lens.max())
-    max_blocks = max(-(-int(c) // block_size) for c in ctx)
+    max_blocks = max(ceil_div(int(c), block_size) for c in ctx)
     offsets = np.arange(max_q)                                     # [max_q]
     query_valid = offsets[None, :] < lens[:, None]                 # [B, max_q]
     query_rows = np.where(query_valid, query_start[seqs][:, None] + offsets[None, :], 0)

@@ -51,3 +51,8 @@ class RunnerOutput:
     num_drafts: dict[str, int] = field(default_factory=dict)               # request id -> guesses scored
     num_accepted: dict[str, int] = field(default_factory=dict)             # request id -> guesses kept
     errors: dict[str, str] = field(default_factory=dict)                   # request id -> what failed
+
+    def merge(self, other: RunnerOutput) -> None:
+        """Take in another output for disjoint requests (the per-sequence retry after a fault)."""
+        for name in self.__dataclass_fields__:
+            getattr(self, name).update(getattr(other, name))

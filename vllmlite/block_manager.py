@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 from vllmlite.block import Block, BlockPool, block_key
+from vllmlite.config import ceil_div
 
 
 class PrefixHit(NamedTuple):
@@ -49,10 +50,6 @@ class _AllocationPlan(NamedTuple):
         # Hit blocks sitting in the free list stop being free once referenced.
         num_revived = sum(block.ref_count == 0 for block in self.hit_blocks)
         return self.num_new_blocks + len(self.cow_indices) + num_revived
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class BlockManager:
@@ -280,7 +277,7 @@ class BlockManager:
         state = self._requests.get(request_id)
         if state is None or state.is_swapped_out:
             return
-        keep = max(_cdiv(num_tokens, self.block_size), state.num_published_blocks)
+        keep = max(ceil_div(num_tokens, self.block_size), state.num_published_blocks)
         if keep < len(state.block_ids):
             tail = state.block_ids[keep:]
             del state.block_ids[keep:]
@@ -346,7 +343,7 @@ class BlockManager:
         blocks = [self.pool.blocks[i] for i in state.block_ids] if state is not None else hit_blocks
         if num_computed_tokens > len(blocks) * self.block_size:
             raise ValueError(f"{num_computed_tokens} computed tokens but only {len(blocks)} blocks")
-        num_required = _cdiv(num_tokens, self.block_size)
+        num_required = ceil_div(num_tokens, self.block_size)
         # Written positions [num_computed, num_tokens) -> block indices; bs 4, computed 6, tokens 9:
         # blocks 1..2 are written, block 1 exists (copied first if shared), block 2 is new.
         cow_indices = []

@@ -86,10 +86,6 @@ class LLMEngine:
         self._seed_rng = np.random.default_rng(config.seed)
         self._groups: dict[str, _Group] = {}
 
-    @classmethod
-    def from_config(cls, config: EngineConfig) -> LLMEngine:
-        return cls(config)
-
     def memory_report(self) -> dict[str, int]:
         """Bytes held by weights, the device KV cache and the host swap arena."""
         proposer = self.runner.proposer
@@ -109,7 +105,7 @@ class LLMEngine:
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         max_tokens = self.check_request(token_ids, params)
-        num_samples = params.best_of or params.n
+        num_samples = params.num_sequences
         # best_of ranks samples by cumulative logprob, so their logprobs are computed regardless.
         internal = params if params.best_of is None or params.logprobs is not None \
             else dataclasses.replace(params, logprobs=0)
@@ -158,6 +154,7 @@ class LLMEngine:
         group = self._groups.pop(request_id, None)
         if group is not None:
             self.scheduler.abort_requests([s.request.request_id for s in group.samples])
+            self._forget(group)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups)
@@ -194,9 +191,7 @@ class LLMEngine:
                 part = self.runner.execute(alone)
             except Exception as error:  # noqa: BLE001
                 part = self._errors_for([seq], error)
-            result.sampled_token_ids.update(part.sampled_token_ids)
-            result.logprobs.update(part.logprobs)
-            result.errors.update(part.errors)
+            result.merge(part)
         return result
 
     @staticmethod
@@ -219,17 +214,21 @@ class LLMEngine:
         for group_id, group in changed.items():
             if group.finished:
                 del self._groups[group_id]
-                if self.runner.proposer is not None:
-                    for sample in group.samples:
-                        self.runner.proposer.forget(sample.request.request_id)
+                self._forget(group)
             elif group.params.best_of and group.params.best_of > group.params.n:
                 continue  # best_of reports once, when every candidate is done
             outputs.append(self._group_output(group))
         return outputs
 
+    def _forget(self, group: _Group) -> None:
+        if self.runner.proposer is not None:
+            for sample in group.samples:
+                self.runner.proposer.forget(sample.request.request_id)
+
     def _detokenize(self, sample: _Sample) -> None:
         request = sample.request
-        new_ids = request.output_token_ids[sample.num_detokenized:]
+        first = sample.num_detokenized
+        new_ids = request.output_token_ids[first:]
         sample.num_detokenized = request.num_output_tokens
         if request.is_finished and request.finish_reason is FinishReason.STOP and new_ids \
                 and not isinstance(request.stop_reason, str):
@@ -237,7 +236,7 @@ class LLMEngine:
         delta = sample.detokenizer.add_tokens(new_ids) if new_ids else None
         if delta is not None and delta.stop_str is not None:
             # Tokens sampled past the one that completed the stop string are dropped.
-            request.truncate_output(request.num_output_tokens - len(new_ids) + delta.num_tokens_used)
+            request.truncate_output(first + delta.num_tokens_used)
             sample.num_detokenized = request.num_output_tokens
             if not request.is_finished:
                 self.scheduler.finish(request, FinishReason.STOP, delta.stop_str)

@@ -98,6 +98,7 @@ class Request:
         """Drop output tokens past `num_output_tokens` (sampled after a stop string completed)."""
         del self.output_token_ids[num_output_tokens:]
         del self.token_ids[self.num_prompt_tokens + num_output_tokens:]
+        self.cumulative_logprob -= sum(entry.logprob for entry in self.logprobs[num_output_tokens:])
         del self.logprobs[num_output_tokens:]
 
     def finish(self, reason: FinishReason, stop_reason: Union[int, str, None] = None,

@@ -43,7 +43,9 @@ class WaitingQueue:
         for client, queue in self._by_client.items():
             # Within a client, the lowest priority value then the earliest arrival.
             head = min(queue, key=lambda r: (r.priority, r.arrival_time))
-            key = (head.priority, self._last_turn.get(client, -1), head.arrival_time)
+            last = self._last_turn.get(client)
+            # Never admitted (or not since everyone now waiting was) goes first; then least recent.
+            key = (head.priority, last is not None, last or 0, head.arrival_time)
             if best_key is None or key < best_key:
                 best, best_key = head, key
         return best
@@ -53,10 +55,22 @@ class WaitingQueue:
         if request is None:
             raise IndexError("pop from an empty WaitingQueue")
         self.remove(request)
-        if request.client_id in self._by_client:  # a client with nothing left waiting is forgotten
-            self._last_turn[request.client_id] = self._turn
+        self._last_turn[request.client_id] = self._turn
         self._turn += 1
+        self._forget_stale_turns()
         return request
+
+    def _forget_stale_turns(self) -> None:
+        """Bound the turn memory. A client that is not waiting and whose last turn is older than the
+        turn of every waiting client ranks ahead of all of them when it returns, with or without its
+        turn remembered, so the entry can go. (Waiting clients never admitted keep everything.)"""
+        turns = [self._last_turn.get(client) for client in self._by_client]
+        if None in turns:
+            return
+        oldest_waiting = min(turns, default=self._turn)
+        stale = [c for c, t in self._last_turn.items() if c not in self._by_client and t < oldest_waiting]
+        for client in stale:
+            del self._last_turn[client]
 
     def remove(self, request: Request) -> bool:
         if request in self._resumed:
@@ -68,5 +82,4 @@ class WaitingQueue:
         queue.remove(request)
         if not queue:
             del self._by_client[request.client_id]
-            self._last_turn.pop(request.client_id, None)
         return True

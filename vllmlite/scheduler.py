@@ -57,8 +57,8 @@ class Scheduler:
         return aborted
 
     def finish(self, request: Request, reason: FinishReason, stop_reason=None, error=None) -> None:
-        """End a request wherever it is and free its blocks. Pending forks of a parent share its fate
-        unless the parent finished normally after they were born (then they are already running)."""
+        """End a request wherever it is and free its blocks. Forks not yet born (the parent's prompt is
+        still being computed) share its fate; born forks are independent requests."""
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
         elif request.status is RequestStatus.SWAPPED:
@@ -123,6 +123,8 @@ class Scheduler:
         the budget, max_tokens or the context length (one round emits up to drafts + 1 tokens)."""
         if not self.num_speculative_tokens or request.num_computed_tokens != request.num_tokens - 1:
             return 0
+        if request.request_id in self.forks:
+            return 0  # its last prompt token also births the forks: no guesses on that step
         return max(0, min(self.num_speculative_tokens, budget - 1,
                           request.max_tokens - request.num_output_tokens - 1,
                           self.max_model_len - request.num_tokens - 1))
@@ -234,9 +236,10 @@ class Scheduler:
             request.prompt_logprobs.extend(result.prompt_logprobs.get(request.request_id, ()))
             self.block_manager.publish_full_blocks(request.request_id, request.token_ids,
                                                    request.num_computed_tokens, request.extra_keys)
+            # Every fork is born before any sample's token can finish the parent (and free its blocks).
+            for fork in seq.samplers[1:]:
+                self._birth_fork(request, fork)
             for sampler in seq.samplers:
-                if sampler is not request:
-                    self._birth_fork(request, sampler)
                 self._append_tokens(sampler, result.sampled_token_ids.get(sampler.request_id, []),
                                     result.logprobs.get(sampler.request_id))
                 touched.append(sampler)

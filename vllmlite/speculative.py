@@ -99,8 +99,7 @@ class DraftModelProposer(Proposer):
             q = self._next_token_probs([seqs[i] for i in active], [inputs[i] for i in active],
                                        [starts[i] for i in active], [drafts[i] for i in active])
             for row, i in enumerate(active):
-                token = int(min(np.searchsorted(np.cumsum(q[row]), self.rng.random() * q[row].sum(),
-                                                side="right"), q.shape[1] - 1))
+                token = _draw(q[row], self.rng)
                 starts[i] += len(inputs[i])
                 inputs[i] = [token]
                 drafts[i].append(token)
