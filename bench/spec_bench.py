@@ -1,6 +1,6 @@
 """Speculative decoding benchmark: forward passes, wall time and acceptance, with and without it.
 
-    python bench/spec_bench.py                 # default model, about 5 minutes on 2 cores
+    OPENBLAS_NUM_THREADS=1 python bench/spec_bench.py   # default model, about 2 minutes on 2 cores
     python bench/spec_bench.py --quick --model random
 
 Each prompt kind (repetitive, code-like, plain text) runs greedily, one request at a time (where
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from report import machine_info  # noqa: E402
+from report import command_line, machine_info  # noqa: E402
 from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig  # noqa: E402
 from vllmlite.engine import LLMEngine  # noqa: E402
 from vllmlite.loader import load_model  # noqa: E402
@@ -93,7 +93,7 @@ def main() -> None:
                   f"same output: {row['identical_to_off']}")
             rows.append(row)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    report = {"command": " ".join(["python"] + sys.argv), "machine": machine_info(),
+    report = {"command": command_line(sys.argv), "machine": machine_info(),
               "model": args.model, "max_tokens": max_tokens, "rows": rows}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")
