@@ -192,17 +192,34 @@ def test_a_request_that_makes_the_engine_raise_fails_alone(make_engine, prompts,
     assert results[3].outputs[0].finish_reason == "error" and "injected fault" in results[3].error
 
 
-def test_static_batching_admits_only_into_an_empty_machine_and_changes_no_token(make_engine, prompts, expected):
-    engine = make_engine(max_num_seqs=3, batching="static")
-    admitted_while_busy = []
-    original = engine.scheduler._schedule_waiting
+def test_static_batching_fills_a_batch_then_admits_no_one_until_it_is_done(make_engine, prompts, expected):
+    engine = make_engine(max_num_seqs=3, batching="static", max_num_batched_tokens=16)
+    scheduler = engine.scheduler
+    batch: set = set()
+    late_joiners, batch_sizes = [], []
+    original = scheduler._schedule_waiting
 
     def spy(out, budget):
-        before = len(engine.scheduler.running)
+        before = {r.request_id for r in scheduler.running}
+        if not before:
+            batch.clear()
         original(out, budget)
-        if before and len(engine.scheduler.running) > before:
-            admitted_while_busy.append(before)
+        admitted = {r.request_id for r in scheduler.running} - before
+        if admitted and batch - before:  # someone of this batch already finished: it is closed
+            late_joiners.append(admitted)
+        batch.update(admitted)
+        batch_sizes.append(len(batch))
 
-    engine.scheduler._schedule_waiting = spy
+    scheduler._schedule_waiting = spy
     assert outputs_of(engine, prompts) == expected
-    assert not admitted_while_busy
+    assert not late_joiners                      # no one takes a finished request's slot
+    assert max(batch_sizes) == 3                 # yet a batch fills over several steps
+
+
+def test_continuous_batching_refills_slots_as_requests_finish(make_engine, prompts, expected):
+    engine = make_engine(max_num_seqs=3, max_num_batched_tokens=16)
+    assert outputs_of(engine, prompts) == expected
+    # The same workload takes fewer steps than with static batching.
+    static = make_engine(max_num_seqs=3, batching="static", max_num_batched_tokens=16)
+    assert outputs_of(static, prompts) == expected
+    assert engine.runner.num_forward_passes < static.runner.num_forward_passes

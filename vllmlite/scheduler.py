@@ -30,6 +30,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.forks: dict[str, list[Request]] = {}  # parent id -> samples waiting for its prompt
         self.num_preemptions = 0
+        self._static_batch_open = False  # batching="static": the current batch still takes requests
         self.num_speculative_tokens = num_speculative_tokens
         self.spec_stats = SpecDecodeStats(num_speculative_tokens)
 
@@ -87,12 +88,23 @@ class Scheduler:
         budget = self._schedule_running(out, budget)
         if out.num_preempted == 0:
             budget = self._schedule_swapped(out, budget)
-        # Static batching (a baseline for benchmarks) admits only into an empty machine.
-        batch_done = self.config.batching == "continuous" or not self.running
-        if out.num_preempted == 0 and not self.swapped and batch_done:
+        if out.num_preempted == 0 and not self.swapped and self._may_admit():
             self._schedule_waiting(out, budget)
+            if self.config.batching == "static" and (len(self.running) >= self.config.max_num_seqs
+                                                     or not len(self.waiting)):
+                self._static_batch_open = False
         out.blocks_to_copy = self.block_manager.take_copies()
         return out
+
+    def _may_admit(self) -> bool:
+        """Continuous batching admits whenever there is room. Static batching (a benchmark baseline)
+        forms a batch when the machine is empty, admitting over as many steps as the token budget
+        needs, until it holds max_num_seqs requests or the queue is empty; then no one joins it."""
+        if self.config.batching == "continuous":
+            return True
+        if not self.running:
+            self._static_batch_open = True
+        return self._static_batch_open
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         index = 0
