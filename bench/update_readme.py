@@ -1,6 +1,7 @@
 """Regenerate README.md's benchmark section from the raw JSON in results/.
 
-    python bench/update_readme.py
+    python bench/update_readme.py             # rewrite README.md's section
+    python bench/update_readme.py --print     # print it instead
 
 Everything between `<!-- bench:start -->` and `<!-- bench:end -->` is rewritten; the numbers come
 only from results/*.json, with the machine, command and date each file records.
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+from serve_readme import llama_parallel, side_by_side, sweep_claims
 
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
@@ -60,7 +63,34 @@ def spec_section(report: dict) -> list[str]:
     return lines
 
 
-SECTIONS = [("bench_offline.json", offline_section), ("bench_spec.json", spec_section)]
+def serve_sweep_section(report: dict) -> list[str]:
+    lines = side_by_side(report, _machine_line, "### Serving: static vs continuous batching vs continuous + prefix "
+                         "caching vs llama.cpp's llama-server (`bench/serve.py`)")
+    lines += ["", "From the table above (output tok/s ratios at the same arrivals):", ""] + sweep_claims(report)
+    lines += ["", "Plots from the same JSON (`python bench/serve_plot.py`): "
+              "[latency vs throughput](results/serve_sweep_pareto.png), "
+              "[TTFT vs arrival rate](results/serve_sweep_ttft_vs_rate.png)."]
+    return lines
+
+
+def serve_shared_prefix_section(report: dict) -> list[str]:
+    return side_by_side(report, _machine_line, "### Serving a shared system prompt: prefix caching off vs on "
+                        "(`bench/serve.py --workload shared_prefix`)")
+
+
+def serve_llama_rerun_section(report: dict) -> list[str]:
+    return side_by_side(report, _machine_line, "### Serving: llama-server's runs of the sweep, repeated "
+                        "(the sweep's run at 4 req/s shared the CPU with another process)")
+
+
+def serve_llama_parallel_section(report: dict) -> list[str]:
+    return llama_parallel(report, _machine_line)
+
+
+SECTIONS = [("bench_offline.json", offline_section), ("bench_spec.json", spec_section),
+            ("serve_sweep.json", serve_sweep_section), ("serve_shared_prefix.json", serve_shared_prefix_section),
+            ("serve_llama_rerun.json", serve_llama_rerun_section),
+            ("serve_llama_parallel.json", serve_llama_parallel_section)]
 
 
 def main() -> None:
@@ -71,6 +101,9 @@ def main() -> None:
             blocks += render(json.loads(path.read_text())) + [""]
         else:
             blocks += [f"_{name} not present: run the benchmark that writes it._", ""]
+    if "--print" in sys.argv[1:]:  # show the section without touching README.md
+        print("\n".join(blocks))
+        return
     readme = ROOT / "README.md"
     text = readme.read_text()
     if START not in text or END not in text:

@@ -1,0 +1,157 @@
+"""The servers a serving benchmark runs against: our server or llama.cpp's llama-server, launched
+here as child processes, or any OpenAI-compatible URL. Owns their command lines and lifetimes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import httpx
+
+from report import REPO_ROOT
+
+OURS, LLAMA, URL = "vllmlite", "llama-server", "url"
+LLAMA_SERVER_BIN = REPO_ROOT / "bench" / "llama.cpp-build" / "build" / "bin" / "llama-server"
+START_TIMEOUT_S = 300.0
+# Our server runs numpy with one BLAS thread: OpenBLAS's two threads stall whenever the other core is busy
+# (bench/README.md), and on two cores the client and the HTTP layer always keep one busy.
+OURS_ENV = {"OPENBLAS_NUM_THREADS": "1"}
+_LABEL = re.compile(r"^([A-Za-z0-9_.+-]+)=(.*)$", re.DOTALL)
+
+
+@dataclass
+class Target:
+    """One server under test. `args` are extra flags for a launched server; `url` is its base URL."""
+
+    kind: str
+    label: str
+    args: list[str] = field(default_factory=list)
+    url: Optional[str] = None
+    command: Optional[str] = None          # the launch command as run, with its environment
+    process: Optional[subprocess.Popen] = None
+
+    @classmethod
+    def parse(cls, kind: str, spec: str) -> "Target":
+        """`[LABEL=]ARGS` for launched servers, `[LABEL=]URL` for --url: 'static=--batching static'."""
+        match = _LABEL.match(spec)
+        label, rest = (match.group(1), match.group(2)) if match and not spec.startswith("-") else (None, spec)
+        if kind == URL:
+            return cls(URL, label or rest, url=rest.rstrip("/").removesuffix("/v1"))
+        args = shlex.split(rest)
+        return cls(kind, label or " ".join([kind, *args]), args=args)
+
+    @property
+    def completions_url(self) -> str:
+        return f"{self.url}/v1/completions"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _flag_value(args: list[str], names: tuple[str, ...]) -> Optional[str]:
+    for i, arg in enumerate(args[:-1]):
+        if arg in names:
+            return args[i + 1]
+    return None
+
+
+def launch_command(target: Target, model: str, gguf_path: Optional[str], ctx_per_slot: int,
+                   port: int) -> tuple[list[str], dict[str, str]]:
+    """The argv and extra environment that start `target` on `port`.
+
+    llama-server gets the same GGUF, two threads, and unless `-c` is given, a context of
+    parallel slots x `ctx_per_slot` (its KV is split evenly across slots): `-np 8` -> `-c 8 * 448`.
+    """
+    if target.kind == OURS:
+        argv = [sys.executable, "-m", "vllmlite.api.server", "--port", str(port), "--model", model,
+                "--log-level", "warning", *target.args]
+        return argv, dict(OURS_ENV)
+    if not LLAMA_SERVER_BIN.exists():
+        raise FileNotFoundError(f"{LLAMA_SERVER_BIN} not built: run bash bench/build_llama_server.sh")
+    if gguf_path is None:
+        raise ValueError("llama-server needs a GGUF model")
+    args = list(target.args)
+    if _flag_value(args, ("-t", "--threads")) is None:
+        args += ["-t", "2"]
+    if _flag_value(args, ("-c", "--ctx-size")) is None:
+        num_slots = int(_flag_value(args, ("-np", "--parallel")) or 1)
+        args += ["-c", str(num_slots * ctx_per_slot)]
+    argv = [str(LLAMA_SERVER_BIN), "-m", gguf_path, "--host", "127.0.0.1", "--port", str(port), *args]
+    return argv, {}
+
+
+def start(target: Target, model: str, gguf_path: Optional[str], ctx_per_slot: int, log_path: Path) -> None:
+    """Start a launched target and wait until its /health answers 200; URL targets are left alone."""
+    if target.kind == URL:
+        return
+    port = free_port()
+    argv, extra_env = launch_command(target, model, gguf_path, ctx_per_slot, port)
+    shown = ["python", *argv[1:]] if target.kind == OURS else argv  # the interpreter's path is noise
+    target.command = " ".join([f"{k}={v}" for k, v in extra_env.items()] + [shlex.join(shown)])
+    target.url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, **extra_env, "PYTHONPATH": str(REPO_ROOT)}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        target.process = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not _is_healthy(target, log_path):
+        if time.monotonic() > deadline:
+            stop(target)
+            raise RuntimeError(f"{target.label} did not become healthy; log: {log_path}")
+        time.sleep(0.25)
+
+
+def _is_healthy(target: Target, log_path: Path) -> bool:
+    if target.process is not None and target.process.poll() is not None:
+        tail = log_path.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{target.label} exited with {target.process.returncode}:\n{tail}")
+    try:
+        return httpx.get(f"{target.url}/health", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def stop(target: Target) -> None:
+    """SIGTERM a launched target, then SIGKILL if it has not exited within 30 s."""
+    process, target.process = target.process, None
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=30)
+
+
+def served_model_name(target: Target) -> str:
+    """The first model id in /v1/models (llama-server ignores the name, ours checks it)."""
+    try:
+        models = httpx.get(f"{target.url}/v1/models", timeout=10.0).json().get("data") or []
+    except (httpx.HTTPError, ValueError):
+        models = []
+    return models[0]["id"] if models else "default"
+
+
+def server_version(target: Target) -> Optional[str]:
+    """What the launched binary says it is (llama-server prints its build), for the JSON."""
+    if target.kind != LLAMA:
+        return None
+    try:
+        out = subprocess.run([str(LLAMA_SERVER_BIN), "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (out.stdout + out.stderr).strip()[-300:]
