@@ -53,6 +53,13 @@ def plot_pareto(report: dict, path: Path) -> None:
     ax.set_ylabel("end-to-end request latency (s)")
     ax.set_title("Latency vs throughput at Poisson rates (labels: offered req/s); lower right is better")
     _log_y_in_plain_numbers(ax)
+    _finish(fig, ax, report, path)
+
+
+def _finish(fig, ax, report: dict, path: Path) -> None:
+    """Grid, legend, the provenance caption; save as PNG and close."""
+    import matplotlib.pyplot as plt
+
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.text(0.01, 0.01, _caption(report), fontsize=7, color="gray")
@@ -90,12 +97,7 @@ def plot_ttft(report: dict, path: Path) -> None:
     ax.set_xlabel("offered load, Poisson arrival rate (requests/s)")
     ax.set_ylabel("time to first token (s)")
     ax.set_title("TTFT vs arrival rate: p50 solid, p99 dashed")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.text(0.01, 0.01, _caption(report), fontsize=7, color="gray")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish(fig, ax, report, path)
 
 
 def main() -> None:
