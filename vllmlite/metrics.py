@@ -65,7 +65,21 @@ class _Metric:
         raise NotImplementedError
 
 
-class Counter(_Metric):
+class _Scalar(_Metric):
+    """One float per label set."""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        super().__init__(name, documentation)
+        self._values: dict[Labels, float] = {}
+
+    def value(self, labels: Labels) -> float:
+        return self._values.get(labels, 0.0)
+
+    def lines(self) -> list[str]:
+        return [f"{self.name}{format_labels(k)} {format_value(v)}" for k, v in self._values.items()]
+
+
+class Counter(_Scalar):
     """A monotone total per label set. `name` must end in `_total`, as prometheus_client writes it."""
 
     kind = "counter"
@@ -74,7 +88,6 @@ class Counter(_Metric):
         if not name.endswith("_total"):
             raise ValueError(f"counter {name!r} must end in _total")
         super().__init__(name, documentation)
-        self._values: dict[Labels, float] = {}
 
     def inc(self, labels: Labels, amount: float = 1.0) -> None:
         if amount < 0:
@@ -85,28 +98,12 @@ class Counter(_Metric):
         """Mirror a cumulative count kept elsewhere (e.g. the block manager's prefix queries)."""
         self._values[labels] = max(float(total), self._values.get(labels, 0.0))
 
-    def value(self, labels: Labels) -> float:
-        return self._values.get(labels, 0.0)
 
-    def lines(self) -> list[str]:
-        return [f"{self.name}{format_labels(k)} {format_value(v)}" for k, v in self._values.items()]
-
-
-class Gauge(_Metric):
+class Gauge(_Scalar):
     kind = "gauge"
-
-    def __init__(self, name: str, documentation: str) -> None:
-        super().__init__(name, documentation)
-        self._values: dict[Labels, float] = {}
 
     def set(self, labels: Labels, value: float) -> None:
         self._values[labels] = float(value)
-
-    def value(self, labels: Labels) -> float:
-        return self._values.get(labels, 0.0)
-
-    def lines(self) -> list[str]:
-        return [f"{self.name}{format_labels(k)} {format_value(v)}" for k, v in self._values.items()]
 
 
 class Histogram(_Metric):
