@@ -27,9 +27,9 @@ def engine_logits(model: str, token_ids: list[int], block_size: int, budget: int
     forward = llama.forward
     by_position: dict[int, np.ndarray] = {}
 
-    def every_row(input_ids, positions, meta, kv_cache, logits_rows):
-        logits = forward(input_ids, positions, meta, kv_cache, np.arange(len(input_ids)))
-        by_position.update(zip(positions.tolist(), logits))
+    def every_row(input_ids, meta, kv_cache, logits_rows):
+        logits = forward(input_ids, meta, kv_cache, np.arange(len(input_ids)))
+        by_position.update(zip(meta.positions.tolist(), logits))
         return logits[logits_rows]
 
     llama.forward = every_row

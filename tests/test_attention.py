@@ -127,6 +127,8 @@ def test_slots_outside_each_context_are_never_read(bs):
 def test_build_metadata_docstring_example():
     meta = build_metadata([2, 3], [5, 3], [[7, 2], [5]], block_size=4)
     np.testing.assert_array_equal(meta.slot_mapping, [31, 8, 20, 21, 22])
+    np.testing.assert_array_equal(meta.positions, [3, 4, 0, 1, 2])
+    np.testing.assert_array_equal(meta.query_start, [0, 2, 5])
     assert meta.block_size == 4
     [group] = meta.groups  # both queries are short: one padded group
     np.testing.assert_array_equal(group.query_rows, [[0, 1, 0], [2, 3, 4]])

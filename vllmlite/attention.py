@@ -30,13 +30,22 @@ class AttentionGroup:
     query_rows: np.ndarray    # [num_seqs, max_query_len] rows of the flattened batch (0 where padded)
     query_valid: np.ndarray   # [num_seqs, max_query_len] bool
     block_ids: np.ndarray     # [num_seqs, max_blocks] block tables padded with block 0
-    mask: np.ndarray          # [num_seqs, 1, max_query_len, max_blocks * block_size] bool: may attend
+    bias: np.ndarray          # [num_seqs, 1, max_query_len, max_blocks * block_size] float32, added to
+    # the scores: 0 where a query may attend, -inf where it may not. Padded query rows get 0 (a
+    # harmless uniform row instead of NaN; their output is never read). Built once per step.
+
+    @property
+    def mask(self) -> np.ndarray:
+        """[num_seqs, 1, max_query_len, context] bool: which keys each real query attends to."""
+        return (self.bias == 0) & self.query_valid[:, None, :, None]
 
 
 @dataclass
 class AttentionMetadata:
     """Everything attention needs for one step, shared by all layers. Built by `build_metadata`."""
 
+    positions: np.ndarray     # [num_tokens] position of each scheduled token in its sequence
+    query_start: np.ndarray   # [num_seqs + 1] sequence i owns rows query_start[i]:query_start[i+1]
     slot_mapping: np.ndarray  # [num_tokens] slot where each scheduled token's K/V is written
     groups: list[AttentionGroup]
     block_size: int
@@ -53,17 +62,19 @@ def build_metadata(query_lens: list[int], seq_lens: list[int], block_tables: lis
          slots [7*4+3, 2*4+0, 5*4+0, 5*4+1, 5*4+2] = [31, 8, 20, 21, 22].
     """
     query_start = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int64)  # [num_seqs + 1]
-    slot_parts = []
+    position_parts, slot_parts = [], []
     for n, seq_len, table in zip(query_lens, seq_lens, block_tables):
         positions = np.arange(seq_len - n, seq_len)                       # [n]
         blocks = np.asarray(table, dtype=np.int64)[positions // block_size]
+        position_parts.append(positions)
         slot_parts.append(blocks * block_size + positions % block_size)
-    slot_mapping = np.concatenate(slot_parts) if slot_parts else np.zeros(0, np.int64)  # [num_tokens]
+    positions = np.concatenate(position_parts) if position_parts else np.zeros(0, np.int64)  # [num_tokens]
+    slot_mapping = np.concatenate(slot_parts) if slot_parts else np.zeros(0, np.int64)      # [num_tokens]
     short = [i for i, n in enumerate(query_lens) if n <= MAX_BATCHED_QUERY_LEN]
     long = [i for i, n in enumerate(query_lens) if n > MAX_BATCHED_QUERY_LEN]
     groups = [_group(s, query_start, query_lens, seq_lens, block_tables, block_size)
               for s in ([short] if short else []) + [[i] for i in long]]
-    return AttentionMetadata(slot_mapping, groups, block_size)
+    return AttentionMetadata(positions, query_start, slot_mapping, groups, block_size)
 
 
 def _group(seqs: list[int], query_start: np.ndarray, query_lens: list[int], seq_lens: list[int],
@@ -82,8 +93,9 @@ def _group(seqs: list[int], query_start: np.ndarray, query_lens: list[int], seq_
     # Query j of sequence b sits at position ctx - len + j and sees keys at positions <= it.
     query_pos = ctx[:, None] - lens[:, None] + offsets[None, :]    # [B, max_q]
     key_pos = np.arange(max_blocks * block_size)                   # [max_blocks * block_size]
-    mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & query_valid[:, :, None]
-    return AttentionGroup(query_rows, query_valid, block_ids, mask[:, None])
+    allowed = (key_pos[None, None, :] <= query_pos[:, :, None]) | ~query_valid[:, :, None]
+    bias = np.where(allowed, np.float32(0.0), np.float32(-np.inf))  # [B, max_q, ctx]
+    return AttentionGroup(query_rows, query_valid, block_ids, bias[:, None])
 
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
@@ -118,9 +130,7 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
         values = v_blocks[g.block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
         scores = qg @ keys.transpose(0, 2, 3, 1)                    # [B, kv, group * max_q, ctx]
         scores = scores.reshape(num_seqs, num_kv_heads, group_size, max_q, ctx_len) * scale
-        scores = np.where(g.mask[:, :, None], scores, -np.inf)      # mask [B, 1, 1, max_q, ctx]
-        # Padded query rows mask every key; give them a harmless uniform row instead of NaN.
-        scores = np.where(g.query_valid[:, None, None, :, None], scores, 0.0)
+        scores += g.bias[:, :, None]                                # bias [B, 1, 1, max_q, ctx]
         scores -= scores.max(axis=-1, keepdims=True)
         probs = np.exp(scores)
         probs /= probs.sum(axis=-1, keepdims=True)

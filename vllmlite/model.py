@@ -68,15 +68,15 @@ class LlamaModel:
         self.cos = np.cos(angles).astype(self.dtype)
         self.sin = np.sin(angles).astype(self.dtype)
 
-    def forward(self, input_ids: np.ndarray, positions: np.ndarray, meta: AttentionMetadata,
-                kv_cache: KVCache, logits_rows: np.ndarray) -> np.ndarray:
-        """input_ids, positions [num_tokens]; logits_rows [num_logits] rows whose logits are wanted.
+    def forward(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache,
+                logits_rows: np.ndarray) -> np.ndarray:
+        """input_ids [num_tokens] at meta.positions; logits_rows [num_logits] rows whose logits are wanted.
 
         Returns logits [num_logits, vocab]: the LM head runs only on the rows that sample.
         """
         c, w = self.config, self.weights
         x = w.embed[input_ids]                                    # [num_tokens, hidden]
-        cos, sin = self.cos[positions], self.sin[positions]       # [num_tokens, head_dim/2]
+        cos, sin = self.cos[meta.positions], self.sin[meta.positions]  # [num_tokens, head_dim/2]
         for layer, (k_cache, v_cache) in zip(w.layers, kv_cache):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             x = x + self._attention(h, layer, cos, sin, k_cache, v_cache, meta)

@@ -59,12 +59,10 @@ class ModelRunner:
         drafts = self._propose(seqs)
         tokens = [s.token_ids + d.token_ids for s, d in zip(seqs, drafts)]          # this step's inputs
         input_ids = np.array([t for ts in tokens for t in ts], dtype=np.int64)      # [num_tokens]
-        positions = np.concatenate([np.arange(s.start_position, s.start_position + len(ts))
-                                    for s, ts in zip(seqs, tokens)])               # [num_tokens]
         seq_lens = [s.start_position + len(ts) for s, ts in zip(seqs, tokens)]
         meta = build_metadata([len(ts) for ts in tokens], seq_lens, [s.block_table for s in seqs],
                               self.block_size)
-        ends = np.cumsum([len(ts) for ts in tokens]) - 1                             # [num_seqs] last rows
+        ends = meta.query_start[1:] - 1                                              # [num_seqs] last rows
         # Rows whose logits are needed: sampling rows (forks of one parent share a row), every
         # row of a sequence with guesses, and prompt rows scored for prompt logprobs.
         sample_rows = [ends[i] for i, s in enumerate(seqs) for _ in s.samplers if not drafts[i].token_ids]
@@ -73,7 +71,7 @@ class ModelRunner:
         prompt_rows, prompt_next, prompt_owners = _prompt_logprob_rows(seqs, ends)
         rows = np.concatenate([np.array(sample_rows + spec_rows, dtype=np.int64), prompt_rows])
         unique_rows, inverse = np.unique(rows, return_inverse=True)
-        logits = self.model.forward(input_ids, positions, meta, self.kv_cache, unique_rows)[inverse]
+        logits = self.model.forward(input_ids, meta, self.kv_cache, unique_rows)[inverse]
         self.num_forward_passes += 1
         result = RunnerOutput()
         num_sample, num_spec = len(sample_rows), len(spec_rows)

@@ -120,9 +120,8 @@ class DraftModelProposer(Proposer):
         seq_lens = [start + n for start, n in zip(starts, query_lens)]
         meta = build_metadata(query_lens, seq_lens, [s.block_table for s in seqs], self.block_size)
         input_ids = np.array([t for x in inputs for t in x], dtype=np.int64)           # [num_tokens]
-        positions = np.concatenate([np.arange(a, b) for a, b in zip(starts, seq_lens)])
-        last_rows = np.cumsum(query_lens) - 1                                           # [seqs]
-        logits = self.model.forward(input_ids, positions, meta, self.kv_cache, last_rows)
+        last_rows = meta.query_start[1:] - 1                                            # [seqs]
+        logits = self.model.forward(input_ids, meta, self.kv_cache, last_rows)
         self.num_forward_passes += 1
         requests = [s.request for s in seqs]
         batch = SamplingBatch(params=[r.sampling_params for r in requests],
