@@ -176,3 +176,11 @@ def test_stop_string_and_eos_in_one_round_keep_only_tokens_up_to_the_stop(make_e
     engine._detokenize(sample)
     assert request.output_token_ids == [ord("a")] and request.stop_reason == "a"
     assert sample.detokenizer.output_text == ""
+
+
+def test_best_of_equal_to_n_reports_no_logprobs_unless_asked(make_engine):
+    prompt = make_prompts(1, seed=32)[0]
+    out = run_one(make_engine(), prompt, SamplingParams(n=2, best_of=2, temperature=1.0, seed=1, max_tokens=4,
+                                                        ignore_eos=True))
+    assert [c.logprobs for c in out.outputs] == [None, None]
+    assert [c.cumulative_logprob for c in out.outputs] == [None, None]

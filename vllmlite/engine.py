@@ -50,7 +50,15 @@ class _Group:
     prompt: Optional[str]
     params: SamplingParams
     samples: list[_Sample] = field(default_factory=list)
-    wants_logprobs: bool = False
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.params.logprobs is not None
+
+    @property
+    def ranks_samples(self) -> bool:
+        """best_of > n: every candidate runs, the n most likely are reported once all are done."""
+        return self.params.best_of is not None and self.params.best_of > self.params.n
 
     @property
     def finished(self) -> bool:
@@ -105,14 +113,14 @@ class LLMEngine:
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         max_tokens = self.check_request(token_ids, params)
-        num_samples = params.num_sequences
-        # best_of ranks samples by cumulative logprob, so their logprobs are computed regardless.
-        internal = params if params.best_of is None or params.logprobs is not None \
-            else dataclasses.replace(params, logprobs=0)
-        group = _Group(request_id, text, params, wants_logprobs=params.logprobs is not None)
-        for i in range(num_samples):
-            seed = None if params.seed is None else params.seed + i
-            generator = make_generator(seed if seed is not None else int(self._seed_rng.integers(2**63)))
+        group = _Group(request_id, text, params)
+        # Ranking needs each candidate's logprobs, asked for or not (they are not reported then).
+        internal = dataclasses.replace(params, logprobs=0) if group.ranks_samples and not group.wants_logprobs \
+            else params
+        for i in range(params.num_sequences):
+            # Sample i of a seeded request is that request alone with seed + i (as vLLM does).
+            seed = int(self._seed_rng.integers(2**63)) if params.seed is None else params.seed + i
+            generator = make_generator(seed)
             request = Request(
                 request_id=request_id if i == 0 else f"{request_id}#{i}",
                 prompt_token_ids=token_ids, sampling_params=internal, max_tokens=max_tokens,
@@ -215,7 +223,7 @@ class LLMEngine:
             if group.finished:
                 del self._groups[group_id]
                 self._forget(group)
-            elif group.params.best_of and group.params.best_of > group.params.n:
+            elif group.ranks_samples:
                 continue  # best_of reports once, when every candidate is done
             outputs.append(self._group_output(group))
         return outputs
@@ -247,13 +255,11 @@ class LLMEngine:
 
     def _group_output(self, group: _Group) -> RequestOutput:
         completions = [self._completion(group, s) for s in group.samples]
-        if group.params.best_of and group.params.best_of > group.params.n:
+        if group.ranks_samples:
             completions.sort(key=lambda c: c.cumulative_logprob, reverse=True)
             completions = completions[:group.params.n]
             for i, c in enumerate(completions):
                 c.index = i
-                if not group.wants_logprobs:
-                    c.logprobs = c.delta_logprobs = None
         first = group.samples[0].request
         errors = [s.request.error for s in group.samples if s.request.error]
         metrics = RequestMetrics(first.arrival_time, first.first_token_time,
@@ -272,12 +278,12 @@ class LLMEngine:
         start, previous_text = sample.num_reported, sample.reported_text
         text = sample.detokenizer.output_text
         sample.num_reported, sample.reported_text = request.num_output_tokens, text
-        logprobs = request.logprobs if group.wants_logprobs or group.params.best_of else None
+        logprobs = request.logprobs if group.wants_logprobs else None
         return CompletionOutput(
             index=request.sample_index,
             text=text,
             token_ids=list(request.output_token_ids),
-            cumulative_logprob=request.cumulative_logprob if logprobs is not None else None,
+            cumulative_logprob=request.cumulative_logprob if group.wants_logprobs or group.ranks_samples else None,
             logprobs=list(logprobs) if logprobs is not None else None,
             finish_reason=request.finish_reason.value if request.finish_reason else None,
             stop_reason=request.stop_reason,

@@ -219,7 +219,7 @@ class Scheduler:
             request=request,
             token_ids=request.token_ids[start:start + num_new],
             start_position=start,
-            block_table=list(self.block_manager.block_table(request.request_id)),
+            block_table=self.block_manager.block_table(request.request_id),  # already a copy
             num_draft_slots=num_drafts,
             samplers=samplers,
         ))
