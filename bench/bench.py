@@ -17,17 +17,23 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
-
-from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig
-from vllmlite.engine import LLMEngine
-from vllmlite.loader import LoadedModel, load_model
 
 from measure import CpuMeter, KVTrace, RowSummary, kv_occupancy, request_record, ttft_tpot_stats
 from report import REPO_ROOT, check_targets, command_line, format_table, machine_info, write_json
 from static_batching import run_batches
-from workload import (BenchRequest, LengthRange, WorkloadSpec, make_requests, max_model_len,
-                      system_prompt_tokens, with_system_prompt)
+from workload import (
+    BenchRequest,
+    LengthRange,
+    WorkloadSpec,
+    make_requests,
+    max_model_len,
+    system_prompt_tokens,
+    with_system_prompt,
+)
+
+from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig
+from vllmlite.engine import LLMEngine
+from vllmlite.loader import LoadedModel, load_model
 
 BLOCK_SIZE = 16
 BASE, SHARED_PREFIX = "base", "shared_prefix"
@@ -37,7 +43,7 @@ BASE, SHARED_PREFIX = "base", "shared_prefix"
 class Row:
     name: str
     workload: str                 # BASE or SHARED_PREFIX
-    batch_size: Optional[int]     # static batching group size; None = continuous batching (paged)
+    batch_size: int | None     # static batching group size; None = continuous batching (paged)
     prefix_caching: bool
 
 
@@ -167,7 +173,7 @@ def mark_agreement(results: list[dict]) -> None:
         row["agreement"] = f"{same}/{len(row['requests'])}"
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="default", help='"default" (SmolLM2-135M-Instruct), "random", or a path')
     parser.add_argument("--num-requests", type=int, default=None, help="default 48 (12 with --quick)")
@@ -194,7 +200,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[list[str]] = None) -> dict:
+def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     progress = Progress(args.progress_interval)

@@ -8,7 +8,6 @@ import hashlib
 import math
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -50,7 +49,7 @@ class KVTrace:
 
     block_size: int
     num_blocks: int
-    reserved_tokens: Optional[int] = None
+    reserved_tokens: int | None = None
     samples: list[KVSample] = field(default_factory=list)
 
     def utilization(self) -> float:
@@ -110,7 +109,7 @@ class RowSummary:
     kv_budget_fraction_mean: float
     kv_budget_fraction_peak: float
     mean_running: float
-    prefix_hit_rate: Optional[float]
+    prefix_hit_rate: float | None
     num_preemptions: int
     all_complete: bool  # every request produced exactly max_tokens tokens
 
@@ -141,7 +140,7 @@ class CpuMeter:
         self._start = self._read()
 
     @staticmethod
-    def _read() -> Optional[tuple[float, float, float]]:
+    def _read() -> tuple[float, float, float] | None:
         try:
             fields = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
         except (OSError, ValueError):
@@ -151,7 +150,7 @@ class CpuMeter:
         own = os.times()
         return ((user + nice + system + irq + softirq) / tick, steal / tick, own.user + own.system)
 
-    def other_load(self, wall: float) -> dict[str, Optional[float]]:
+    def other_load(self, wall: float) -> dict[str, float | None]:
         end = self._read()
         if self._start is None or end is None or wall <= 0:
             return {"other_cpu_load_cores": None, "steal_cores": None}

@@ -14,7 +14,6 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -28,7 +27,7 @@ def command_line(argv: list[str]) -> str:
     return " ".join(env + ["python", shlex.join(argv)])
 
 
-def _git(*args: str) -> Optional[str]:
+def _git(*args: str) -> str | None:
     """Output of a read-only git query, or None outside a repository."""
     try:
         result = subprocess.run(["git", "--no-optional-locks", *args], cwd=REPO_ROOT, capture_output=True,
@@ -38,7 +37,7 @@ def _git(*args: str) -> Optional[str]:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def _cpu_model() -> Optional[str]:
+def _cpu_model() -> str | None:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

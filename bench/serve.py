@@ -19,10 +19,8 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import httpx
-
 from report import REPO_ROOT, command_line, machine_info, write_json
 from serve_client import BenchPrompt, RequestResult, send_request
 from serve_metrics import Arrival, summarize
@@ -35,7 +33,7 @@ WARMUP_TOKENS = 4
 
 
 async def run_arrival(target: Target, model_name: str, prompts: list[BenchPrompt], arrival: Arrival,
-                      seed: int, progress: Optional[ProgressBar]) -> list[RequestResult]:
+                      seed: int, progress: ProgressBar | None) -> list[RequestResult]:
     """Release `prompts` on `arrival`'s schedule against `target`; every request's result, in order."""
     schedule = arrival.schedule(len(prompts), seed)
     limit = asyncio.Semaphore(arrival.concurrency) if arrival.concurrency else None
@@ -103,7 +101,7 @@ def bench_target(target: Target, workload: Workload, args: argparse.Namespace, r
         write_json(args.out, report)  # after every run, so a late failure keeps what was measured
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--launch", action="append", default=[], metavar="[LABEL=]ARGS",
                         help="start our server with these extra flags ('' for defaults); repeatable")
@@ -136,7 +134,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[list[str]] = None) -> dict:
+def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     tokenizer, source = load_tokenizer(args.model)
     args.gguf_path = source if source.endswith(".gguf") else None

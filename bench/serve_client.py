@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Iterator, Optional
 
 import httpx
 
@@ -30,7 +30,7 @@ class SSEParser:
     def __init__(self) -> None:
         self._data: list[str] = []
 
-    def feed(self, line: str) -> Optional[str]:
+    def feed(self, line: str) -> str | None:
         """Take one line; return the event's data when this line completes an event."""
         if line == "":
             return self.flush()
@@ -41,7 +41,7 @@ class SSEParser:
             self._data.append(value[1:] if value.startswith(" ") else value)
         return None
 
-    def flush(self) -> Optional[str]:
+    def flush(self) -> str | None:
         """End the current event (at a blank line or the end of the stream)."""
         if not self._data:
             return None
@@ -81,12 +81,12 @@ class RequestResult:
     sent_s: float = math.nan               # when it was sent (later than scheduled under fixed concurrency)
     ttft_s: float = math.nan               # first streamed token - sent
     e2e_s: float = math.nan                # last byte - sent
-    output_tokens: Optional[int] = None    # usage.completion_tokens, else the number of token chunks
+    output_tokens: int | None = None    # usage.completion_tokens, else the number of token chunks
     usage_reported: bool = False
     num_chunks: int = 0                    # streamed chunks that carried tokens
-    cached_tokens: Optional[int] = None    # usage.prompt_tokens_details.cached_tokens, if reported
-    finish_reason: Optional[str] = None
-    error: Optional[str] = None
+    cached_tokens: int | None = None    # usage.prompt_tokens_details.cached_tokens, if reported
+    finish_reason: str | None = None
+    error: str | None = None
     chunk_times_s: list[float] = field(default_factory=list)  # arrival of each token chunk - sent
 
     @property

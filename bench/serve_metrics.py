@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
-
 from measure import percentile
 from serve_client import RequestResult
 
@@ -24,11 +22,11 @@ class Arrival:
     t = 0 but at most `concurrency` in flight."""
 
     kind: str
-    rate: Optional[float] = None
-    concurrency: Optional[int] = None
+    rate: float | None = None
+    concurrency: int | None = None
 
     @classmethod
-    def parse(cls, text: str) -> "Arrival":
+    def parse(cls, text: str) -> Arrival:
         """'burst', 'poisson:4' (4 req/s) or 'concurrency:8'."""
         kind, _, value = text.strip().partition(":")
         if kind == BURST and not value:

@@ -6,7 +6,7 @@ Every number printed here is read from a run's summary; nothing is typed in by h
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from report import REPO_ROOT
 
@@ -15,11 +15,11 @@ OURS_DEFAULT = "continuous+prefix"  # the label of our server's default configur
 STATIC, CONTINUOUS, LLAMA_LABEL = "static", "continuous", "llama.cpp"
 
 
-def _fmt(value: Optional[float], spec: str) -> str:
+def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
-def _run(report: dict, target: str, arrival: str) -> Optional[dict]:
+def _run(report: dict, target: str, arrival: str) -> dict | None:
     return next((r for r in report["runs"] if r["target"] == target and r["arrival"] == arrival), None)
 
 
@@ -68,7 +68,7 @@ def _is_busy(run: dict) -> bool:
     return (run.get("loadavg_end") or [0.0])[0] > BUSY_LOADAVG
 
 
-def _ratio(report: dict, a: str, b: str, arrival: str, key: Callable[[dict], float]) -> Optional[float]:
+def _ratio(report: dict, a: str, b: str, arrival: str, key: Callable[[dict], float]) -> float | None:
     ra, rb = _run(report, a, arrival), _run(report, b, arrival)
     if ra is None or rb is None:
         return None

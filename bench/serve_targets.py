@@ -14,10 +14,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import httpx
-
 from report import REPO_ROOT
 
 OURS, LLAMA, URL = "vllmlite", "llama-server", "url"
@@ -36,12 +34,12 @@ class Target:
     kind: str
     label: str
     args: list[str] = field(default_factory=list)
-    url: Optional[str] = None
-    command: Optional[str] = None          # the launch command as run, with its environment
-    process: Optional[subprocess.Popen] = None
+    url: str | None = None
+    command: str | None = None          # the launch command as run, with its environment
+    process: subprocess.Popen | None = None
 
     @classmethod
-    def parse(cls, kind: str, spec: str) -> "Target":
+    def parse(cls, kind: str, spec: str) -> Target:
         """`[LABEL=]ARGS` for launched servers, `[LABEL=]URL` for --url: 'static=--batching static'."""
         match = _LABEL.match(spec)
         label, rest = (match.group(1), match.group(2)) if match and not spec.startswith("-") else (None, spec)
@@ -61,14 +59,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _flag_value(args: list[str], names: tuple[str, ...]) -> Optional[str]:
+def _flag_value(args: list[str], names: tuple[str, ...]) -> str | None:
     for i, arg in enumerate(args[:-1]):
         if arg in names:
             return args[i + 1]
     return None
 
 
-def launch_command(target: Target, model: str, gguf_path: Optional[str], ctx_per_slot: int,
+def launch_command(target: Target, model: str, gguf_path: str | None, ctx_per_slot: int,
                    port: int) -> tuple[list[str], dict[str, str]]:
     """The argv and extra environment that start `target` on `port`.
 
@@ -93,7 +91,7 @@ def launch_command(target: Target, model: str, gguf_path: Optional[str], ctx_per
     return argv, {}
 
 
-def start(target: Target, model: str, gguf_path: Optional[str], ctx_per_slot: int, log_path: Path) -> None:
+def start(target: Target, model: str, gguf_path: str | None, ctx_per_slot: int, log_path: Path) -> None:
     """Start a launched target and wait until its /health answers 200; URL targets are left alone."""
     if target.kind == URL:
         return
@@ -146,7 +144,7 @@ def served_model_name(target: Target) -> str:
     return models[0]["id"] if models else "default"
 
 
-def server_version(target: Target) -> Optional[str]:
+def server_version(target: Target) -> str | None:
     """What the launched binary says it is (llama-server prints its build), for the JSON."""
     if target.kind != LLAMA:
         return None

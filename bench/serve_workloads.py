@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serve_client import BenchPrompt
+from workload import BenchRequest, LengthRange, WorkloadSpec, make_requests, system_prompt_tokens, with_system_prompt
+
 from vllmlite.model_source import RANDOM_MODEL, resolve_model
 from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, read_gguf_fields
-from workload import BenchRequest, LengthRange, WorkloadSpec, make_requests, system_prompt_tokens, with_system_prompt
 
 BASE, SHARED_PREFIX, LONG_MIX = "base", "shared_prefix", "long_mix"
 WORKLOADS = (BASE, SHARED_PREFIX, LONG_MIX)

@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from report import command_line, machine_info  # noqa: E402
+
 from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig  # noqa: E402
 from vllmlite.engine import LLMEngine  # noqa: E402
 from vllmlite.loader import load_model  # noqa: E402

@@ -7,13 +7,13 @@ together. Sequential serving is static batching with B = 1.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
+
+from workload import BenchRequest
 
 from vllmlite.engine import LLMEngine
 from vllmlite.outputs import RequestOutput
 from vllmlite.sampling_params import SamplingParams
-
-from workload import BenchRequest
 
 StepObserver = Callable[[LLMEngine, dict], None]  # (engine, final outputs so far by request id)
 
@@ -23,7 +23,7 @@ def bench_params(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def run_batches(engine: LLMEngine, requests: list[BenchRequest], batch_size: Optional[int],
+def run_batches(engine: LLMEngine, requests: list[BenchRequest], batch_size: int | None,
                 arrival_time: float, on_step: StepObserver) -> dict[str, RequestOutput]:
     """Serve `requests` in admission groups of `batch_size` (None: one group holding all of them).
 

@@ -13,9 +13,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
 import httpx
 import uvicorn
@@ -47,7 +47,7 @@ class ThreadServer:
     config: ServerConfig
     server: uvicorn.Server
     sock: socket.socket
-    thread: Optional[threading.Thread] = None
+    thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -114,8 +114,8 @@ class SubprocessServer:
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
-    process: Optional[subprocess.Popen] = None
-    log_path: Optional[Path] = None
+    process: subprocess.Popen | None = None
+    log_path: Path | None = None
 
     @property
     def url(self) -> str:

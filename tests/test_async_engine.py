@@ -7,11 +7,18 @@ import asyncio
 import threading
 
 import pytest
-
 from conftest import greedy, make_prompts, run_to_completion
 from server_util import wait_until
-from vllmlite.async_engine import (AsyncLLMEngine, EngineDeadError, EngineDrainingError, GenerateRequest,
-                                   QueueFullError, RequestAbortedError, RequestTimeoutError)
+
+from vllmlite.async_engine import (
+    AsyncLLMEngine,
+    EngineDeadError,
+    EngineDrainingError,
+    GenerateRequest,
+    QueueFullError,
+    RequestAbortedError,
+    RequestTimeoutError,
+)
 from vllmlite.metrics import EngineMetrics
 
 

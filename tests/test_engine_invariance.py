@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import greedy, make_prompts, run_to_completion
 from reference import dense_greedy
+
 from vllmlite.request import FinishReason
 from vllmlite.sampling_params import SamplingParams
 

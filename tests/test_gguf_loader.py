@@ -11,14 +11,12 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
 from gguf import quants
-
+from loader_util import engine_logits
 from reference import dense_logits
+
 from vllmlite.config import ModelConfig, RopeScaling
 from vllmlite.loader import LayerWeights, LoadedModel, ModelWeights, _unpermute_rows, load_model, random_weights
 from vllmlite.tokenizer import bytes_to_unicode
-
-from loader_util import engine_logits
-
 
 # --- GGUF -----------------------------------------------------------------------------------------
 

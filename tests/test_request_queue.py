@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-
 from conftest import greedy, make_prompts
+
 from vllmlite.request import Request
 from vllmlite.request_queue import WaitingQueue
 from vllmlite.sampling_params import SamplingParams

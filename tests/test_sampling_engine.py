@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import make_prompts, run_to_completion
 from reference import dense_logits
+
 from vllmlite.sampling import log_softmax
 from vllmlite.sampling_params import SamplingParams
 

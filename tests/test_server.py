@@ -8,9 +8,9 @@ import json
 import httpx
 import openai
 import pytest
-
 from conftest import greedy, run_to_completion
 from server_util import metric_value, parse_prometheus, running_server, wait_until
+
 from vllmlite.api.cli import OPTIONS, build_parser, parse_config
 from vllmlite.config import CacheConfig, EngineConfig
 from vllmlite.engine import LLMEngine

@@ -10,7 +10,6 @@ import signal
 import httpx
 import openai
 import pytest
-
 from server_util import SubprocessServer, metric_value, running_server, wait_until
 
 MODEL = "random"

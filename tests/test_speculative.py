@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import greedy, make_prompts, run_to_completion
 from reference import dense_greedy, dense_logits
+
 from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from vllmlite.engine import LLMEngine
 from vllmlite.sampling_params import SamplingParams

@@ -12,8 +12,8 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Optional, Union
 
 from vllmlite.engine import LLMEngine
 from vllmlite.metrics import EngineMetrics, EngineStats
@@ -52,12 +52,12 @@ class GenerateRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     priority: int = 0
-    cache_salt: Optional[str] = None
-    client_id: Optional[str] = None
+    cache_salt: str | None = None
+    client_id: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
 
 
-StreamItem = Union[RequestOutput, BaseException]
+StreamItem = RequestOutput | BaseException
 
 
 class RequestStream:
@@ -69,7 +69,7 @@ class RequestStream:
     """
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop,
-                 abort: Callable[[str], None], timeout: Optional[float]) -> None:
+                 abort: Callable[[str], None], timeout: float | None) -> None:
         self.request_id = request_id
         self._loop = loop
         self._abort = abort
@@ -121,7 +121,7 @@ class _Add:
 @dataclass
 class _Abort:
     request_id: str
-    error: Optional[BaseException] = None  # sent to the stream, if it still has a listener
+    error: BaseException | None = None  # sent to the stream, if it still has a listener
 
 
 class AsyncLLMEngine:
@@ -132,8 +132,8 @@ class AsyncLLMEngine:
     `add_request`/`generate` from the event loop; `shutdown()` drains and stops the thread.
     """
 
-    def __init__(self, engine: LLMEngine, metrics: Optional[EngineMetrics] = None,
-                 max_queue: Optional[int] = None, request_timeout: Optional[float] = None) -> None:
+    def __init__(self, engine: LLMEngine, metrics: EngineMetrics | None = None,
+                 max_queue: int | None = None, request_timeout: float | None = None) -> None:
         if max_queue is not None and max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         if request_timeout is not None and request_timeout <= 0:
@@ -143,14 +143,14 @@ class AsyncLLMEngine:
         self.max_queue = max_queue
         self.request_timeout = request_timeout
         self._cond = threading.Condition()
-        self._commands: list[Union[_Add, _Abort]] = []   # guarded by _cond
+        self._commands: list[_Add | _Abort] = []   # guarded by _cond
         self._streams: dict[str, RequestStream] = {}     # engine thread only
         self._num_engine_waiting = 0                     # guarded by _cond
         self._num_engine_unfinished = 0                  # guarded by _cond
         self._stop_requested = False
         self.is_draining = False
-        self.dead_error: Optional[BaseException] = None
-        self._thread: Optional[threading.Thread] = None
+        self.dead_error: BaseException | None = None
+        self._thread: threading.Thread | None = None
 
     # --- read-only views, safe from any thread --------------------------------------------------
 
@@ -191,7 +191,7 @@ class AsyncLLMEngine:
         """Admit nothing new; requests already admitted keep running."""
         self.is_draining = True
 
-    def wait_until_idle(self, timeout: Optional[float]) -> bool:
+    def wait_until_idle(self, timeout: float | None) -> bool:
         """Block until no request is queued or unfinished (or the engine died); False on timeout."""
         with self._cond:
             return self._cond.wait_for(
@@ -233,7 +233,7 @@ class AsyncLLMEngine:
     def _num_not_running(self) -> int:
         return self._num_engine_waiting + sum(isinstance(c, _Add) for c in self._commands)
 
-    def abort(self, request_id: str, error: Optional[BaseException] = None) -> None:
+    def abort(self, request_id: str, error: BaseException | None = None) -> None:
         """Abort a request from any thread; unknown or finished ids are ignored."""
         with self._cond:
             self._commands.append(_Abort(request_id, error))
@@ -258,7 +258,7 @@ class AsyncLLMEngine:
                     self._publish_stats()
                     self._cond.notify_all()
                 self._deliver(outputs)
-        except BaseException as error:  # noqa: BLE001 - any fault of the loop kills the engine
+        except BaseException as error:
             self._die(error)
             return
         self._abort_all(RequestAbortedError("the server shut down before this request finished"))

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 
 def block_key(

@@ -6,8 +6,9 @@ It knows requests only by `request_id` and the token lists it is handed; it neve
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 from vllmlite.block import Block, BlockPool, block_key
 from vllmlite.config import ceil_div

@@ -7,7 +7,7 @@ This module knows nothing of requests, tensors or HTTP.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 DTYPES = ("float32", "float64")
 PREEMPTION_MODES = ("recompute", "swap")
@@ -50,7 +50,7 @@ class ModelConfig:
     max_position_embeddings: int
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: Optional[RopeScaling] = None
+    rope_scaling: RopeScaling | None = None
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2 has q/k/v biases
 
@@ -76,8 +76,8 @@ class CacheConfig:
     """The paged KV cache: block size and pool size (a block count, or a byte budget)."""
 
     block_size: int = 16
-    num_blocks: Optional[int] = None
-    kv_cache_memory: Optional[int] = None  # bytes; used when num_blocks is not given
+    num_blocks: int | None = None
+    kv_cache_memory: int | None = None  # bytes; used when num_blocks is not given
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     swap_space: float = 1.0  # GiB of host memory for swapped-out blocks (preemption_mode="swap")
@@ -114,7 +114,7 @@ class SchedulerConfig:
 
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 256
-    max_model_len: Optional[int] = None  # defaults to the model's context length
+    max_model_len: int | None = None  # defaults to the model's context length
     batching: str = "continuous"  # "static": admit a new batch only when the running one is done (a baseline)
 
     def __post_init__(self) -> None:
@@ -138,8 +138,8 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     prompt_lookup_min: int = 1           # ngram: shortest suffix to look up
     prompt_lookup_max: int = 4           # ngram: longest suffix to look up
-    model: Optional[str] = None          # draft_model: path of a model sharing the tokenizer
-    num_draft_layers: Optional[int] = None  # self_draft: the target's first L layers (default: a quarter)
+    model: str | None = None          # draft_model: path of a model sharing the tokenizer
+    num_draft_layers: int | None = None  # self_draft: the target's first L layers (default: a quarter)
 
     def __post_init__(self) -> None:
         _require(self.method in SPECULATIVE_METHODS,
@@ -154,7 +154,7 @@ class SpeculativeConfig:
                  f"num_draft_layers must be >= 1, got {self.num_draft_layers}")
 
     @classmethod
-    def from_dict(cls, values: dict) -> "SpeculativeConfig":
+    def from_dict(cls, values: dict) -> SpeculativeConfig:
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(values) - known
         _require(not unknown, f"unknown speculative_config keys {sorted(unknown)}")
@@ -170,7 +170,7 @@ class EngineConfig:
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    speculative: Optional[SpeculativeConfig] = None
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")

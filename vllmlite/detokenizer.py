@@ -6,7 +6,8 @@ a stop string could still take back. Knows the `Tokenizer` interface only, not t
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from vllmlite.tokenizer import Tokenizer
 

@@ -10,7 +10,6 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Union
 
 import numpy as np
 
@@ -30,7 +29,7 @@ from vllmlite.speculative import make_proposer
 
 logger = logging.getLogger(__name__)
 
-Prompt = Union[str, list[int]]
+Prompt = str | list[int]
 
 
 @dataclass
@@ -47,7 +46,7 @@ class _Group:
     """One user request: its samples (n or best_of of them) and what has been reported so far."""
 
     request_id: str
-    prompt: Optional[str]
+    prompt: str | None
     params: SamplingParams
     samples: list[_Sample] = field(default_factory=list)
 
@@ -66,7 +65,7 @@ class _Group:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, loaded: Optional[LoadedModel] = None) -> None:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         loaded = loaded or load_model(config.model, config.dtype, config.seed)
         self.model_config = loaded.config
@@ -105,8 +104,8 @@ class LLMEngine:
     # --- requests -------------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, *,
-                    arrival_time: Optional[float] = None, priority: int = 0,
-                    cache_salt: Optional[str] = None, client_id: Optional[str] = None) -> None:
+                    arrival_time: float | None = None, priority: int = 0,
+                    cache_salt: str | None = None, client_id: str | None = None) -> None:
         """Validate and queue a request. Raises ValueError (a client error) before allocating anything."""
         if request_id in self._groups:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -189,7 +188,7 @@ class LLMEngine:
         """
         try:
             return self.runner.execute(scheduled)
-        except Exception as batch_error:  # noqa: BLE001 - isolate per-request faults
+        except Exception as batch_error:
             if len(scheduled.scheduled) <= 1:
                 return self._errors_for(scheduled.scheduled, batch_error)
         result = RunnerOutput()
@@ -197,7 +196,7 @@ class LLMEngine:
             alone = SchedulerOutput(scheduled=[seq])
             try:
                 part = self.runner.execute(alone)
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 part = self._errors_for([seq], error)
             result.merge(part)
         return result

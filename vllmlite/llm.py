@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
 
 from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from vllmlite.engine import LLMEngine
@@ -15,16 +15,16 @@ from vllmlite.outputs import RequestOutput
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import Tokenizer
 
-PromptInput = Union[str, dict]
+PromptInput = str | dict
 
 
 class LLM:
     def __init__(self, model: str = "default", dtype: str = "float32", seed: int = 0, *,
-                 block_size: int = 16, num_blocks: Optional[int] = None,
-                 kv_cache_memory: Optional[int] = None, max_num_seqs: int = 32,
-                 max_num_batched_tokens: int = 256, max_model_len: Optional[int] = None,
+                 block_size: int = 16, num_blocks: int | None = None,
+                 kv_cache_memory: int | None = None, max_num_seqs: int = 32,
+                 max_num_batched_tokens: int = 256, max_model_len: int | None = None,
                  enable_prefix_caching: bool = True, preemption_mode: str = "recompute",
-                 swap_space: float = 1.0, speculative_config: Optional[dict] = None) -> None:
+                 swap_space: float = 1.0, speculative_config: dict | None = None) -> None:
         cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
                             enable_prefix_caching=enable_prefix_caching, preemption_mode=preemption_mode,
                             swap_space=swap_space)
@@ -38,8 +38,8 @@ class LLM:
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
-    def generate(self, prompts: Union[PromptInput, Sequence[PromptInput]],
-                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+    def generate(self, prompts: PromptInput | Sequence[PromptInput],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Run every prompt to completion; one RequestOutput per prompt, in input order.
 
@@ -56,8 +56,8 @@ class LLM:
             ids.append(request_id)
         return self._run(ids, use_tqdm and len(ids) >= 8)
 
-    def chat(self, messages: Union[list[dict], Sequence[list[dict]]],
-             sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+    def chat(self, messages: list[dict] | Sequence[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              add_generation_prompt: bool = True, use_tqdm: bool = True) -> list[RequestOutput]:
         """Render each conversation through the model's chat template, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
@@ -95,7 +95,7 @@ class LLM:
         return [finished[i] for i in request_ids]
 
 
-def _prompt_value(prompt: PromptInput) -> Union[str, list[int]]:
+def _prompt_value(prompt: PromptInput) -> str | list[int]:
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, dict) and "prompt_token_ids" in prompt:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 import numpy as np
 
@@ -30,7 +30,7 @@ HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"
 class LayerWeights:
     attn_norm: np.ndarray        # [hidden]
     wqkv: np.ndarray             # [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
-    bqkv: Optional[np.ndarray]   # [(num_heads + 2 * num_kv_heads) * head_dim] (Qwen2) or None
+    bqkv: np.ndarray | None   # [(num_heads + 2 * num_kv_heads) * head_dim] (Qwen2) or None
     wo: np.ndarray               # [hidden, num_heads * head_dim]
     ffn_norm: np.ndarray         # [hidden]
     w_gate_up: np.ndarray        # [2 * intermediate, hidden]
@@ -43,7 +43,7 @@ class ModelWeights:
     layers: list[LayerWeights]
     final_norm: np.ndarray                   # [hidden]
     lm_head: np.ndarray                      # [vocab, hidden]; the embedding itself when tied
-    rope_freq_factors: Optional[np.ndarray]  # [head_dim / 2] (llama3 GGUFs) or None
+    rope_freq_factors: np.ndarray | None  # [head_dim / 2] (llama3 GGUFs) or None
 
     @property
     def num_parameters(self) -> int:
@@ -252,7 +252,7 @@ def _hf_rope_theta(raw: dict) -> float:
     return float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
 
 
-def _hf_rope_scaling(scaling: Optional[dict]) -> Optional[RopeScaling]:
+def _hf_rope_scaling(scaling: dict | None) -> RopeScaling | None:
     if not scaling:
         return None
     kind = scaling.get("rope_type") or scaling.get("type")

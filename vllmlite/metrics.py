@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
 
 PREFIX = "vllmlite:"
 
@@ -160,7 +160,7 @@ class EngineStats:
 @dataclass
 class _RequestTimes:
     arrival_time: float
-    last_token_time: Optional[float] = None
+    last_token_time: float | None = None
 
 
 class EngineMetrics:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Union
 
 import numpy as np
 
@@ -40,9 +39,9 @@ class Request:
     generator: np.random.Generator     # this request's own random stream
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0                  # lower runs first
-    cache_salt: Optional[str] = None
-    client_id: Optional[str] = None
-    parent_id: Optional[str] = None    # set on the extra samples of an n > 1 request
+    cache_salt: str | None = None
+    client_id: str | None = None
+    parent_id: str | None = None    # set on the extra samples of an n > 1 request
     sample_index: int = 0
 
     token_ids: list[int] = field(init=False)          # prompt followed by output
@@ -50,17 +49,17 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0          # prompt tokens served from the prefix cache
     status: RequestStatus = RequestStatus.WAITING
-    finish_reason: Optional[FinishReason] = None
-    stop_reason: Union[int, str, None] = None
-    error: Optional[str] = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    error: str | None = None
     cumulative_logprob: float = 0.0
     logprobs: list = field(default_factory=list)      # TokenLogprobs per output token, when asked
     prompt_logprobs: list = field(default_factory=list)  # TokenLogprobs of prompt tokens 1.., when asked
     num_preemptions: int = 0
     num_draft_tokens: int = 0           # speculative guesses scored for this request
     num_accepted_tokens: int = 0        # of those, kept
-    first_token_time: Optional[float] = None
-    last_token_time: Optional[float] = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -101,8 +100,8 @@ class Request:
         self.cumulative_logprob -= sum(entry.logprob for entry in self.logprobs[num_output_tokens:])
         del self.logprobs[num_output_tokens:]
 
-    def finish(self, reason: FinishReason, stop_reason: Union[int, str, None] = None,
-               error: Optional[str] = None) -> None:
+    def finish(self, reason: FinishReason, stop_reason: int | str | None = None,
+               error: str | None = None) -> None:
         self.status = RequestStatus.FINISHED
         self.finish_reason = reason
         self.stop_reason = stop_reason

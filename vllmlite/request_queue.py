@@ -8,7 +8,7 @@ Knows nothing of blocks or budgets.
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from vllmlite.request import Request
 
@@ -16,9 +16,9 @@ from vllmlite.request import Request
 class WaitingQueue:
     def __init__(self) -> None:
         self._resumed: deque[Request] = deque()             # preempted, oldest-admitted first
-        self._by_client: dict[Optional[str], deque[Request]] = {}
+        self._by_client: dict[str | None, deque[Request]] = {}
         self._turn = 0                                        # increases on every admission
-        self._last_turn: dict[Optional[str], int] = {}       # when each client was last admitted
+        self._last_turn: dict[str | None, int] = {}       # when each client was last admitted
 
     def __len__(self) -> int:
         return len(self._resumed) + sum(len(q) for q in self._by_client.values())
@@ -35,10 +35,10 @@ class WaitingQueue:
         """Requeue a preempted request ahead of everything that has not run yet."""
         self._resumed.appendleft(request)
 
-    def peek(self) -> Optional[Request]:
+    def peek(self) -> Request | None:
         if self._resumed:
             return self._resumed[0]
-        best: Optional[Request] = None
+        best: Request | None = None
         best_key = None
         for client, queue in self._by_client.items():
             # Within a client, the lowest priority value then the earliest arrival.

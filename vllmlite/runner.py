@@ -6,7 +6,7 @@ scheduler state.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, num_host_blocks: int,
-                 stop_token_ids: frozenset[int], proposer: Optional[Proposer] = None) -> None:
+                 stop_token_ids: frozenset[int], proposer: Proposer | None = None) -> None:
         c = model.config
         self.model = model
         self.block_size = block_size
@@ -37,7 +37,7 @@ class ModelRunner:
                            for _ in range(c.num_layers)] if num_host_blocks else []
         self.num_forward_passes = 0
         # Test-only: called with each step's SchedulerOutput before the forward pass.
-        self.fault_hook: Optional[Callable[[SchedulerOutput], None]] = None
+        self.fault_hook: Callable[[SchedulerOutput], None] | None = None
 
     @property
     def kv_cache_bytes(self) -> int:

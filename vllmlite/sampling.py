@@ -26,8 +26,9 @@ Order of operations, per row (float64 throughout; the input logits are never mod
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 

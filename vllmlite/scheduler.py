@@ -7,7 +7,7 @@ is preempted, so the oldest always progresses. Owns request lifecycles; never to
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from vllmlite.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.block_manager import BlockManager, PrefixHit
@@ -280,7 +280,7 @@ class Scheduler:
         fork.status = RequestStatus.RUNNING
         self.running.append(fork)
 
-    def _append_tokens(self, request: Request, token_ids: list[int], logprobs: Optional[list]) -> None:
+    def _append_tokens(self, request: Request, token_ids: list[int], logprobs: list | None) -> None:
         params = request.sampling_params
         for i, token_id in enumerate(token_ids):
             request.append_token(token_id)
@@ -292,7 +292,7 @@ class Scheduler:
                 self.finish(request, reason, stop_reason)
                 return
 
-    def _check_stop(self, request: Request, token_id: int, params) -> tuple[Optional[FinishReason], object]:
+    def _check_stop(self, request: Request, token_id: int, params) -> tuple[FinishReason | None, object]:
         if request.num_output_tokens >= params.min_tokens:
             if token_id in (params.stop_token_ids or ()):
                 return FinishReason.STOP, token_id

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from vllmlite.sampling import Sampler, SamplingBatch
 
 class Draft(NamedTuple):
     token_ids: list[int]           # at most seq.num_draft_slots guesses
-    probs: Optional[np.ndarray]    # [len(token_ids), vocab] the draft's distribution; None = deterministic
+    probs: np.ndarray | None    # [len(token_ids), vocab] the draft's distribution; None = deterministic
 
 
 class Proposer(ABC):

@@ -7,14 +7,14 @@ routes or of the engine loop.
 
 from __future__ import annotations
 
-import json
-
 import argparse
+import json
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from vllmlite.model_source import DEFAULT_ALIASES, RANDOM_MODEL
@@ -62,23 +62,23 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     model: str = "default"
-    served_model_name: Optional[str] = None
+    served_model_name: str | None = None
     dtype: str = "float32"
     seed: int = 0
     block_size: int = 16
-    num_blocks: Optional[int] = None
-    kv_cache_memory: Optional[int] = None
+    num_blocks: int | None = None
+    kv_cache_memory: int | None = None
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 256
-    max_model_len: Optional[int] = None
+    max_model_len: int | None = None
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     swap_space: float = 1.0
     batching: str = "continuous"
-    speculative_config: Optional[str] = None  # JSON, as vLLM's --speculative-config
-    api_key: Optional[str] = None
-    max_queue: Optional[int] = 256
-    request_timeout: Optional[float] = None
+    speculative_config: str | None = None  # JSON, as vLLM's --speculative-config
+    api_key: str | None = None
+    max_queue: int | None = 256
+    request_timeout: float | None = None
     max_body_bytes: int = 4 << 20
     shutdown_timeout: float = 30.0
     log_level: str = "info"
@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_config(argv: Optional[Sequence[str]] = None, environ: Mapping[str, str] = os.environ) -> ServerConfig:
+def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> ServerConfig:
     """Flags, then VLLMLITE_* variables, then ServerConfig's defaults. Exits with a usage error on bad input."""
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import ValidationError
 
-from vllmlite.async_engine import (EngineDeadError, EngineDrainingError, QueueFullError, RequestAbortedError,
-                                   RequestTimeoutError)
+from vllmlite.async_engine import (
+    EngineDeadError,
+    EngineDrainingError,
+    QueueFullError,
+    RequestAbortedError,
+    RequestTimeoutError,
+)
 
 RETRY_AFTER_SECONDS = 1
 
@@ -33,8 +38,8 @@ ERROR_TYPES = {
 class APIError(Exception):
     """An error answered to the client: status, message and the offending request field."""
 
-    def __init__(self, status: int, message: str, param: Optional[str] = None,
-                 headers: Optional[dict[str, str]] = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -49,12 +54,12 @@ class APIError(Exception):
         return f"data: {json.dumps(self.body(), ensure_ascii=False)}\n\n"
 
 
-def error_body(status: int, message: str, param: Optional[str] = None) -> dict[str, Any]:
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, "api_error"),
                       "param": param, "code": status}}
 
 
-def bad_request(message: str, param: Optional[str] = None) -> APIError:
+def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
 
 
@@ -62,7 +67,7 @@ def unavailable(message: str) -> APIError:
     return APIError(503, message, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
-def from_engine_error(error: BaseException, param: Optional[str] = None) -> APIError:
+def from_engine_error(error: BaseException, param: str | None = None) -> APIError:
     """Map an exception raised while admitting or running a request to the client's error."""
     if isinstance(error, APIError):
         return error
@@ -79,7 +84,7 @@ _UNION_TAG = re.compile(r"[^A-Za-z0-9_]")  # pydantic names union members in loc
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
-def param_path(loc: tuple) -> Optional[str]:
+def param_path(loc: tuple) -> str | None:
     """A pydantic error location as a dotted path without union tags.
 
     >>> param_path(("messages", 0, "content")), param_path(("stop", "list[str]", 2)), param_path(())

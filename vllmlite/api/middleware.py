@@ -8,7 +8,6 @@ all before any JSON parsing). Knows nothing of routes beyond the paths that stay
 from __future__ import annotations
 
 import hmac
-from typing import Optional
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,7 +22,7 @@ class _ClientGone(Exception):
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, api_key: Optional[str], max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
         self.app = app
         self.expected_authorization = None if api_key is None else f"Bearer {api_key}".encode()
         self.max_body_bytes = max_body_bytes
@@ -46,7 +45,7 @@ class RequestGuard:
             return
         await self.app(scope, _replay(body, receive), send)
 
-    def _check_authorization(self, scope: Scope) -> Optional[APIError]:
+    def _check_authorization(self, scope: Scope) -> APIError | None:
         if self.expected_authorization is None or scope["path"] in OPEN_PATHS:
             return None
         provided = _header(scope, b"authorization") or b""
@@ -55,7 +54,7 @@ class RequestGuard:
         return APIError(401, "a valid API key is required: send `Authorization: Bearer <key>`",
                         headers={"WWW-Authenticate": "Bearer"})
 
-    def _check_declared_length(self, scope: Scope) -> Optional[APIError]:
+    def _check_declared_length(self, scope: Scope) -> APIError | None:
         declared = _header(scope, b"content-length")
         if declared is None:
             return None
@@ -85,7 +84,7 @@ class RequestGuard:
         return APIError(413, f"the request body is larger than the server's limit of {self.max_body_bytes} bytes")
 
 
-def _header(scope: Scope, name: bytes) -> Optional[bytes]:
+def _header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope["headers"]:
         if key == name:
             return value

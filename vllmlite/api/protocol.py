@@ -8,10 +8,9 @@ tokenized or allocated. Knows nothing of the engine, tokenizers or HTTP routing.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator
-
 
 MAX_N = 16                     # n and best_of
 MAX_PROMPTS = 64               # prompts in one completions request
@@ -55,7 +54,7 @@ def _check_text(value: str, where: str) -> str:
     return value
 
 
-def parse_prompt(value: Any) -> list[Union[str, list[int]]]:
+def parse_prompt(value: Any) -> list[str | list[int]]:
     """A completions `prompt` as a list of prompts: str, [str], [int] or [[int]]. Raises ValueError.
 
     >>> parse_prompt("hi"), parse_prompt([1, 2]), parse_prompt([[1], [2]])
@@ -86,34 +85,34 @@ class StreamOptions(_Request):
 class SamplingFields(_Request):
     """Fields shared by completions and chat: OpenAI's, then vLLM's extensions."""
 
-    model: Optional[str] = Field(None, max_length=MAX_NAME_CHARS)
-    max_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS_BOUND)
-    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    model: str | None = Field(None, max_length=MAX_NAME_CHARS)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
-    stream_options: Optional[StreamOptions] = None
-    stop: Union[str, list[str], None] = None
-    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
-    logit_bias: Optional[dict[str, float]] = Field(None, max_length=MAX_LOGIT_BIAS)
-    seed: Optional[int] = Field(None, ge=SEED_MIN, le=SEED_MAX)
-    user: Optional[str] = Field(None, max_length=MAX_NAME_CHARS)
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    user: str | None = Field(None, max_length=MAX_NAME_CHARS)
     # vLLM's extensions
-    top_k: Optional[int] = Field(None, ge=-1, le=1 << 20)
-    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: Optional[float] = Field(None, gt=0.0, le=10.0)
+    top_k: int | None = Field(None, ge=-1, le=1 << 20)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=MAX_TOKENS_BOUND)
-    stop_token_ids: Optional[list[int]] = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: int = Field(0, ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)
-    cache_salt: Optional[str] = _name_field()
+    cache_salt: str | None = _name_field()
 
     @field_validator("stop")
     @classmethod
-    def _bounded_stop(cls, value: Union[str, list[str], None]) -> Optional[list[str]]:
+    def _bounded_stop(cls, value: str | list[str] | None) -> list[str] | None:
         strings = [value] if isinstance(value, str) else value
         if strings is None:
             return None
@@ -125,14 +124,14 @@ class SamplingFields(_Request):
 
     @field_validator("stop_token_ids")
     @classmethod
-    def _non_negative_ids(cls, value: Optional[list[int]]) -> Optional[list[int]]:
+    def _non_negative_ids(cls, value: list[int] | None) -> list[int] | None:
         if value is not None and any(t < 0 for t in value):
             raise ValueError("stop_token_ids must be non-negative token ids")
         return value
 
     @field_validator("logit_bias")
     @classmethod
-    def _bias_range(cls, value: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
+    def _bias_range(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (value or {}).items():
             if not (key.isascii() and key.isdigit() and len(key) <= 10):
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
@@ -147,14 +146,14 @@ class SamplingFields(_Request):
 
 class CompletionRequest(SamplingFields):
     prompt: Any
-    suffix: Optional[str] = Field(None, max_length=MAX_PROMPT_CHARS)
+    suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     echo: bool = False
-    logprobs: Optional[int] = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
-    best_of: Optional[int] = Field(None, ge=1, le=MAX_N)
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
 
     @field_validator("prompt")
     @classmethod
-    def _parse_prompt(cls, value: Any) -> list[Union[str, list[int]]]:
+    def _parse_prompt(cls, value: Any) -> list[str | list[int]]:
         return parse_prompt(value)
 
 
@@ -163,7 +162,7 @@ class ChatMessage(_Request):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Any = Field(None, validate_default=True)  # validated to a str
-    name: Optional[str] = _name_field()
+    name: str | None = _name_field()
 
     @field_validator("content")
     @classmethod
@@ -200,8 +199,8 @@ def _part_text(part: Any) -> str:
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1, max_length=MAX_MESSAGES)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
-    max_completion_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS_BOUND)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
     # Accepted only to be rejected with a clear message (see serving_chat).
     tools: Any = None
     tool_choice: Any = None
@@ -214,15 +213,15 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(_Request):
-    model: Optional[str] = Field(None, max_length=MAX_NAME_CHARS)
-    prompt: Optional[str] = Field(None, max_length=MAX_PROMPT_CHARS)
-    messages: Optional[list[ChatMessage]] = Field(None, min_length=1, max_length=MAX_MESSAGES)
-    add_special_tokens: Optional[bool] = None
+    model: str | None = Field(None, max_length=MAX_NAME_CHARS)
+    prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
+    add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(_Request):
-    model: Optional[str] = Field(None, max_length=MAX_NAME_CHARS)
+    model: str | None = Field(None, max_length=MAX_NAME_CHARS)
     tokens: list[int] = Field(..., max_length=MAX_PROMPT_TOKEN_IDS)
 
 
@@ -245,17 +244,17 @@ class Usage(_Response):
 
 class CompletionLogprobs(_Response):
     text_offset: list[int] = Field(default_factory=list)
-    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
     tokens: list[str] = Field(default_factory=list)
-    top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
 class CompletionChoice(_Response):
     index: int
     text: str
-    logprobs: Optional[CompletionLogprobs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 class CompletionResponse(_Response):
@@ -264,13 +263,13 @@ class CompletionResponse(_Response):
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
     choices: list[CompletionChoice]
-    usage: Optional[Usage] = None
+    usage: Usage | None = None
 
 
 class TopLogprob(_Response):
     token: str
     logprob: float
-    bytes: Optional[list[int]] = None
+    bytes: list[int] | None = None
 
 
 class ChatTokenLogprob(TopLogprob):
@@ -278,7 +277,7 @@ class ChatTokenLogprob(TopLogprob):
 
 
 class ChatLogprobs(_Response):
-    content: Optional[list[ChatTokenLogprob]] = None
+    content: list[ChatTokenLogprob] | None = None
 
 
 class ChatResponseMessage(_Response):
@@ -289,9 +288,9 @@ class ChatResponseMessage(_Response):
 class ChatChoice(_Response):
     index: int
     message: ChatResponseMessage
-    logprobs: Optional[ChatLogprobs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 class ChatCompletionResponse(_Response):
@@ -300,20 +299,20 @@ class ChatCompletionResponse(_Response):
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
     choices: list[ChatChoice]
-    usage: Optional[Usage] = None
+    usage: Usage | None = None
 
 
 class DeltaMessage(_Response):
-    role: Optional[Literal["assistant"]] = None
-    content: Optional[str] = None
+    role: Literal["assistant"] | None = None
+    content: str | None = None
 
 
 class ChatStreamChoice(_Response):
     index: int
     delta: DeltaMessage
-    logprobs: Optional[ChatLogprobs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
     @field_serializer("delta")
     def _delta_without_nulls(self, delta: DeltaMessage) -> dict:
@@ -326,7 +325,7 @@ class ChatCompletionChunk(_Response):
     created: int
     model: str
     choices: list[ChatStreamChoice]
-    usage: Optional[Usage] = None
+    usage: Usage | None = None
 
 
 class ModelCard(_Response):

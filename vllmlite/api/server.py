@@ -11,8 +11,9 @@ import asyncio
 import hashlib
 import logging
 import threading
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Optional, TypeVar
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -25,8 +26,17 @@ from vllmlite import __version__
 from vllmlite.api.cli import ServerConfig, parse_config
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
 from vllmlite.api.middleware import RequestGuard
-from vllmlite.api.protocol import (MAX_NAME_CHARS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                   DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse)
+from vllmlite.api.protocol import (
+    MAX_NAME_CHARS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from vllmlite.api.serving import Admission, ServingContext, check_model, encode_prompt, new_request_id
 from vllmlite.api.serving_chat import create_chat, prepare_chat, render_messages
 from vllmlite.api.serving_completions import create_completion, prepare_completion
@@ -40,7 +50,7 @@ Model = TypeVar("Model", bound=BaseModel)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def make_async_engine(config: ServerConfig, loaded: Optional[LoadedModel] = None) -> AsyncLLMEngine:
+def make_async_engine(config: ServerConfig, loaded: LoadedModel | None = None) -> AsyncLLMEngine:
     """Load the model and wrap its LLMEngine for serving (the thread starts with the app)."""
     engine = LLMEngine(config.engine_config(), loaded)
     return AsyncLLMEngine(engine, EngineMetrics(config.model_name), max_queue=config.max_queue,
@@ -171,11 +181,11 @@ def _add_generate_routes(app: FastAPI, ctx: ServingContext) -> None:
         return await _respond(request, create_chat(ctx, prepared, admission))
 
 
-def _admission(request: Request, prefix: str, priority: int, cache_salt: Optional[str]) -> Admission:
+def _admission(request: Request, prefix: str, priority: int, cache_salt: str | None) -> Admission:
     return Admission(new_request_id(prefix), _client_id(request), priority, cache_salt)
 
 
-def _client_id(request: Request) -> Optional[str]:
+def _client_id(request: Request) -> str | None:
     """Fairness key: the X-Client-Id header, else a hash of the bearer token, else None."""
     client_id = request.headers.get("x-client-id")
     if client_id is not None:
@@ -259,7 +269,7 @@ def _log_startup(engine: AsyncLLMEngine, config: ServerConfig) -> None:
                 " (API key required)" if config.api_key else "")
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = make_async_engine(config)

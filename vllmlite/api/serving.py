@@ -11,8 +11,9 @@ import asyncio
 import json
 import re
 import uuid
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Optional, Sequence
+from typing import Any
 
 from vllmlite.api.errors import APIError, bad_request, from_engine_error
 from vllmlite.api.protocol import PromptTokensDetails, SamplingFields, Usage
@@ -38,16 +39,16 @@ class Admission:
     """Per-request facts that are not sampling fields: who is asking, and the id prefix."""
 
     request_id: str
-    client_id: Optional[str]
+    client_id: str | None
     priority: int = 0
-    cache_salt: Optional[str] = None
+    cache_salt: str | None = None
 
 
 def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def check_model(ctx: ServingContext, requested: Optional[str]) -> None:
+def check_model(ctx: ServingContext, requested: str | None) -> None:
     """The `model` field must name the served model (or be omitted); else 404."""
     if requested is not None and requested != ctx.model_name:
         raise APIError(404, f"the model {requested!r} does not exist; this server serves {ctx.model_name!r}",
@@ -85,13 +86,13 @@ def sampling_params(req: SamplingFields, **fields: Any) -> SamplingParams:
         raise bad_request(str(error), _named_field(str(error), req, None)) from error
 
 
-def _named_field(message: str, req: SamplingFields, fallback: Optional[str]) -> Optional[str]:
+def _named_field(message: str, req: SamplingFields, fallback: str | None) -> str | None:
     """The request field an engine message starts with ("top_p must be ..." -> "top_p")."""
     match = _LEADING_NAME.match(message)
     return match.group(1) if match and match.group(1) in type(req).model_fields else fallback
 
 
-def _default(value: Optional[float], default: float) -> float:
+def _default(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
@@ -195,7 +196,7 @@ async def sse_stream(events: AsyncIterator[str], streams: Sequence[RequestStream
     try:
         async for event in events:
             yield event
-    except Exception as error:  # noqa: BLE001 - the status line is already sent
+    except Exception as error:
         yield from_engine_error(error).sse_event()
     finally:
         cancel_all(streams)

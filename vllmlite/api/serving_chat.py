@@ -8,16 +8,41 @@ deltas, and OpenAI's chat logprobs format. Knows nothing of routes or middleware
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Optional, Sequence, Union
+from typing import Any
 
 from vllmlite.api.errors import bad_request
-from vllmlite.api.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
-                                   ChatLogprobs, ChatMessage, ChatResponseMessage, ChatStreamChoice,
-                                   ChatTokenLogprob, DeltaMessage, TopLogprob)
-from vllmlite.api.serving import (MAX_CHARS_PER_TOKEN, Admission, ServingContext, admit, check_model, check_request, clamp_logprob,
-                                  encode_prompt, final_outputs, make_usage, raise_if_failed, sampling_params,
-                                  sse_event, sse_stream, token_bytes)
+from vllmlite.api.protocol import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatMessage,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    ChatTokenLogprob,
+    DeltaMessage,
+    TopLogprob,
+)
+from vllmlite.api.serving import (
+    MAX_CHARS_PER_TOKEN,
+    Admission,
+    ServingContext,
+    admit,
+    check_model,
+    check_request,
+    clamp_logprob,
+    encode_prompt,
+    final_outputs,
+    make_usage,
+    raise_if_failed,
+    sampling_params,
+    sse_event,
+    sse_stream,
+    token_bytes,
+)
 from vllmlite.outputs import CompletionOutput, RequestOutput
 from vllmlite.sampling import TokenLogprobs
 from vllmlite.sampling_params import SamplingParams
@@ -83,7 +108,7 @@ def _reject_unsupported(req: ChatCompletionRequest) -> None:
 
 
 async def create_chat(ctx: ServingContext, prepared: PreparedChat,
-                      admission: Admission) -> Union[ChatCompletionResponse, AsyncIterator[str]]:
+                      admission: Admission) -> ChatCompletionResponse | AsyncIterator[str]:
     """Queue the conversation; return the whole response, or the SSE events when streaming."""
     streams = admit(ctx, [prepared.prompt_token_ids], prepared.params, admission)
     if prepared.request.stream:
@@ -115,7 +140,7 @@ async def _chunks(ctx: ServingContext, prepared: PreparedChat, stream, request_i
     for index in range(req.n):
         yield chunk([ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
     finished: set[int] = set()
-    last: Optional[RequestOutput] = None
+    last: RequestOutput | None = None
     async for last in stream:
         raise_if_failed(last)
         choices = [choice for completion in last.outputs
@@ -127,7 +152,7 @@ async def _chunks(ctx: ServingContext, prepared: PreparedChat, stream, request_i
 
 
 def _delta_choice(ctx: ServingContext, req: ChatCompletionRequest, completion: CompletionOutput,
-                  finished: set[int]) -> Optional[ChatStreamChoice]:
+                  finished: set[int]) -> ChatStreamChoice | None:
     """The chunk for what is new in one choice; None when nothing is (another sample moved)."""
     if completion.index in finished:
         return None
@@ -143,7 +168,7 @@ def _delta_choice(ctx: ServingContext, req: ChatCompletionRequest, completion: C
                             finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
 
 
-def _logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Optional[Sequence[TokenLogprobs]],
+def _logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs] | None,
               num_top: int) -> ChatLogprobs:
     """OpenAI's chat logprobs: one entry per token with its bytes and its `num_top` best alternatives."""
     def entry(token_id: int, logprob: float) -> TopLogprob:

@@ -8,14 +8,27 @@ sample), echo, best_of, the rejection of `suffix`, and OpenAI's completions logp
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Optional, Sequence, Union
 
 from vllmlite.api.errors import bad_request
 from vllmlite.api.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
-from vllmlite.api.serving import (Admission, ServingContext, admit, check_model, check_request, clamp_logprob,
-                                  encode_prompt, final_outputs, make_usage, merged, raise_if_failed,
-                                  sampling_params, sse_event, sse_stream)
+from vllmlite.api.serving import (
+    Admission,
+    ServingContext,
+    admit,
+    check_model,
+    check_request,
+    clamp_logprob,
+    encode_prompt,
+    final_outputs,
+    make_usage,
+    merged,
+    raise_if_failed,
+    sampling_params,
+    sse_event,
+    sse_stream,
+)
 from vllmlite.outputs import CompletionOutput, RequestOutput
 from vllmlite.sampling import TokenLogprobs
 from vllmlite.sampling_params import SamplingParams
@@ -76,7 +89,7 @@ def _decode_for_echo(ctx: ServingContext, token_ids: list[int], echo: bool) -> s
 
 
 async def create_completion(ctx: ServingContext, prepared: PreparedCompletion,
-                            admission: Admission) -> Union[CompletionResponse, AsyncIterator[str]]:
+                            admission: Admission) -> CompletionResponse | AsyncIterator[str]:
     """Queue the prompts; return the whole response, or the SSE events when streaming."""
     streams = admit(ctx, prepared.prompt_token_ids, prepared.params, admission)
     if prepared.request.stream:
@@ -123,7 +136,7 @@ async def _chunks(ctx: ServingContext, prepared: PreparedCompletion, streams, re
 
 
 def _delta_choice(ctx: ServingContext, prepared: PreparedCompletion, prompt_index: int, output: RequestOutput,
-                  completion: CompletionOutput, state: _StreamState) -> Optional[CompletionChoice]:
+                  completion: CompletionOutput, state: _StreamState) -> CompletionChoice | None:
     """The chunk for what is new in one choice; None when nothing is (another sample moved)."""
     req = prepared.request
     index = prompt_index * req.n + completion.index
@@ -147,8 +160,8 @@ def _delta_choice(ctx: ServingContext, prepared: PreparedCompletion, prompt_inde
                             finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
 
 
-def _logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Optional[Sequence[TokenLogprobs]],
-              num_top: Optional[int], offset: int) -> Optional[CompletionLogprobs]:
+def _logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs] | None,
+              num_top: int | None, offset: int) -> CompletionLogprobs | None:
     """OpenAI's completions logprobs for `token_ids`; `offset` is the first token's text offset.
 
     top_logprobs holds the `num_top` most likely tokens plus the sampled one (as vLLM does).
@@ -161,8 +174,8 @@ def _logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Optional
     return result
 
 
-def _with_prompt(tokenizer: Tokenizer, output: RequestOutput, num_top: Optional[int],
-                 generated: Optional[CompletionLogprobs]) -> Optional[CompletionLogprobs]:
+def _with_prompt(tokenizer: Tokenizer, output: RequestOutput, num_top: int | None,
+                 generated: CompletionLogprobs | None) -> CompletionLogprobs | None:
     """Prepend the echoed prompt's logprobs (the first prompt token has none) to `generated`."""
     if num_top is None or generated is None or output.prompt_logprobs is None:
         return generated
@@ -175,7 +188,7 @@ def _with_prompt(tokenizer: Tokenizer, output: RequestOutput, num_top: Optional[
     return result
 
 
-def _append(result: CompletionLogprobs, tokenizer: Tokenizer, token_id: int, entry: Optional[TokenLogprobs],
+def _append(result: CompletionLogprobs, tokenizer: Tokenizer, token_id: int, entry: TokenLogprobs | None,
             num_top: int, offset: int) -> int:
     """Add one token (its logprob None when `entry` is); return the next token's text offset."""
     text = tokenizer.token_text(token_id)
