@@ -77,9 +77,9 @@ class LlamaModel:
         c, w = self.config, self.weights
         x = w.embed[input_ids]                                    # [num_tokens, hidden]
         cos, sin = self.cos[meta.positions], self.sin[meta.positions]  # [num_tokens, head_dim/2]
-        for layer, (k_cache, v_cache) in zip(w.layers, kv_cache):
+        for layer, layer_kv in zip(w.layers, kv_cache):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
-            x = x + self._attention(h, layer, cos, sin, k_cache, v_cache, meta)
+            x = x + self._attention(h, layer, cos, sin, layer_kv, meta)
             h = rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
             gate_up = linear(h, layer.w_gate_up)                  # [num_tokens, 2 * intermediate]
             gate, up = np.split(gate_up, 2, axis=-1)
@@ -87,8 +87,8 @@ class LlamaModel:
         h = rms_norm(x[logits_rows], w.final_norm, c.rms_norm_eps)
         return np.ascontiguousarray(linear(h, w.lm_head))      # [num_logits, vocab]
 
-    def _attention(self, h: np.ndarray, layer, cos: np.ndarray, sin: np.ndarray, k_cache: np.ndarray,
-                   v_cache: np.ndarray, meta: AttentionMetadata) -> np.ndarray:
+    def _attention(self, h: np.ndarray, layer, cos: np.ndarray, sin: np.ndarray,
+                   layer_kv: tuple[np.ndarray, np.ndarray], meta: AttentionMetadata) -> np.ndarray:
         c = self.config
         num_tokens = h.shape[0]
         qkv = linear(h, layer.wqkv)                               # [num_tokens, (heads + 2 kv) * head_dim]
@@ -99,6 +99,7 @@ class LlamaModel:
         q = apply_rope(qkv[:, :q_end].reshape(num_tokens, c.num_heads, c.head_dim), cos, sin)
         k = apply_rope(qkv[:, q_end:k_end].reshape(num_tokens, c.num_kv_heads, c.head_dim), cos, sin)
         v = qkv[:, k_end:].reshape(num_tokens, c.num_kv_heads, c.head_dim)
+        k_cache, v_cache = layer_kv
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, meta)          # [num_tokens, heads, head_dim]
         return linear(out.reshape(num_tokens, q_end), layer.wo)   # [num_tokens, hidden]

@@ -84,13 +84,12 @@ class ModelRunner:
         return result
 
     def _propose(self, seqs: list[ScheduledSequence]) -> list[Draft]:
-        empty = Draft([], None)
+        """A Draft per sequence: empty unless the scheduler reserved guess slots for it."""
+        drafts = [Draft([], None)] * len(seqs)
         speculating = [i for i, s in enumerate(seqs) if s.num_draft_slots]
-        drafts = [empty] * len(seqs)
-        if self.proposer is None or not speculating:
-            return drafts
-        for i, draft in zip(speculating, self.proposer.propose([seqs[i] for i in speculating])):
-            drafts[i] = Draft(draft.token_ids[:seqs[i].num_draft_slots], draft.probs)
+        if self.proposer is not None and speculating:
+            for i, draft in zip(speculating, self.proposer.propose([seqs[i] for i in speculating])):
+                drafts[i] = draft  # proposers fill at most num_draft_slots guesses
         return drafts
 
     def _sample(self, samplers: list, logits: np.ndarray, result: RunnerOutput) -> None:
