@@ -12,6 +12,7 @@ from pathlib import Path
 from serve_client import BenchPrompt
 from workload import BenchRequest, LengthRange, WorkloadSpec, make_requests, system_prompt_tokens, with_system_prompt
 
+from vllmlite.config import ceil_div
 from vllmlite.model_source import RANDOM_MODEL, resolve_model
 from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, read_gguf_fields
 
@@ -60,7 +61,7 @@ def load_tokenizer(model: str) -> tuple[Tokenizer, str]:
 
 
 def _round_to_blocks(num_tokens: int, block_size: int = 16) -> int:
-    return -(-num_tokens // block_size) * block_size
+    return ceil_div(num_tokens, block_size) * block_size
 
 
 def build_workload(name: str, tokenizer: Tokenizer, num_requests: int, lengths: Lengths, seed: int) -> Workload:

@@ -155,3 +155,17 @@ def test_target_specs_and_llama_context_per_slot(monkeypatch, tmp_path):
     monkeypatch.setattr("serve_targets.LLAMA_SERVER_BIN", binary)
     argv, _ = launch_command(Target.parse(LLAMA, "-np 8"), "default", "m.gguf", 448, 1234)
     assert argv[argv.index("-c") + 1] == str(8 * 448) and argv[argv.index("-t") + 1] == "2"
+
+
+def test_workloads_share_a_prefix_or_mix_in_long_prompts():
+    from serve_workloads import LONG_MIX, QUICK, SHARED_PREFIX, build_workload
+
+    from vllmlite.tokenizer import ByteTokenizer
+    tokenizer = ByteTokenizer()
+    shared = build_workload(SHARED_PREFIX, tokenizer, 6, QUICK, seed=0).prompts
+    prefix = shared[0].prompt_token_ids[:QUICK.system_prompt_len]
+    assert all(p.prompt_token_ids[:len(prefix)] == prefix for p in shared)
+    mixed = build_workload(LONG_MIX, tokenizer, 6, QUICK, seed=0).prompts
+    lengths = [len(p.prompt_token_ids) for p in mixed]
+    assert all(n >= QUICK.long_prompts.low for n in lengths[2::3])
+    assert all(n <= QUICK.prompts.high for i, n in enumerate(lengths) if i % 3 != 2)
