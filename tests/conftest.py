@@ -10,6 +10,7 @@ import pytest
 
 from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig
 from vllmlite.engine import LLMEngine
+from vllmlite.kernels import BACKENDS, Kernels, get_kernels
 from vllmlite.loader import LoadedModel, load_model
 from vllmlite.outputs import RequestOutput
 from vllmlite.sampling_params import SamplingParams
@@ -17,6 +18,12 @@ from vllmlite.sampling_params import SamplingParams
 CACHE_KEYS = {"block_size", "num_blocks", "kv_cache_memory", "enable_prefix_caching",
               "preemption_mode", "swap_space"}
 SCHEDULER_KEYS = {"max_num_seqs", "max_num_batched_tokens", "max_model_len", "batching"}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def kernels(request) -> Kernels:
+    """Each kernel backend in turn: tests that take this fixture run on both."""
+    return get_kernels(request.param)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tests.reference import dense_attention
-from vllmlite.attention import MAX_BATCHED_QUERY_LEN, build_metadata, paged_attention, write_kv
+from vllmlite.attention import MAX_BATCHED_QUERY_LEN, build_metadata
+from vllmlite.kernels import Kernels
 
 HEAD_DIM = 8
 GARBAGE = 1e4  # finite, and large enough that reading one such key or value would show
@@ -76,18 +77,24 @@ def slots_of(table: list[int], positions: np.ndarray, bs: int) -> np.ndarray:
     return np.asarray(table)[positions // bs] * bs + positions % bs
 
 
-def run_step(seqs: list[Seq], k_cache: np.ndarray, v_cache: np.ndarray, bs: int) -> np.ndarray:
+def run_step(kernels: Kernels, seqs: list[Seq], k_cache: np.ndarray, v_cache: np.ndarray, bs: int) -> np.ndarray:
     """Write the already-computed context as earlier steps would have, then run this step."""
     for s in seqs:
         earlier = np.arange(s.seq_len - s.query_len)
-        write_kv(k_cache, v_cache, s.k[earlier], s.v[earlier], slots_of(s.block_table, earlier, bs))
+        kernels.write_kv(k_cache, v_cache, s.k[earlier], s.v[earlier], slots_of(s.block_table, earlier, bs))
     meta = build_metadata([s.query_len for s in seqs], [s.seq_len for s in seqs],
                           [s.block_table for s in seqs], bs)
     new = [np.arange(s.seq_len - s.query_len, s.seq_len) for s in seqs]
-    write_kv(k_cache, v_cache, np.concatenate([s.k[p] for s, p in zip(seqs, new)]),
-             np.concatenate([s.v[p] for s, p in zip(seqs, new)]), meta.slot_mapping)
+    kernels.write_kv(k_cache, v_cache, np.concatenate([s.k[p] for s, p in zip(seqs, new)]),
+                     np.concatenate([s.v[p] for s, p in zip(seqs, new)]), meta.slot_mapping)
     q = np.concatenate([s.q for s in seqs])                  # [num_tokens, num_heads, head_dim]
-    return paged_attention(q, k_cache, v_cache, meta)
+    return attend(kernels, q, k_cache, v_cache, meta)
+
+
+def attend(kernels: Kernels, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta) -> np.ndarray:
+    out = np.full_like(q, np.nan)
+    kernels.paged_attention(q, k_cache, v_cache, meta, out)
+    return out
 
 
 def dense_outputs(seqs: list[Seq]) -> np.ndarray:
@@ -99,18 +106,19 @@ def dense_outputs(seqs: list[Seq]) -> np.ndarray:
 @pytest.mark.parametrize("dtype, tolerance", [(np.float32, 1e-5), (np.float64, 1e-10)])
 @pytest.mark.parametrize("bs", [1, 4, 16])
 @pytest.mark.parametrize("num_heads, num_kv_heads", [(2, 2), (6, 2), (8, 2)])
-def test_paged_attention_matches_dense_on_scattered_mixed_batch(num_heads, num_kv_heads, bs, dtype, tolerance):
+def test_paged_attention_matches_dense_on_scattered_mixed_batch(kernels, num_heads, num_kv_heads, bs, dtype,
+                                                                tolerance):
     rng = np.random.default_rng(bs * 100 + num_heads)
     seqs, num_blocks = make_batch(batch_shapes(bs), num_heads, num_kv_heads, bs, dtype, rng)
     k_cache = garbage_cache(num_blocks * bs, num_kv_heads, dtype, rng)
     v_cache = garbage_cache(num_blocks * bs, num_kv_heads, dtype, rng)
-    out = run_step(seqs, k_cache, v_cache, bs)
+    out = run_step(kernels, seqs, k_cache, v_cache, bs)
     assert out.dtype == dtype and out.shape == (sum(s.query_len for s in seqs), num_heads, HEAD_DIM)
     np.testing.assert_allclose(out, dense_outputs(seqs), rtol=0, atol=tolerance)
 
 
 @pytest.mark.parametrize("bs", [1, 4, 16])
-def test_slots_outside_each_context_are_never_read(bs):
+def test_slots_outside_each_context_are_never_read(kernels, bs):
     """Two runs whose caches differ only where no sequence's context lives (unowned blocks, the
     tail of each last block, block 0 used as padding) give bit-identical outputs."""
     rng = np.random.default_rng(7)
@@ -120,7 +128,7 @@ def test_slots_outside_each_context_are_never_read(bs):
         garbage = np.random.default_rng(seed)
         k_cache = garbage_cache(num_blocks * bs, 2, np.float64, garbage)
         v_cache = garbage_cache(num_blocks * bs, 2, np.float64, garbage)
-        outputs.append(run_step(seqs, k_cache, v_cache, bs))
+        outputs.append(run_step(kernels, seqs, k_cache, v_cache, bs))
     np.testing.assert_array_equal(outputs[0], outputs[1])
 
 
@@ -152,7 +160,7 @@ def test_build_metadata_gives_each_long_query_its_own_group():
 
 
 @pytest.mark.parametrize("query_len", [6, MAX_BATCHED_QUERY_LEN + 4])
-def test_queries_never_attend_to_later_positions(query_len):
+def test_queries_never_attend_to_later_positions(kernels, query_len):
     """Changing the key and value at position p changes no output before p, and does change p's."""
     bs = 4
     rng = np.random.default_rng(query_len)
@@ -161,26 +169,26 @@ def test_queries_never_attend_to_later_positions(query_len):
     v_cache = garbage_cache(num_blocks * bs, 2, np.float64, rng)
     meta = build_metadata([s.query_len for s in seqs], [s.seq_len for s in seqs],
                           [s.block_table for s in seqs], bs)
-    before = run_step(seqs, k_cache, v_cache, bs)
+    before = run_step(kernels, seqs, k_cache, v_cache, bs)
     q = np.concatenate([s.q for s in seqs])
     for p in (1, query_len // 2, query_len - 1):
         perturbed_k, perturbed_v = k_cache.copy(), v_cache.copy()
         slot = meta.slot_mapping[p]
         perturbed_k[slot] += 5.0
         perturbed_v[slot] += 100.0
-        after = paged_attention(q, perturbed_k, perturbed_v, meta)
+        after = attend(kernels, q, perturbed_k, perturbed_v, meta)
         np.testing.assert_array_equal(after[:p], before[:p])
         np.testing.assert_array_equal(after[query_len:], before[query_len:])  # the other sequence
         assert np.abs(after[p] - before[p]).max() > 1e-3
 
 
-def test_write_kv_touches_only_the_given_slots():
+def test_write_kv_touches_only_the_given_slots(kernels):
     rng = np.random.default_rng(0)
     k_cache, v_cache = rng.standard_normal((2, 12, 2, HEAD_DIM))
     k_before, v_before = k_cache.copy(), v_cache.copy()
     k, v = rng.standard_normal((2, 3, 2, HEAD_DIM))
     slots = np.array([9, 2, 5])
-    write_kv(k_cache, v_cache, k, v, slots)
+    kernels.write_kv(k_cache, v_cache, k, v, slots)
     np.testing.assert_array_equal(k_cache[slots], k)
     np.testing.assert_array_equal(v_cache[slots], v)
     others = np.setdiff1d(np.arange(12), slots)

@@ -71,7 +71,7 @@ class RequestStream:
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop,
                  abort: Callable[[str], None], timeout: float | None) -> None:
         self.request_id = request_id
-        self._loop = loop
+        self.loop = loop
         self._abort = abort
         self._queue: asyncio.Queue[StreamItem] = asyncio.Queue()
         self._deadline = None if timeout is None else loop.time() + timeout
@@ -80,10 +80,11 @@ class RequestStream:
 
     def put(self, item: StreamItem) -> None:
         """Called from the engine thread."""
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:
-            pass  # the event loop is closed: nobody is listening any more
+        put_many([(self, item)])
+
+    def put_nowait(self, item: StreamItem) -> None:
+        """Called on the stream's event loop."""
+        self._queue.put_nowait(item)
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -95,7 +96,7 @@ class RequestStream:
             item = await self._queue.get()
         else:
             try:
-                item = await asyncio.wait_for(self._queue.get(), max(self._deadline - self._loop.time(), 0.0))
+                item = await asyncio.wait_for(self._queue.get(), max(self._deadline - self.loop.time(), 0.0))
             except asyncio.TimeoutError:
                 raise RequestTimeoutError(f"the request ran past the server's request timeout "
                                           f"({self._timeout:g} s) and was aborted") from None
@@ -110,6 +111,24 @@ class RequestStream:
         if not self.is_finished:
             self.is_finished = True
             self._abort(self.request_id)
+
+
+def put_many(items: list[tuple[RequestStream, StreamItem]]) -> None:
+    """Deliver items from the engine thread with one wake-up of each event loop involved, not
+    one per item: a step's outputs for every stream arrive together."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, StreamItem]]] = {}
+    for stream, item in items:
+        by_loop.setdefault(stream.loop, []).append((stream, item))
+    for loop, batch in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_nowait, batch)
+        except RuntimeError:
+            pass  # the event loop is closed: nobody is listening any more
+
+
+def _put_nowait(batch: list[tuple[RequestStream, StreamItem]]) -> None:
+    for stream, item in batch:
+        stream.put_nowait(item)
 
 
 @dataclass
@@ -301,11 +320,13 @@ class AsyncLLMEngine:
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         if self.metrics is not None:
             self.metrics.record_outputs(outputs, time.monotonic())
+        delivered = []
         for output in outputs:
             stream = self._streams.pop(output.request_id) if output.finished \
                 else self._streams.get(output.request_id)
             if stream is not None:
-                stream.put(output)
+                delivered.append((stream, output))
+        put_many(delivered)
 
     def _publish_stats(self) -> None:
         """Under _cond: the counts admission reads, and the metrics gauges."""

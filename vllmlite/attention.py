@@ -1,13 +1,12 @@
-"""Paged attention: write each new token's K/V into its slot, attend through block tables.
+"""Paged attention's metadata: where each scheduled token's K/V goes and what it may attend to.
 
-Owns the index arithmetic from (block table, position) to slot; knows nothing of requests or
-scheduling. slot = block_id * block_size + offset. GQA is computed by grouping query heads per
-KV head, never by repeating KV heads.
+Owns the index arithmetic from (block table, position) to slot, built once per step and shared by
+every layer; the kernels (vllmlite/kernels) read it. Knows nothing of requests or scheduling.
+slot = block_id * block_size + offset.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,15 +39,42 @@ class AttentionGroup:
         return (self.bias == 0) & self.query_valid[:, None, :, None]
 
 
-@dataclass
 class AttentionMetadata:
-    """Everything attention needs for one step, shared by all layers. Built by `build_metadata`."""
+    """Everything attention needs for one step, shared by all layers. Built by `build_metadata`.
 
-    positions: np.ndarray     # [num_tokens] position of each scheduled token in its sequence
-    query_start: np.ndarray   # [num_seqs + 1] sequence i owns rows query_start[i]:query_start[i+1]
-    slot_mapping: np.ndarray  # [num_tokens] slot where each scheduled token's K/V is written
-    groups: list[AttentionGroup]
-    block_size: int
+    positions     [num_tokens] position of each scheduled token in its sequence
+    query_start   [num_seqs + 1] sequence i owns rows query_start[i]:query_start[i+1]
+    seq_lens      [num_seqs] tokens of sequence i with K/V after this step (context + queries)
+    slot_mapping  [num_tokens] slot where each scheduled token's K/V is written
+    block_tables  [num_seqs, max_blocks] int32, padded with block 0 (never read past seq_lens)
+    """
+
+    def __init__(self, positions: np.ndarray, query_start: np.ndarray, seq_lens: np.ndarray,
+                 slot_mapping: np.ndarray, block_tables: np.ndarray, block_size: int) -> None:
+        self.positions = positions
+        self.query_start = query_start
+        self.seq_lens = seq_lens
+        self.slot_mapping = slot_mapping
+        self.block_tables = block_tables
+        self.block_size = block_size
+        self._groups: list[AttentionGroup] | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def groups(self) -> list[AttentionGroup]:
+        """Padded groups for the numpy reference, built on first use and reused by every layer.
+
+        Sequences with at most MAX_BATCHED_QUERY_LEN queries share one group; each longer
+        prefill chunk gets its own (padding every decode to the chunk length would cost more)."""
+        if self._groups is None:
+            query_lens = np.diff(self.query_start)
+            short = np.flatnonzero(query_lens <= MAX_BATCHED_QUERY_LEN)
+            long = np.flatnonzero(query_lens > MAX_BATCHED_QUERY_LEN)
+            self._groups = [_group(s, self) for s in ([short] if len(short) else []) + [[i] for i in long]]
+        return self._groups
 
 
 def build_metadata(query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
@@ -61,82 +87,38 @@ def build_metadata(query_lens: list[int], seq_lens: list[int], block_tables: lis
       -> query_start [0, 2, 5]; positions [3, 4, 0, 1, 2];
          slots [7*4+3, 2*4+0, 5*4+0, 5*4+1, 5*4+2] = [31, 8, 20, 21, 22].
     """
-    query_start = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int64)  # [num_seqs + 1]
-    position_parts, slot_parts = [], []
-    for n, seq_len, table in zip(query_lens, seq_lens, block_tables):
-        positions = np.arange(seq_len - n, seq_len)                       # [n]
-        blocks = np.asarray(table, dtype=np.int64)[positions // block_size]
-        position_parts.append(positions)
-        slot_parts.append(blocks * block_size + positions % block_size)
-    positions = np.concatenate(position_parts) if position_parts else np.zeros(0, np.int64)  # [num_tokens]
-    slot_mapping = np.concatenate(slot_parts) if slot_parts else np.zeros(0, np.int64)      # [num_tokens]
-    short = [i for i, n in enumerate(query_lens) if n <= MAX_BATCHED_QUERY_LEN]
-    long = [i for i, n in enumerate(query_lens) if n > MAX_BATCHED_QUERY_LEN]
-    groups = [_group(s, query_start, query_lens, seq_lens, block_tables, block_size)
-              for s in ([short] if short else []) + [[i] for i in long]]
-    return AttentionMetadata(positions, query_start, slot_mapping, groups, block_size)
+    num_seqs = len(query_lens)
+    lens = np.asarray(query_lens, dtype=np.int64)                          # [num_seqs]
+    ctx = np.asarray(seq_lens, dtype=np.int64)                             # [num_seqs]
+    query_start = np.zeros(num_seqs + 1, dtype=np.int64)                   # [num_seqs + 1]
+    np.cumsum(lens, out=query_start[1:])
+    num_tokens = int(query_start[-1])
+    # Row r belongs to sequence seq_of_row[r]; its position counts back from that sequence's end.
+    seq_of_row = np.repeat(np.arange(num_seqs), lens)                      # [num_tokens]
+    positions = np.arange(num_tokens) - query_start[seq_of_row] + (ctx - lens)[seq_of_row]
+    max_blocks = max((len(t) for t in block_tables), default=0)
+    tables = np.zeros((num_seqs, max(max_blocks, 1)), dtype=np.int32)     # [num_seqs, max_blocks]
+    for i, table in enumerate(block_tables):
+        tables[i, :len(table)] = table
+    slot_mapping = tables[seq_of_row, positions // block_size].astype(np.int64) * block_size \
+        + positions % block_size                                            # [num_tokens]
+    return AttentionMetadata(positions, query_start, ctx, slot_mapping, tables, block_size)
 
 
-def _group(seqs: list[int], query_start: np.ndarray, query_lens: list[int], seq_lens: list[int],
-           block_tables: list[list[int]], block_size: int) -> AttentionGroup:
-    lens = np.array([query_lens[i] for i in seqs])                 # [B]
-    ctx = np.array([seq_lens[i] for i in seqs])                    # [B]
+def _group(seqs, meta: AttentionMetadata) -> AttentionGroup:
+    seqs = np.asarray(seqs, dtype=np.int64)
+    bs = meta.block_size
+    lens = (meta.query_start[seqs + 1] - meta.query_start[seqs])   # [B]
+    ctx = meta.seq_lens[seqs]                                      # [B]
     max_q = int(lens.max())
-    max_blocks = max(ceil_div(int(c), block_size) for c in ctx)
+    max_blocks = ceil_div(int(ctx.max()), bs)
     offsets = np.arange(max_q)                                     # [max_q]
     query_valid = offsets[None, :] < lens[:, None]                 # [B, max_q]
-    query_rows = np.where(query_valid, query_start[seqs][:, None] + offsets[None, :], 0)
-    block_ids = np.zeros((len(seqs), max_blocks), dtype=np.int64)  # [B, max_blocks]
-    for b, i in enumerate(seqs):
-        table = block_tables[i][:max_blocks]
-        block_ids[b, :len(table)] = table
+    query_rows = np.where(query_valid, meta.query_start[seqs][:, None] + offsets[None, :], 0)
+    block_ids = meta.block_tables[seqs, :max_blocks].astype(np.int64)  # [B, max_blocks]
     # Query j of sequence b sits at position ctx - len + j and sees keys at positions <= it.
     query_pos = ctx[:, None] - lens[:, None] + offsets[None, :]    # [B, max_q]
-    key_pos = np.arange(max_blocks * block_size)                   # [max_blocks * block_size]
+    key_pos = np.arange(max_blocks * bs)                           # [max_blocks * block_size]
     allowed = (key_pos[None, None, :] <= query_pos[:, :, None]) | ~query_valid[:, :, None]
     bias = np.where(allowed, np.float32(0.0), np.float32(-np.inf))  # [B, max_q, ctx]
     return AttentionGroup(query_rows, query_valid, block_ids, bias[:, None])
-
-
-def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
-             slot_mapping: np.ndarray) -> None:
-    """Store this step's keys and values: caches [num_slots, kv_heads, head_dim], k/v [tokens, ...]."""
-    k_cache[slot_mapping] = k
-    v_cache[slot_mapping] = v
-
-
-def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                    meta: AttentionMetadata) -> np.ndarray:
-    """Attend each query token to its own sequence's cached context (which includes this step's K/V).
-
-    q [num_tokens, num_heads, head_dim]; caches [num_slots, num_kv_heads, head_dim].
-    Returns [num_tokens, num_heads, head_dim].
-    """
-    num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[1]
-    group_size = num_heads // num_kv_heads
-    bs = meta.block_size
-    k_blocks = k_cache.reshape(-1, bs, num_kv_heads, head_dim)    # [num_blocks, bs, kv_heads, head_dim]
-    v_blocks = v_cache.reshape(-1, bs, num_kv_heads, head_dim)
-    scale = 1.0 / math.sqrt(head_dim)  # a Python float keeps float32 scores float32 (NEP 50)
-    out = np.empty_like(q)                                          # [num_tokens, heads, head_dim]
-    for g in meta.groups:
-        num_seqs, max_q = g.query_rows.shape
-        ctx_len = g.block_ids.shape[1] * bs
-        # [B, max_q, kv, group, d] -> [B, kv, group * max_q, d]: each KV head serves its query heads.
-        qg = q[g.query_rows].reshape(num_seqs, max_q, num_kv_heads, group_size, head_dim)
-        qg = qg.transpose(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group_size * max_q, head_dim)
-        keys = k_blocks[g.block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
-        values = v_blocks[g.block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
-        scores = qg @ keys.transpose(0, 2, 3, 1)                    # [B, kv, group * max_q, ctx]
-        scores = scores.reshape(num_seqs, num_kv_heads, group_size, max_q, ctx_len) * scale
-        scores += g.bias[:, :, None]                                # bias [B, 1, 1, max_q, ctx]
-        scores -= scores.max(axis=-1, keepdims=True)
-        probs = np.exp(scores)
-        probs /= probs.sum(axis=-1, keepdims=True)
-        probs = probs.reshape(num_seqs, num_kv_heads, group_size * max_q, ctx_len)
-        ctx = probs @ values.transpose(0, 2, 1, 3)                  # [B, kv, group * max_q, d]
-        ctx = ctx.reshape(num_seqs, num_kv_heads, group_size, max_q, head_dim).transpose(0, 3, 1, 2, 4)
-        ctx = ctx.reshape(num_seqs, max_q, num_heads, head_dim)     # [B, max_q, heads, d]
-        out[g.query_rows[g.query_valid]] = ctx[g.query_valid]
-    return out

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 DTYPES = ("float32", "float64")
+KERNEL_BACKENDS = ("numba", "numpy")  # vllmlite/kernels: compiled (default) or the numpy references
 PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB: about 23k tokens of SmolLM2-135M in float32
 
@@ -171,9 +172,12 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig | None = None
+    kernels: str | None = None  # a KERNEL_BACKENDS name; None: $VLLMLITE_KERNELS, else "numba"
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _require(self.kernels is None or self.kernels in KERNEL_BACKENDS,
+                 f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -17,6 +17,7 @@ from vllmlite.batch import RunnerOutput, SchedulerOutput
 from vllmlite.block_manager import BlockManager
 from vllmlite.config import EngineConfig
 from vllmlite.detokenizer import IncrementalDetokenizer
+from vllmlite.kernels import get_kernels, resolve_backend
 from vllmlite.loader import LoadedModel, load_model
 from vllmlite.model import LlamaModel
 from vllmlite.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -85,10 +86,14 @@ class LLMEngine:
         self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
                                    config.cache.preemption_mode, stop_ids,
                                    spec.num_speculative_tokens if spec else 0)
-        model = LlamaModel(loaded.config, loaded.weights, self.max_model_len)
-        proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len) if spec else None
+        kernels = get_kernels(config.kernels)
+        model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
+        proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
         self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
                                   proposer)
+        self.kernels_backend = resolve_backend(config.kernels)
+        logger.info("kernels: %s, ready in %.1f s (compiled, or loaded from the on-disk cache)",
+                    self.kernels_backend, model.warm_up())
         self.weights_bytes = loaded.weights.num_bytes
         self._seed_rng = np.random.default_rng(config.seed)
         self._groups: dict[str, _Group] = {}

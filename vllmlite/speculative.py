@@ -17,6 +17,7 @@ import numpy as np
 from vllmlite.attention import build_metadata
 from vllmlite.batch import ScheduledSequence
 from vllmlite.config import EngineConfig, SpeculativeConfig
+from vllmlite.kernels import Kernels
 from vllmlite.loader import LoadedModel, ModelWeights, load_model
 from vllmlite.model import LlamaModel
 from vllmlite.sampling import Sampler, SamplingBatch
@@ -182,7 +183,7 @@ def _draw(probs: np.ndarray, generator: np.random.Generator) -> int:
 
 
 def make_proposer(spec: SpeculativeConfig, target: LoadedModel, config: EngineConfig, num_blocks: int,
-                  max_model_len: int) -> Proposer:
+                  max_model_len: int, kernels: Kernels | None = None) -> Proposer:
     """The proposer a SpeculativeConfig names. Draft models must share the target's vocabulary."""
     if spec.method == "ngram":
         return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
@@ -199,5 +200,5 @@ def make_proposer(spec: SpeculativeConfig, target: LoadedModel, config: EngineCo
             raise ValueError(f"the draft model's vocabulary ({draft.config.vocab_size}) differs from the "
                              f"target's ({target.config.vocab_size})")
         weights, draft_config = draft.weights, draft.config
-    model = LlamaModel(draft_config, weights, max_model_len)
+    model = LlamaModel(draft_config, weights, max_model_len, kernels)
     return DraftModelProposer(model, num_blocks, config.cache.block_size, config.seed)

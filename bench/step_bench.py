@@ -1,0 +1,133 @@
+"""Step microbenchmark: one forward pass of the model next to its GEMM-only bound.
+
+    python bench/step_bench.py                           # default model, about 3 minutes on 2 cores
+    python bench/step_bench.py --quick --model random    # smoke test
+    VLLMLITE_KERNELS=numpy python bench/step_bench.py    # the numpy reference kernels
+
+Decode: for 8/32/64 running sequences at contexts 128/512/2048, the time of one decode forward
+pass (every sequence one token; KV for the whole context present, each sequence in its own
+shuffled blocks) next to the GEMM-only time: the same linear layers on the same number of rows,
+with the same BLAS calls into the same buffers, and nothing else. Prefill: a 512-token prompt in
+one forward pass, tokens/s next to the GEMM-only rate. The ratio (forward / GEMM-only) is what the
+kernels and everything around the matrix products cost. Raw results: results/bench_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+from report import command_line, machine_info  # noqa: E402
+
+import vllmlite  # noqa: E402, F401  (first: it sets the thread pools' environment before numpy loads)
+from vllmlite.attention import build_metadata  # noqa: E402
+from vllmlite.kernels import get_kernels, resolve_backend  # noqa: E402
+from vllmlite.loader import load_model  # noqa: E402
+from vllmlite.model import LlamaModel, linear  # noqa: E402
+
+BLOCK_SIZE = 16
+
+
+def gemm_only(model: LlamaModel, num_tokens: int, num_logits: int) -> None:
+    """Exactly the forward pass's matrix products (same shapes, same buffers), nothing else."""
+    w = model.weights
+    buf = model._views(num_tokens)
+    for layer in w.layers:
+        linear(buf.hidden, layer.wqkv, buf.qkv)
+        linear(buf.attn, layer.wo, buf.out)
+        linear(buf.hidden, layer.w_gate_up, buf.gate_up)
+        linear(buf.act, layer.w_down, buf.out)
+    linear(buf.hidden[:num_logits], w.lm_head)
+
+
+def timed(fn, min_seconds: float, min_reps: int = 3) -> float:
+    """Median seconds of fn() over at least `min_reps` calls and `min_seconds`, after one untimed call."""
+    fn()
+    times, start = [], time.perf_counter()
+    while len(times) < min_reps or time.perf_counter() - start < min_seconds:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def kv_for(model: LlamaModel, num_seqs: int, context: int, rng: np.random.Generator):
+    """A KV cache holding `num_seqs` contexts in shuffled, distinct blocks; the block tables."""
+    c = model.config
+    blocks_per_seq = -(-(context + 1) // BLOCK_SIZE)
+    num_blocks = num_seqs * blocks_per_seq
+    order = rng.permutation(num_blocks)
+    tables = [order[i * blocks_per_seq:(i + 1) * blocks_per_seq].tolist() for i in range(num_seqs)]
+    shape = (num_blocks * BLOCK_SIZE, c.num_kv_heads, c.head_dim)
+    kv = [(rng.standard_normal(shape, dtype=np.float32).astype(model.dtype),
+           rng.standard_normal(shape, dtype=np.float32).astype(model.dtype)) for _ in range(c.num_layers)]
+    return kv, tables
+
+
+def decode_row(model: LlamaModel, num_seqs: int, context: int, min_seconds: float, rng) -> dict:
+    kv, tables = kv_for(model, num_seqs, context, rng)
+    meta = build_metadata([1] * num_seqs, [context + 1] * num_seqs, tables, BLOCK_SIZE)
+    input_ids = rng.integers(0, model.config.vocab_size, num_seqs)
+    rows = np.arange(num_seqs)
+    forward = timed(lambda: model.forward(input_ids, meta, kv, rows), min_seconds)
+    gemm = timed(lambda: gemm_only(model, num_seqs, num_seqs), min_seconds)
+    return {"num_seqs": num_seqs, "context": context, "forward_s": forward, "gemm_only_s": gemm,
+            "ratio": forward / gemm, "tokens_per_s": num_seqs / forward}
+
+
+def prefill_row(model: LlamaModel, prompt_len: int, min_seconds: float, rng) -> dict:
+    kv, tables = kv_for(model, 1, prompt_len, rng)
+    meta = build_metadata([prompt_len], [prompt_len], tables, BLOCK_SIZE)
+    input_ids = rng.integers(0, model.config.vocab_size, prompt_len)
+    rows = np.array([prompt_len - 1])
+    forward = timed(lambda: model.forward(input_ids, meta, kv, rows), min_seconds)
+    gemm = timed(lambda: gemm_only(model, prompt_len, 1), min_seconds)
+    return {"prompt_len": prompt_len, "forward_s": forward, "gemm_only_s": gemm,
+            "tokens_per_s": prompt_len / forward, "gemm_only_tokens_per_s": prompt_len / gemm,
+            "fraction_of_gemm_rate": gemm / forward}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--quick", action="store_true", help="few small shapes, short timings")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    seqs, contexts, prompt_len, min_seconds = ([8, 32, 64], [128, 512, 2048], 512, 2.0) if not args.quick \
+        else ([2, 4], [16, 40], 32, 0.05)
+    loaded = load_model(args.model)
+    kernels = resolve_backend()
+    model = LlamaModel(loaded.config, loaded.weights, max(contexts) + 1, get_kernels(kernels))
+    warm_up_s = model.warm_up()
+    rng = np.random.default_rng(0)
+    result = {"machine": machine_info(), "command": command_line(sys.argv), "model": args.model,
+              "kernels": kernels, "kernel_warm_up_s": warm_up_s, "decode": [], "prefill": []}
+    print(f"kernels {kernels}; decode: one token per sequence, forward vs GEMM-only (ms)", file=sys.stderr)
+    for context in contexts:
+        for num_seqs in seqs:
+            row = decode_row(model, num_seqs, context, min_seconds, rng)
+            result["decode"].append(row)
+            print(f"  seqs {num_seqs:3d} ctx {context:5d}: forward {row['forward_s'] * 1e3:8.1f}  "
+                  f"gemm {row['gemm_only_s'] * 1e3:8.1f}  ratio {row['ratio']:.2f}  "
+                  f"{row['tokens_per_s']:7.1f} tok/s", file=sys.stderr)
+    row = prefill_row(model, prompt_len, min_seconds, rng)
+    result["prefill"].append(row)
+    print(f"prefill {prompt_len} tokens: {row['tokens_per_s']:.0f} tok/s, GEMM-only "
+          f"{row['gemm_only_tokens_per_s']:.0f} tok/s ({row['fraction_of_gemm_rate']:.0%})", file=sys.stderr)
+    out = args.out or ROOT / "results" / ("bench_step_quick.json" if args.quick else "bench_step.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Every backend's kernels against the numpy reference, on the array layouts the model passes
+(strided views into the fused QKV buffer, workspace slices) and at the real model's head size.
+
+Paged attention's own oracle is the dense attention in tests/test_attention.py; here the compiled
+kernel is also held to the reference at SmolLM2's shape on a ragged batch of long contexts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllmlite.attention import build_metadata
+from vllmlite.kernels import BACKENDS, get_kernels, resolve_backend
+
+REFERENCE = get_kernels("numpy")
+TOLERANCE = {np.float32: 1e-5, np.float64: 1e-12}
+DTYPES = [np.float32, np.float64]
+
+
+def qkv_views(rng: np.random.Generator, num_tokens: int, heads: int, kv_heads: int, head_dim: int, dtype):
+    """q, k, v as the model makes them: strided views into one [tokens, (heads + 2 kv) * d] buffer."""
+    qkv = rng.standard_normal((num_tokens, (heads + 2 * kv_heads) * head_dim)).astype(dtype)
+    q_end, k_end = heads * head_dim, (heads + kv_heads) * head_dim
+    return (qkv, qkv[:, :q_end].reshape(num_tokens, heads, head_dim),
+            qkv[:, q_end:k_end].reshape(num_tokens, kv_heads, head_dim),
+            qkv[:, k_end:].reshape(num_tokens, kv_heads, head_dim))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens", [1, 7, 64])
+def test_norms_match_the_reference(kernels, dtype, num_tokens):
+    rng = np.random.default_rng(num_tokens)
+    x = (3 * rng.standard_normal((num_tokens, 576))).astype(dtype)
+    residual = rng.standard_normal((num_tokens, 576)).astype(dtype)
+    weight = rng.standard_normal(576).astype(dtype)
+    expected, out = np.empty_like(x), np.full_like(x, np.nan)
+    REFERENCE.rms_norm(x, weight, 1e-5, expected)
+    kernels.rms_norm(x, weight, 1e-5, out)
+    np.testing.assert_allclose(out, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+    expected_residual, got_residual = residual.copy(), residual.copy()
+    REFERENCE.add_rms_norm(x, expected_residual, weight, 1e-5, expected)
+    kernels.add_rms_norm(x, got_residual, weight, 1e-5, out)
+    np.testing.assert_allclose(got_residual, residual + x, rtol=TOLERANCE[dtype])
+    np.testing.assert_allclose(out, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_matches_the_reference_in_place_on_strided_views(kernels, dtype):
+    rng = np.random.default_rng(1)
+    head_dim, max_positions = 64, 300
+    angles = rng.uniform(0, 100, (max_positions, head_dim // 2))
+    cos, sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    positions = rng.integers(0, max_positions, 11)
+    qkv, q, k, v = qkv_views(rng, 11, 9, 3, head_dim, dtype)
+    expected_q, expected_k, untouched_v = q.copy(), k.copy(), v.copy()
+    REFERENCE.rope(expected_q, positions, cos, sin)
+    REFERENCE.rope(expected_k, positions, cos, sin)
+    kernels.rope(q, positions, cos, sin)
+    kernels.rope(k, positions, cos, sin)
+    np.testing.assert_allclose(q, expected_q, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    np.testing.assert_allclose(k, expected_k, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    np.testing.assert_array_equal(v, untouched_v)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_matches_the_reference(kernels, dtype):
+    rng = np.random.default_rng(2)
+    gate_up = (10 * rng.standard_normal((5, 2 * 96))).astype(dtype)
+    gate_up[0, :3] = [-1000.0, 1000.0, 0.0]                         # exp(1000) overflows to inf: -0
+    expected, out = np.empty((5, 96), dtype), np.full((5, 96), np.nan, dtype)
+    REFERENCE.silu_and_mul(gate_up, expected)
+    kernels.silu_and_mul(gate_up, out)
+    np.testing.assert_allclose(out, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    gate, up = gate_up[:, :96].astype(np.float64), gate_up[:, 96:].astype(np.float64)
+    with np.errstate(over="ignore"):
+        np.testing.assert_allclose(out, gate / (1 + np.exp(-gate)) * up, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_kv_from_strided_views(kernels, dtype):
+    rng = np.random.default_rng(3)
+    _, _, k, v = qkv_views(rng, 6, 9, 3, 64, dtype)
+    k_cache, v_cache = np.zeros((40, 3, 64), dtype), np.zeros((40, 3, 64), dtype)
+    slots = np.array([33, 2, 17, 16, 5, 39])
+    kernels.write_kv(k_cache, v_cache, k, v, slots)
+    np.testing.assert_array_equal(k_cache[slots], k)
+    np.testing.assert_array_equal(v_cache[slots], v)
+    assert np.count_nonzero(k_cache.any(axis=(1, 2))) == len(slots)
+
+
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_paged_attention_matches_the_reference_at_model_scale(kernels, group):
+    """SmolLM2's head size, a ragged batch of decodes and prefill chunks over contexts up to 700
+    tokens, block tables shuffled across the pool, float32: within 1e-5 of the reference."""
+    rng = np.random.default_rng(group)
+    kv_heads, head_dim, bs = 3, 64, 16
+    shapes = [(1, 700), (200, 200), (1, 1), (37, 300), (1, 129), (16, 16), (4, 515), (130, 650)]
+    num_blocks = sum(-(-seq_len // bs) for _, seq_len in shapes) + 3
+    pool = rng.permutation(num_blocks).tolist()
+    tables = []
+    for _, seq_len in shapes:
+        n = -(-seq_len // bs)
+        tables.append(pool[:n])
+        pool = pool[n:]
+    k_cache = rng.standard_normal((num_blocks * bs, kv_heads, head_dim)).astype(np.float32)
+    v_cache = rng.standard_normal((num_blocks * bs, kv_heads, head_dim)).astype(np.float32)
+    meta = build_metadata([q for q, _ in shapes], [s for _, s in shapes], tables, bs)
+    num_tokens = sum(q for q, _ in shapes)
+    _, q, _, _ = qkv_views(rng, num_tokens, group * kv_heads, kv_heads, head_dim, np.float32)
+    expected = np.empty(q.shape, np.float32)
+    REFERENCE.paged_attention(q, k_cache, v_cache, meta, expected)
+    out = np.full(q.shape, np.nan, np.float32)
+    kernels.paged_attention(q, k_cache, v_cache, meta, out)
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5)
+
+
+def test_backend_is_chosen_by_name_or_environment(monkeypatch):
+    monkeypatch.delenv("VLLMLITE_KERNELS", raising=False)
+    assert resolve_backend() == "numba"
+    monkeypatch.setenv("VLLMLITE_KERNELS", "numpy")
+    assert resolve_backend() == "numpy" and get_kernels() is REFERENCE
+    assert resolve_backend("numba") == "numba"
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        resolve_backend("cuda")
+    assert set(BACKENDS) == {"numba", "numpy"}

@@ -1,0 +1,63 @@
+"""The hot operations of a forward pass behind one interface, with interchangeable backends.
+
+A backend is a module that defines every function of `Kernels` with the same arguments, each
+writing into `out` or in place (no allocation the caller does not see):
+
+    numpy  reference.py      the readable definition and the test oracle
+    numba  numba_kernels.py  compiled, cached on disk, the default
+
+The model calls `kernels.<op>(...)` on whatever `get_kernels()` returned and never imports a
+backend, so a new backend (a GPU one) is one more module and one more line in BACKENDS.
+`VLLMLITE_KERNELS=numpy` (or the engine's `kernels` knob) selects the references.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from typing import Protocol
+
+import numpy as np
+
+from vllmlite.attention import AttentionMetadata
+from vllmlite.config import KERNEL_BACKENDS
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = {"numba": "vllmlite.kernels.numba_kernels", "numpy": "vllmlite.kernels.reference"}
+DEFAULT_BACKEND = KERNEL_BACKENDS[0]
+ENV_VAR = "VLLMLITE_KERNELS"
+
+
+class Kernels(Protocol):
+    """What every backend module provides. Shapes: x/out [tokens, hidden]; q/out [tokens, heads,
+    head_dim]; caches [slots, kv_heads, head_dim]; gate_up [tokens, 2 * inter] -> out [tokens, inter]."""
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None: ...
+
+    def add_rms_norm(self, x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float,
+                     out: np.ndarray) -> None: ...
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None: ...
+
+    def silu_and_mul(self, gate_up: np.ndarray, out: np.ndarray) -> None: ...
+
+    def write_kv(self, k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
+                 slot_mapping: np.ndarray) -> None: ...
+
+    def paged_attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                        meta: AttentionMetadata, out: np.ndarray) -> None: ...
+
+
+def resolve_backend(name: str | None = None) -> str:
+    """`name`, else $VLLMLITE_KERNELS, else the default; a clear error for an unknown one."""
+    name = name or os.environ.get(ENV_VAR) or DEFAULT_BACKEND
+    if name not in BACKENDS:
+        raise ValueError(f"kernels must be one of {sorted(BACKENDS)}, got {name!r}")
+    return name
+
+
+def get_kernels(name: str | None = None) -> Kernels:
+    return importlib.import_module(BACKENDS[resolve_backend(name)])  # type: ignore[return-value]
+

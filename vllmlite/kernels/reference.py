@@ -1,0 +1,87 @@
+"""The numpy reference kernels: the readable definition of every hot operation, and the test oracle.
+
+Each function writes into `out` (or in place) like its compiled twin in `numba_kernels.py`, so the
+model calls both the same way. Plain numpy, no tricks: read these first.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from vllmlite.attention import AttentionMetadata
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """out = x / sqrt(mean(x^2) + eps) * weight, row by row. x, out [tokens, hidden]."""
+    variance = np.mean(x * x, axis=-1, keepdims=True)
+    out[...] = x / np.sqrt(variance + eps) * weight
+
+
+def add_rms_norm(x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """The residual connection and the next norm: residual += x, then out = rms_norm(residual)."""
+    residual += x
+    rms_norm(residual, weight, eps, out)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+    """HF's rotate-half RoPE, in place: x [tokens, heads, head_dim] at `positions` [tokens];
+    cos/sin [max_positions, head_dim / 2] tables."""
+    half = x.shape[-1] // 2
+    c, s = cos[positions][:, None, :], sin[positions][:, None, :]   # [tokens, 1, head_dim / 2]
+    x1, x2 = x[..., :half].copy(), x[..., half:].copy()
+    x[..., :half] = x1 * c - x2 * s
+    x[..., half:] = x2 * c + x1 * s
+
+
+def silu_and_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
+    """SwiGLU's activation: gate_up [tokens, 2 * inter] -> out [tokens, inter] = silu(gate) * up."""
+    gate, up = np.split(gate_up, 2, axis=-1)
+    with np.errstate(over="ignore"):  # exp(-gate) = inf for very negative gates: gate / inf = -0
+        out[...] = gate / (1 + np.exp(-gate)) * up
+
+
+def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
+             slot_mapping: np.ndarray) -> None:
+    """Store this step's keys and values: caches [num_slots, kv_heads, head_dim], k/v [tokens, ...]."""
+    k_cache[slot_mapping] = k
+    v_cache[slot_mapping] = v
+
+
+def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
+                    out: np.ndarray) -> None:
+    """Attend each query token to its own sequence's cached context (which includes this step's K/V).
+
+    q, out [num_tokens, num_heads, head_dim]; caches [num_slots, num_kv_heads, head_dim].
+    Sequence i's queries are rows query_start[i]:query_start[i+1], the last tokens of its
+    seq_lens[i] tokens; query j sees keys at positions <= its own. GQA: query head h reads KV head
+    h // (num_heads // num_kv_heads). This reference gathers each sequence's context into a padded
+    copy (`meta.groups`) and runs dense softmax attention over it.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    group_size = num_heads // num_kv_heads
+    bs = meta.block_size
+    k_blocks = k_cache.reshape(-1, bs, num_kv_heads, head_dim)    # [num_blocks, bs, kv_heads, head_dim]
+    v_blocks = v_cache.reshape(-1, bs, num_kv_heads, head_dim)
+    scale = 1.0 / math.sqrt(head_dim)  # a Python float keeps float32 scores float32 (NEP 50)
+    for g in meta.groups:
+        num_seqs, max_q = g.query_rows.shape
+        ctx_len = g.block_ids.shape[1] * bs
+        # [B, max_q, kv, group, d] -> [B, kv, group * max_q, d]: each KV head serves its query heads.
+        qg = q[g.query_rows].reshape(num_seqs, max_q, num_kv_heads, group_size, head_dim)
+        qg = qg.transpose(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group_size * max_q, head_dim)
+        keys = k_blocks[g.block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
+        values = v_blocks[g.block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
+        scores = qg @ keys.transpose(0, 2, 3, 1)                    # [B, kv, group * max_q, ctx]
+        scores = scores.reshape(num_seqs, num_kv_heads, group_size, max_q, ctx_len) * scale
+        scores += g.bias[:, :, None]                                # bias [B, 1, 1, max_q, ctx]
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        probs = probs.reshape(num_seqs, num_kv_heads, group_size * max_q, ctx_len)
+        ctx = probs @ values.transpose(0, 2, 1, 3)                  # [B, kv, group * max_q, d]
+        ctx = ctx.reshape(num_seqs, num_kv_heads, group_size, max_q, head_dim).transpose(0, 3, 1, 2, 4)
+        ctx = ctx.reshape(num_seqs, max_q, num_heads, head_dim)     # [B, max_q, heads, d]
+        out[g.query_rows[g.query_valid]] = ctx[g.query_valid]
