@@ -21,9 +21,8 @@ from report import REPO_ROOT
 OURS, LLAMA, URL = "vllmlite", "llama-server", "url"
 LLAMA_SERVER_BIN = REPO_ROOT / "bench" / "llama.cpp-build" / "build" / "bin" / "llama-server"
 START_TIMEOUT_S = 300.0
-# Our server runs numpy with one BLAS thread: OpenBLAS's two threads stall whenever the other core is busy
-# (bench/README.md), and on two cores the client and the HTTP layer always keep one busy.
-OURS_ENV = {"OPENBLAS_NUM_THREADS": "1"}
+# Our server runs with its defaults and every core, as a user starts it (no extra environment).
+OURS_ENV: dict[str, str] = {}
 _LABEL = re.compile(r"^([A-Za-z0-9_.+-]+)=(.*)$", re.DOTALL)
 
 

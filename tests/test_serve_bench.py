@@ -42,7 +42,7 @@ def test_every_target_runs_every_arrival(report):
     assert [(r["target"], r["arrival"]) for r in report["runs"]] == [
         (t, a) for t in ("vllmlite", "static") for a in ("burst", "poisson:50", "concurrency:3")]
     assert [t["label"] for t in report["targets"]] == ["vllmlite", "static"]
-    assert "OPENBLAS_NUM_THREADS=1" in report["targets"][0]["command"]
+    assert "-m vllmlite.api.server" in report["targets"][0]["command"]
     assert "--batching static" in report["targets"][1]["command"]
 
 

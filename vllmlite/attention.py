@@ -64,6 +64,11 @@ class AttentionMetadata:
         return len(self.seq_lens)
 
     @property
+    def long_groups(self) -> list[AttentionGroup]:
+        """The groups of single sequences with more than MAX_BATCHED_QUERY_LEN queries."""
+        return [g for g in self.groups if g.query_rows.shape[1] > MAX_BATCHED_QUERY_LEN]
+
+    @property
     def groups(self) -> list[AttentionGroup]:
         """Padded groups for the numpy reference, built on first use and reused by every layer.
 

@@ -14,7 +14,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from vllmlite.attention import AttentionMetadata
+from vllmlite.attention import MAX_BATCHED_QUERY_LEN, AttentionMetadata
+from vllmlite.kernels import reference
 
 # Floating-point reassociation lets LLVM vectorize the dot products and sums; no "ninf"/"nnan",
 # because the online softmax starts from -inf on purpose.
@@ -159,18 +160,21 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
 
 
 @_parallel
-def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, block_size, scale,
+def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, block_size, max_queries, scale,
                      out):  # pragma: no cover - compiled
-    """One work item per (sequence, tile of up to QUERY_TILE queries), spread over threads."""
+    """One work item per (sequence, tile of up to QUERY_TILE queries), spread over threads.
+    Sequences with more than `max_queries` queries are left to the caller."""
     num_seqs = seq_lens.shape[0]
     tile_start = np.zeros(num_seqs + 1, dtype=np.int64)  # [num_seqs + 1] first tile of each sequence
     for s in range(num_seqs):
         num_queries = query_start[s + 1] - query_start[s]
+        if num_queries > max_queries:
+            num_queries = 0
         tile_start[s + 1] = tile_start[s] + (num_queries + QUERY_TILE - 1) // QUERY_TILE
     for tile in prange(tile_start[num_seqs]):
         s = np.searchsorted(tile_start, tile, side="right") - 1
         row0 = query_start[s] + (tile - tile_start[s]) * QUERY_TILE     # the tile's first query row
-        num_queries = min(QUERY_TILE, query_start[s + 1] - row0)
+        num_queries = min(QUERY_TILE, query_start[s + 1] - row0)  # (a skipped sequence has no tile)
         pos0 = seq_lens[s] - (query_start[s + 1] - row0)                 # and its position
         _attend_tile(q, k_cache, v_cache, block_tables[s], block_size, row0, num_queries, pos0, scale, out)
 
@@ -198,9 +202,15 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
                     out: np.ndarray) -> None:
+    """Decodes and short queries (speculative verification, short chunks) in the compiled kernel;
+    each long prefill chunk through BLAS as the reference does, since the kernel's inner loops run
+    there at a fifth of BLAS speed (bench/step_bench.py). A long chunk's work grows with its
+    queries times its context, the gathered copy only with its context."""
     scale = q.dtype.type(1.0 / math.sqrt(q.shape[-1]))
     _paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
-                     meta.block_size, scale, out)
+                     meta.block_size, MAX_BATCHED_QUERY_LEN, scale, out)
+    for group in meta.long_groups:
+        reference.attend_group(q, k_cache, v_cache, group, meta.block_size, out)
 
 
 def num_threads() -> int:

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from vllmlite.attention import AttentionMetadata
+from vllmlite.attention import AttentionGroup, AttentionMetadata
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
@@ -57,31 +57,37 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     Sequence i's queries are rows query_start[i]:query_start[i+1], the last tokens of its
     seq_lens[i] tokens; query j sees keys at positions <= its own. GQA: query head h reads KV head
     h // (num_heads // num_kv_heads). This reference gathers each sequence's context into a padded
-    copy (`meta.groups`) and runs dense softmax attention over it.
+    copy (`meta.groups`) and runs dense softmax attention over it with BLAS.
     """
+    for group in meta.groups:
+        attend_group(q, k_cache, v_cache, group, meta.block_size, out)
+
+
+def attend_group(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, g: AttentionGroup, block_size: int,
+                 out: np.ndarray) -> None:
+    """paged_attention for the sequences of one padded group."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group_size = num_heads // num_kv_heads
-    bs = meta.block_size
+    bs = block_size
     k_blocks = k_cache.reshape(-1, bs, num_kv_heads, head_dim)    # [num_blocks, bs, kv_heads, head_dim]
     v_blocks = v_cache.reshape(-1, bs, num_kv_heads, head_dim)
     scale = 1.0 / math.sqrt(head_dim)  # a Python float keeps float32 scores float32 (NEP 50)
-    for g in meta.groups:
-        num_seqs, max_q = g.query_rows.shape
-        ctx_len = g.block_ids.shape[1] * bs
-        # [B, max_q, kv, group, d] -> [B, kv, group * max_q, d]: each KV head serves its query heads.
-        qg = q[g.query_rows].reshape(num_seqs, max_q, num_kv_heads, group_size, head_dim)
-        qg = qg.transpose(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group_size * max_q, head_dim)
-        keys = k_blocks[g.block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
-        values = v_blocks[g.block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
-        scores = qg @ keys.transpose(0, 2, 3, 1)                    # [B, kv, group * max_q, ctx]
-        scores = scores.reshape(num_seqs, num_kv_heads, group_size, max_q, ctx_len) * scale
-        scores += g.bias[:, :, None]                                # bias [B, 1, 1, max_q, ctx]
-        scores -= scores.max(axis=-1, keepdims=True)
-        probs = np.exp(scores)
-        probs /= probs.sum(axis=-1, keepdims=True)
-        probs = probs.reshape(num_seqs, num_kv_heads, group_size * max_q, ctx_len)
-        ctx = probs @ values.transpose(0, 2, 1, 3)                  # [B, kv, group * max_q, d]
-        ctx = ctx.reshape(num_seqs, num_kv_heads, group_size, max_q, head_dim).transpose(0, 3, 1, 2, 4)
-        ctx = ctx.reshape(num_seqs, max_q, num_heads, head_dim)     # [B, max_q, heads, d]
-        out[g.query_rows[g.query_valid]] = ctx[g.query_valid]
+    num_seqs, max_q = g.query_rows.shape
+    ctx_len = g.block_ids.shape[1] * bs
+    # [B, max_q, kv, group, d] -> [B, kv, group * max_q, d]: each KV head serves its query heads.
+    qg = q[g.query_rows].reshape(num_seqs, max_q, num_kv_heads, group_size, head_dim)
+    qg = qg.transpose(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group_size * max_q, head_dim)
+    keys = k_blocks[g.block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
+    values = v_blocks[g.block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
+    scores = qg @ keys.transpose(0, 2, 3, 1)                    # [B, kv, group * max_q, ctx]
+    scores = scores.reshape(num_seqs, num_kv_heads, group_size, max_q, ctx_len) * scale
+    scores += g.bias[:, :, None]                                # bias [B, 1, 1, max_q, ctx]
+    scores -= scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    probs = probs.reshape(num_seqs, num_kv_heads, group_size * max_q, ctx_len)
+    ctx = probs @ values.transpose(0, 2, 1, 3)                  # [B, kv, group * max_q, d]
+    ctx = ctx.reshape(num_seqs, num_kv_heads, group_size, max_q, head_dim).transpose(0, 3, 1, 2, 4)
+    ctx = ctx.reshape(num_seqs, max_q, num_heads, head_dim)     # [B, max_q, heads, d]
+    out[g.query_rows[g.query_valid]] = ctx[g.query_valid]
