@@ -274,7 +274,10 @@ def test_cli_flags_win_over_environment_variables(capsys):
     assert config.enable_prefix_caching is False and config.api_key == "k" and config.model_name == "random"
     assert parse_config(["--enable-prefix-caching"], environ).enable_prefix_caching is True
     assert parse_config([], {}).model_name == "SmolLM2-135M-Instruct"
-    for argv, env in ((["--block-size", "0"], {}), ([], {"VLLMLITE_PORT": "eighty"}), (["--dtype", "int8"], {})):
+    assert parse_config([], {"VLLMLITE_KERNELS": "numpy"}).engine_config().kernels == "numpy"
+    assert parse_config(["--kernels", "numba"], {"VLLMLITE_KERNELS": "numpy"}).engine_config().kernels == "numba"
+    for argv, env in ((["--block-size", "0"], {}), ([], {"VLLMLITE_PORT": "eighty"}), (["--dtype", "int8"], {}),
+                      (["--kernels", "cuda"], {})):
         with pytest.raises(SystemExit):
             parse_config(argv, env)
     assert "VLLMLITE_PORT" in capsys.readouterr().err

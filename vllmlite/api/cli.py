@@ -76,6 +76,7 @@ class ServerConfig:
     swap_space: float = 1.0
     batching: str = "continuous"
     speculative_config: str | None = None  # JSON, as vLLM's --speculative-config
+    kernels: str | None = None
     api_key: str | None = None
     max_queue: int | None = 256
     request_timeout: float | None = None
@@ -119,7 +120,7 @@ class ServerConfig:
                 raise ValueError("speculative_config must be a JSON object")
             speculative = SpeculativeConfig.from_dict(values)
         return EngineConfig(model=self.model, dtype=self.dtype, seed=self.seed, cache=cache, scheduler=scheduler,
-                            speculative=speculative)
+                            speculative=speculative, kernels=self.kernels)
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ OPTIONS = (
                             "when the running batch has finished (a baseline for benchmarks)"),
     Option("speculative-config", str, "speculative decoding as JSON, e.g. '{\"method\": \"ngram\", "
                                       "\"num_speculative_tokens\": 4}' (methods: ngram, draft_model, self_draft)"),
+    Option("kernels", str, "hot-path kernels: numba (compiled, the default) or numpy (the readable references)"),
     Option("api-key", str, "require `Authorization: Bearer <key>` on every route but /health "
                            "(prefer the environment variable: flags show in `ps`)"),
     Option("max-queue", int, "most requests waiting to run; beyond it requests get 503 with Retry-After"),

@@ -48,17 +48,10 @@ def _rms_norm(x, weight, eps, out):  # pragma: no cover - compiled
 @_serial
 def _add_rms_norm(x, residual, weight, eps, out):  # pragma: no cover - compiled
     num_tokens, hidden = x.shape
-    total = np.zeros(num_tokens)
     for j in range(hidden):
         for i in range(num_tokens):
-            r = residual[i, j] + x[i, j]
-            residual[i, j] = r
-            total[i] += r * r
-    for i in range(num_tokens):
-        total[i] = 1 / math.sqrt(total[i] / hidden + eps)
-    for j in range(hidden):
-        for i in range(num_tokens):
-            out[i, j] = residual[i, j] * total[i] * weight[j]
+            residual[i, j] += x[i, j]
+    _rms_norm(residual, weight, eps, out)
 
 
 @_serial
