@@ -39,7 +39,7 @@ BLOCK_SIZE = 16
 def gemm_only(model: LlamaModel, num_tokens: int, num_logits: int) -> None:
     """Exactly the forward pass's matrix products (same shapes, same buffers), nothing else."""
     w = model.weights
-    buf = model._views(num_tokens)
+    buf = model.workspace(num_tokens)
     for layer in w.layers:
         linear(buf.hidden, layer.wqkv, buf.qkv)
         linear(buf.attn, layer.wo, buf.out)

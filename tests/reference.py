@@ -4,24 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from vllmlite.kernels import reference as kernels
 from vllmlite.loader import LoadedModel
 from vllmlite.model import rope_inv_freq
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
-
-
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """HF's rotate-half RoPE: x [tokens, heads, head_dim], cos/sin [tokens, head_dim/2]."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    out = np.empty_like(x)
+    kernels.rms_norm(x, weight, eps, out)
+    return out
 
 
 def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray) -> np.ndarray:
@@ -42,7 +33,7 @@ def dense_logits(loaded: LoadedModel, token_ids: list[int]) -> np.ndarray:
     c, w = loaded.config, loaded.weights
     n = len(token_ids)
     positions = np.arange(n)
-    angles = np.outer(positions, rope_inv_freq(c, w.rope_freq_factors))
+    angles = np.outer(positions, rope_inv_freq(c, w.rope_freq_factors))    # [n, head_dim / 2]
     cos, sin = np.cos(angles).astype(w.embed.dtype), np.sin(angles).astype(w.embed.dtype)
     x = w.embed[np.asarray(token_ids)]
     for layer in w.layers:
@@ -52,13 +43,16 @@ def dense_logits(loaded: LoadedModel, token_ids: list[int]) -> np.ndarray:
             qkv = qkv + layer.bqkv
         q_end = c.num_heads * c.head_dim
         k_end = q_end + c.num_kv_heads * c.head_dim
-        q = apply_rope(qkv[:, :q_end].reshape(n, c.num_heads, c.head_dim), cos, sin)
-        k = apply_rope(qkv[:, q_end:k_end].reshape(n, c.num_kv_heads, c.head_dim), cos, sin)
+        q = qkv[:, :q_end].reshape(n, c.num_heads, c.head_dim).copy()
+        k = qkv[:, q_end:k_end].reshape(n, c.num_kv_heads, c.head_dim).copy()
+        kernels.rope(q, positions, cos, sin)
+        kernels.rope(k, positions, cos, sin)
         v = qkv[:, k_end:].reshape(n, c.num_kv_heads, c.head_dim)
         x = x + dense_attention(q, k, v, positions).reshape(n, q_end) @ layer.wo.T
         h = rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
-        gate, up = np.split(h @ layer.w_gate_up.T, 2, axis=-1)
-        x = x + (silu(gate) * up) @ layer.w_down.T
+        act = np.empty((n, c.intermediate_size), x.dtype)
+        kernels.silu_and_mul(h @ layer.w_gate_up.T, act)
+        x = x + act @ layer.w_down.T
     return rms_norm(x, w.final_norm, c.rms_norm_eps) @ w.lm_head.T
 
 

@@ -57,16 +57,8 @@ class AttentionMetadata:
         self.slot_mapping = slot_mapping
         self.block_tables = block_tables
         self.block_size = block_size
-        self._groups: list[AttentionGroup] | None = None
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.seq_lens)
-
-    @property
-    def long_groups(self) -> list[AttentionGroup]:
-        """The groups of single sequences with more than MAX_BATCHED_QUERY_LEN queries."""
-        return [g for g in self.groups if g.query_rows.shape[1] > MAX_BATCHED_QUERY_LEN]
+        self._short_group: list[AttentionGroup] | None = None
+        self._long_groups: list[AttentionGroup] | None = None
 
     @property
     def groups(self) -> list[AttentionGroup]:
@@ -74,12 +66,18 @@ class AttentionMetadata:
 
         Sequences with at most MAX_BATCHED_QUERY_LEN queries share one group; each longer
         prefill chunk gets its own (padding every decode to the chunk length would cost more)."""
-        if self._groups is None:
-            query_lens = np.diff(self.query_start)
-            short = np.flatnonzero(query_lens <= MAX_BATCHED_QUERY_LEN)
-            long = np.flatnonzero(query_lens > MAX_BATCHED_QUERY_LEN)
-            self._groups = [_group(s, self) for s in ([short] if len(short) else []) + [[i] for i in long]]
-        return self._groups
+        if self._short_group is None:
+            short = np.flatnonzero(np.diff(self.query_start) <= MAX_BATCHED_QUERY_LEN)
+            self._short_group = [_group(short, self)] if len(short) else []
+        return self._short_group + self.long_groups
+
+    @property
+    def long_groups(self) -> list[AttentionGroup]:
+        """The one-sequence groups of chunks with more than MAX_BATCHED_QUERY_LEN queries."""
+        if self._long_groups is None:
+            long = np.flatnonzero(np.diff(self.query_start) > MAX_BATCHED_QUERY_LEN)
+            self._long_groups = [_group([i], self) for i in long]
+        return self._long_groups
 
 
 def build_metadata(query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],

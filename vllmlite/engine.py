@@ -91,9 +91,8 @@ class LLMEngine:
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
         self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
                                   proposer)
-        self.kernels_backend = resolve_backend(config.kernels)
         logger.info("kernels: %s, ready in %.1f s (compiled, or loaded from the on-disk cache)",
-                    self.kernels_backend, model.warm_up())
+                    resolve_backend(config.kernels), model.warm_up())
         self.weights_bytes = loaded.weights.num_bytes
         self._seed_rng = np.random.default_rng(config.seed)
         self._groups: dict[str, _Group] = {}

@@ -110,7 +110,7 @@ class LlamaModel:
         Returns logits [num_logits, vocab]: the LM head runs only on the rows that sample.
         """
         c, w, k = self.config, self.weights, self.kernels
-        buf = self._views(len(input_ids))
+        buf = self.workspace(len(input_ids))
         buf.residual[...] = w.embed[input_ids]
         k.rms_norm(buf.residual, w.layers[0].attn_norm, c.rms_norm_eps, buf.hidden)
         for i, (layer, layer_kv) in enumerate(zip(w.layers, kv_cache)):
@@ -132,20 +132,20 @@ class LlamaModel:
         qkv = linear(buf.hidden, layer.wqkv, buf.qkv)          # [num_tokens, (heads + 2 kv) * head_dim]
         if layer.bqkv is not None:
             qkv += layer.bqkv
-        q_end = c.num_heads * c.head_dim
-        k_end = q_end + c.num_kv_heads * c.head_dim
-        q = qkv[:, :q_end].reshape(num_tokens, c.num_heads, c.head_dim)        # views into qkv
-        key = qkv[:, q_end:k_end].reshape(num_tokens, c.num_kv_heads, c.head_dim)
+        k_end = (c.num_heads + c.num_kv_heads) * c.head_dim
+        # Views into qkv. Q and K heads sit side by side, so one RoPE call rotates both.
+        qk = qkv[:, :k_end].reshape(num_tokens, c.num_heads + c.num_kv_heads, c.head_dim)
+        q, key = qk[:, :c.num_heads], qk[:, c.num_heads:]
         value = qkv[:, k_end:].reshape(num_tokens, c.num_kv_heads, c.head_dim)
-        k.rope(q, meta.positions, self.cos, self.sin)
-        k.rope(key, meta.positions, self.cos, self.sin)
+        k.rope(qk, meta.positions, self.cos, self.sin)
         k_cache, v_cache = layer_kv
         k.write_kv(k_cache, v_cache, key, value, meta.slot_mapping)
         attn = buf.attn.reshape(num_tokens, c.num_heads, c.head_dim)           # a view
         k.paged_attention(q, k_cache, v_cache, meta, attn)
         linear(buf.attn, layer.wo, buf.out)
 
-    def _views(self, num_tokens: int) -> Workspace:
+    def workspace(self, num_tokens: int) -> Workspace:
+        """Token-major views for a step of `num_tokens` tokens (the buffers grow when needed)."""
         if num_tokens > self._workspace.capacity:
             self._workspace = Workspace.allocate(self.config, 2 * num_tokens, self.dtype)
         return self._workspace.views(num_tokens)

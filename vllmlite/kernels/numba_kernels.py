@@ -1,7 +1,7 @@
 """The compiled kernels (numba, cached on disk): the same operations as `reference.py`, same
 arguments, same results within float rounding. The default backend.
 
-Every function is compiled for float32 and float64 arrays on first call (or by `warm_up`) and the
+Every function is compiled for float32 and float64 arrays on first call (`LlamaModel.warm_up` makes that happen at start-up) and the
 machine code is cached next to this file (or in NUMBA_CACHE_DIR), so a second start does not
 recompile. Loops release the GIL (`nogil`), so the HTTP thread keeps running while they do.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 from numba import njit, prange
 
@@ -20,8 +19,6 @@ from vllmlite.kernels import reference
 # Floating-point reassociation lets LLVM vectorize the dot products and sums; no "ninf"/"nnan",
 # because the online softmax starts from -inf on purpose.
 FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
-# Query tokens of one sequence attended together by one work item: its keys are read once per tile.
-QUERY_TILE = 16
 
 _serial = njit(cache=True, nogil=True, fastmath=FASTMATH)
 _parallel = njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
@@ -155,21 +152,13 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
 @_parallel
 def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, block_size, max_queries, scale,
                      out):  # pragma: no cover - compiled
-    """One work item per (sequence, tile of up to QUERY_TILE queries), spread over threads.
-    Sequences with more than `max_queries` queries are left to the caller."""
-    num_seqs = seq_lens.shape[0]
-    tile_start = np.zeros(num_seqs + 1, dtype=np.int64)  # [num_seqs + 1] first tile of each sequence
-    for s in range(num_seqs):
+    """One work item per sequence, spread over threads. Sequences with more than `max_queries`
+    queries are left to the caller."""
+    for s in prange(seq_lens.shape[0]):
         num_queries = query_start[s + 1] - query_start[s]
-        if num_queries > max_queries:
-            num_queries = 0
-        tile_start[s + 1] = tile_start[s] + (num_queries + QUERY_TILE - 1) // QUERY_TILE
-    for tile in prange(tile_start[num_seqs]):
-        s = np.searchsorted(tile_start, tile, side="right") - 1
-        row0 = query_start[s] + (tile - tile_start[s]) * QUERY_TILE     # the tile's first query row
-        num_queries = min(QUERY_TILE, query_start[s + 1] - row0)  # (a skipped sequence has no tile)
-        pos0 = seq_lens[s] - (query_start[s + 1] - row0)                 # and its position
-        _attend_tile(q, k_cache, v_cache, block_tables[s], block_size, row0, num_queries, pos0, scale, out)
+        if num_queries <= max_queries:
+            _attend_tile(q, k_cache, v_cache, block_tables[s], block_size, query_start[s], num_queries,
+                         seq_lens[s] - num_queries, scale, out)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
@@ -196,15 +185,11 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
                     out: np.ndarray) -> None:
     """Decodes and short queries (speculative verification, short chunks) in the compiled kernel;
-    each long prefill chunk through BLAS as the reference does, since the kernel's inner loops run
-    there at a fifth of BLAS speed (bench/step_bench.py). A long chunk's work grows with its
-    queries times its context, the gathered copy only with its context."""
+    each long prefill chunk through BLAS as the reference does, since the kernel's inner loops ran
+    there at about half BLAS speed (48 vs 24 ms a layer for a 512-token prompt). A long chunk's
+    work grows with its queries times its context, the gathered copy only with its context."""
     scale = q.dtype.type(1.0 / math.sqrt(q.shape[-1]))
     _paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
                      meta.block_size, MAX_BATCHED_QUERY_LEN, scale, out)
     for group in meta.long_groups:
         reference.attend_group(q, k_cache, v_cache, group, meta.block_size, out)
-
-
-def num_threads() -> int:
-    return numba.get_num_threads()
