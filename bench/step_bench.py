@@ -2,7 +2,7 @@
 
     python bench/step_bench.py                           # default model, about 3 minutes on 2 cores
     python bench/step_bench.py --quick --model random    # smoke test
-    VLLMLITE_KERNELS=numpy python bench/step_bench.py    # the numpy reference kernels
+    python bench/step_bench.py --kernels numba,numpy     # both backends in one run, side by side
 
 Decode: for 8/32/64 running sequences at contexts 128/512/2048, the time of one decode forward
 pass (every sequence one token; KV for the whole context present, each sequence in its own
@@ -99,29 +99,33 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="default")
     parser.add_argument("--quick", action="store_true", help="few small shapes, short timings")
+    parser.add_argument("--kernels", default=None,
+                        help="comma-separated backends, each measured in turn in this run "
+                             "(default: $VLLMLITE_KERNELS or numba); e.g. numba,numpy")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     seqs, contexts, prompt_len, min_seconds = ([8, 32, 64], [128, 512, 2048], 512, 2.0) if not args.quick \
         else ([2, 4], [16, 40], 32, 0.05)
     loaded = load_model(args.model)
-    kernels = resolve_backend()
-    model = LlamaModel(loaded.config, loaded.weights, max(contexts) + 1, get_kernels(kernels))
-    warm_up_s = model.warm_up()
+    backends = [resolve_backend(name) for name in args.kernels.split(",")] if args.kernels else [resolve_backend()]
     rng = np.random.default_rng(0)
     result = {"machine": machine_info(), "command": command_line(sys.argv), "model": args.model,
-              "kernels": kernels, "kernel_warm_up_s": warm_up_s, "decode": [], "prefill": []}
-    print(f"kernels {kernels}; decode: one token per sequence, forward vs GEMM-only (ms)", file=sys.stderr)
-    for context in contexts:
-        for num_seqs in seqs:
-            row = decode_row(model, num_seqs, context, min_seconds, rng)
-            result["decode"].append(row)
-            print(f"  seqs {num_seqs:3d} ctx {context:5d}: forward {row['forward_s'] * 1e3:8.1f}  "
-                  f"gemm {row['gemm_only_s'] * 1e3:8.1f}  ratio {row['ratio']:.2f}  "
-                  f"{row['tokens_per_s']:7.1f} tok/s", file=sys.stderr)
-    row = prefill_row(model, prompt_len, min_seconds, rng)
-    result["prefill"].append(row)
-    print(f"prefill {prompt_len} tokens: {row['tokens_per_s']:.0f} tok/s, GEMM-only "
-          f"{row['gemm_only_tokens_per_s']:.0f} tok/s ({row['fraction_of_gemm_rate']:.0%})", file=sys.stderr)
+              "kernels": backends, "kernel_warm_up_s": {}, "decode": [], "prefill": []}
+    for kernels in backends:
+        model = LlamaModel(loaded.config, loaded.weights, max(contexts) + 1, get_kernels(kernels))
+        result["kernel_warm_up_s"][kernels] = model.warm_up()
+        print(f"kernels {kernels}; decode: one token per sequence, forward vs GEMM-only (ms)", file=sys.stderr)
+        for context in contexts:
+            for num_seqs in seqs:
+                row = {"kernels": kernels, **decode_row(model, num_seqs, context, min_seconds, rng)}
+                result["decode"].append(row)
+                print(f"  seqs {num_seqs:3d} ctx {context:5d}: forward {row['forward_s'] * 1e3:8.1f}  "
+                      f"gemm {row['gemm_only_s'] * 1e3:8.1f}  ratio {row['ratio']:.2f}  "
+                      f"{row['tokens_per_s']:7.1f} tok/s", file=sys.stderr)
+        row = {"kernels": kernels, **prefill_row(model, prompt_len, min_seconds, rng)}
+        result["prefill"].append(row)
+        print(f"prefill {prompt_len} tokens: {row['tokens_per_s']:.0f} tok/s, GEMM-only "
+              f"{row['gemm_only_tokens_per_s']:.0f} tok/s ({row['fraction_of_gemm_rate']:.0%})", file=sys.stderr)
     out = args.out or ROOT / "results" / ("bench_step_quick.json" if args.quick else "bench_step.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
