@@ -18,6 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
+
+# isort: split
 from measure import CpuMeter, KVTrace, RowSummary, kv_occupancy, request_record, ttft_tpot_stats
 from report import REPO_ROOT, check_targets, command_line, format_table, machine_info, write_json
 from static_batching import run_batches

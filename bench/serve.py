@@ -25,7 +25,17 @@ from report import REPO_ROOT, command_line, machine_info, write_json
 from serve_client import BenchPrompt, RequestResult, send_request
 from serve_metrics import Arrival, summarize
 from serve_table import ProgressBar, format_side_by_side, format_summary_line
-from serve_targets import LLAMA, OURS, URL, Target, served_model_name, server_version, start, stop
+from serve_targets import (
+    LLAMA,
+    OURS,
+    URL,
+    Target,
+    cpu_seconds,
+    served_model_name,
+    server_version,
+    start,
+    stop,
+)
 from serve_workloads import FULL, QUICK, WORKLOADS, Workload, build_workload, load_tokenizer
 
 LOG_DIR = REPO_ROOT / "bench" / "serve-logs"
@@ -77,15 +87,27 @@ def bench_arrival(target: Target, workload: Workload, arrival: Arrival, args: ar
         model_name = served_model_name(target)
         warm_up(target, model_name, workload)
         progress = ProgressBar(len(workload.prompts), f"{target.label} {arrival.label}")
-        started = time.perf_counter()
+        cpu_before, started = cpu_seconds(target), time.perf_counter()
         results = asyncio.run(run_arrival(target, model_name, workload.prompts, arrival, args.seed, progress))
+        cpu_after = cpu_seconds(target)
         progress.close()
     finally:
         stop(target)
+    summary = summarize(results)
     return {"target": target.label, "arrival": arrival.label, "kind": arrival.kind, "rate": arrival.rate,
             "concurrency": arrival.concurrency, "wall_time_s": time.perf_counter() - started,
-            "loadavg_end": list(os.getloadavg()), "summary": summarize(results),
+            "loadavg_end": list(os.getloadavg()), "summary": summary,
+            "server_cpu": server_cpu(cpu_before, cpu_after, summary["total_output_tokens"]),
             "requests": [r.to_dict() for r in results]}
+
+
+def server_cpu(before: dict | None, after: dict | None, output_tokens: int) -> dict | None:
+    """The server's CPU seconds over the timed run, and per output token in microseconds."""
+    if before is None or after is None:
+        return None
+    used = {name: after[name] - before[name] for name in before}
+    return {**{f"{name}_s": value for name, value in used.items()},
+            **{f"{name}_us_per_token": 1e6 * value / max(output_tokens, 1) for name, value in used.items()}}
 
 
 def bench_target(target: Target, workload: Workload, args: argparse.Namespace, report: dict) -> None:

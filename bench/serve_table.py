@@ -54,7 +54,15 @@ def format_summary_line(run: dict) -> str:
     return (f"{run['target']} {run['arrival']}: {s['completed']}/{s['num_requests']} ok, "
             f"{s['output_throughput']:.1f} out tok/s, TTFT p50 {s['ttft_ms']['p50'] / 1000:.2f} s "
             f"p99 {s['ttft_ms']['p99'] / 1000:.2f} s, TPOT p50 {s['tpot_ms']['p50']:.0f} ms, "
-            f"exact max_tokens {s['num_exact_max_tokens']}/{s['num_requests']}")
+            f"exact max_tokens {s['num_exact_max_tokens']}/{s['num_requests']}{_cpu_text(run.get('server_cpu'))}")
+
+
+def _cpu_text(cpu: dict | None) -> str:
+    """The server's CPU per output token: all threads, and the main thread (our event loop) alone."""
+    if not cpu:
+        return ""
+    return (f", server CPU {cpu['process_us_per_token'] / 1000:.1f} ms/token "
+            f"(main thread {cpu['main_thread_us_per_token']:.0f} us)")
 
 
 COLUMNS = [  # (header, width, function of (summary, ratio) -> text)

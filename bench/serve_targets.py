@@ -121,6 +121,20 @@ def _is_healthy(target: Target, log_path: Path) -> bool:
         return False
 
 
+def cpu_seconds(target: Target) -> dict[str, float] | None:
+    """CPU seconds a launched server has used so far (Linux /proc): the whole process, and its main
+    thread alone. Our server's main thread runs the event loop (HTTP, SSE, JSON; the engine and the
+    kernels have threads of their own), so its share is what the HTTP layer costs."""
+    if target.process is None or not Path("/proc/self/stat").exists():
+        return None
+    pid, tick = target.process.pid, os.sysconf("SC_CLK_TCK")
+
+    def read(path: str) -> float:
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()  # after "pid (comm)"
+        return (int(fields[11]) + int(fields[12])) / tick          # utime + stime
+    return {"process": read(f"/proc/{pid}/stat"), "main_thread": read(f"/proc/{pid}/task/{pid}/stat")}
+
+
 def stop(target: Target) -> None:
     """SIGTERM a launched target, then SIGKILL if it has not exited within 30 s."""
     process, target.process = target.process, None

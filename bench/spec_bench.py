@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import vllmlite  # noqa: E402, F401  (first: it sets the thread pools' environment before numpy loads)
+
+# isort: split
 from report import command_line, machine_info  # noqa: E402
 
 from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig  # noqa: E402

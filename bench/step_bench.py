@@ -24,10 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import vllmlite  # noqa: E402, F401  (first: it sets the thread pools' environment before numpy loads)
+
+# isort: split
 import numpy as np  # noqa: E402
 from report import command_line, machine_info  # noqa: E402
 
-import vllmlite  # noqa: E402, F401  (first: it sets the thread pools' environment before numpy loads)
 from vllmlite.attention import build_metadata  # noqa: E402
 from vllmlite.kernels import get_kernels, resolve_backend  # noqa: E402
 from vllmlite.loader import load_model  # noqa: E402

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
+
+# isort: split
 import itertools
 from collections.abc import Callable
 

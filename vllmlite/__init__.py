@@ -1,16 +1,8 @@
 """vllmlite: a readable LLM inference server in Python and numpy."""
 
-import os
+from vllmlite import threads  # noqa: F401  (first: sets the thread pools' environment before numpy loads)
 
-# Two thread pools share the cores: OpenBLAS's (the linear layers) and numba's (attention). By
-# default each pool's idle workers spin after a call (OpenBLAS for ~2^28 cycles), stealing the
-# core the other pool needs next: a decode step ran 2.4x slower for it on 2 cores. Idle workers
-# sleep at once with these. Read when the libraries load, so they only take effect if vllmlite is
-# imported before numpy; a value the user set is kept.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
+# isort: split
 from vllmlite.engine import LLMEngine
 from vllmlite.llm import LLM
 from vllmlite.outputs import CompletionOutput, RequestOutput

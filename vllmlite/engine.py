@@ -27,6 +27,7 @@ from vllmlite.sampling import make_generator
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.scheduler import Scheduler
 from vllmlite.speculative import make_proposer
+from vllmlite.threads import THREAD_ENV, THREAD_ENV_APPLIED
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,10 @@ class LLMEngine:
                                   proposer)
         logger.info("kernels: %s, ready in %.1f s (compiled, or loaded from the on-disk cache)",
                     resolve_backend(config.kernels), model.warm_up())
+        if not THREAD_ENV_APPLIED:
+            logger.warning("numpy was imported before vllmlite, so its BLAS threads spin when idle and take "
+                           "the cores the attention kernels need (steps up to 2x slower): import vllmlite "
+                           "first, or set %s", " ".join(f"{k}={v}" for k, v in THREAD_ENV.items()))
         self.weights_bytes = loaded.weights.num_bytes
         self._seed_rng = np.random.default_rng(config.seed)
         self._groups: dict[str, _Group] = {}

@@ -58,10 +58,13 @@ def linear(x: np.ndarray, weight: np.ndarray, out: np.ndarray | None = None) -> 
 class Workspace:
     """Activation buffers of one forward pass, reused by every layer and every step.
 
-    Stored feature-major ([features, capacity], one column per token) and handed out as
+    Stored feature-major ([features, tokens], one column per token) and handed out as
     token-major views ([num_tokens, features], transposed), so every shape below reads as tokens
-    first while the linear layers get BLAS-friendly operands. It grows (to twice the need) only
-    when a step is larger than any before: a step allocates nothing but the logits it returns.
+    first while the linear layers and kernels get BLAS-friendly operands. A step of n tokens uses
+    the first features * n values of each buffer as one C-contiguous [features, n] block, so a
+    kernel's inner loop over tokens has unit stride, known at compile time. The buffers grow (to
+    twice the need) only when a step is larger than any before: a step allocates nothing but the
+    logits it returns.
     """
 
     capacity: int
@@ -81,7 +84,11 @@ class Workspace:
         return cls(capacity, *(np.zeros((width, capacity), dtype).T for width in widths))
 
     def views(self, num_tokens: int) -> Workspace:
-        return Workspace(num_tokens, *(getattr(self, f.name)[:num_tokens] for f in fields(self)[1:]))
+        """The buffers for a step of `num_tokens` tokens (called on the allocated workspace)."""
+        def first(buffer: np.ndarray) -> np.ndarray:   # buffer: [capacity, width], a transposed C array
+            width = buffer.shape[1]
+            return buffer.T.reshape(-1)[:width * num_tokens].reshape(width, num_tokens).T
+        return Workspace(num_tokens, *(first(getattr(self, f.name)) for f in fields(self)[1:]))
 
 
 class LlamaModel:

@@ -24,31 +24,32 @@ _serial = njit(cache=True, nogil=True, fastmath=FASTMATH)
 _parallel = njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
 
 
-# The model's activations are feature-major views (see model.Workspace): x[i, j] and x[i + 1, j]
-# are neighbours in memory. So the elementwise kernels below walk tokens in the inner loop.
+# The model's activations are token-major views of C-contiguous feature-major arrays (see
+# model.Workspace): the wrappers below hand the elementwise kernels those arrays (x.T, [features,
+# tokens]), so their inner loops walk tokens with unit stride, known to the compiler.
 
 
 @_serial
-def _rms_norm(x, weight, eps, out):  # pragma: no cover - compiled
-    num_tokens, hidden = x.shape
-    total = np.zeros(num_tokens)                     # float64: 576+ squares summed without drift
+def _rms_norm(xt, weight, eps, out_t):  # pragma: no cover - compiled
+    hidden, num_tokens = xt.shape
+    total = np.zeros(num_tokens, dtype=xt.dtype)
     for j in range(hidden):
         for i in range(num_tokens):
-            total[i] += x[i, j] * x[i, j]
+            total[i] += xt[j, i] * xt[j, i]
     for i in range(num_tokens):
         total[i] = 1 / math.sqrt(total[i] / hidden + eps)
     for j in range(hidden):
         for i in range(num_tokens):
-            out[i, j] = x[i, j] * total[i] * weight[j]
+            out_t[j, i] = xt[j, i] * total[i] * weight[j]
 
 
 @_serial
-def _add_rms_norm(x, residual, weight, eps, out):  # pragma: no cover - compiled
-    num_tokens, hidden = x.shape
+def _add_rms_norm(xt, residual_t, weight, eps, out_t):  # pragma: no cover - compiled
+    hidden, num_tokens = xt.shape
     for j in range(hidden):
         for i in range(num_tokens):
-            residual[i, j] += x[i, j]
-    _rms_norm(residual, weight, eps, out)
+            residual_t[j, i] += xt[j, i]
+    _rms_norm(residual_t, weight, eps, out_t)
 
 
 @_serial
@@ -64,13 +65,13 @@ def _rope(x, positions, cos, sin):  # pragma: no cover - compiled
                 x[i, h, j + half] = x2 * c + x1 * s
 
 
-@_serial
-def _silu_and_mul(gate_up, out):  # pragma: no cover - compiled
-    num_tokens, inter = out.shape
-    for j in range(inter):
+@_parallel
+def _silu_and_mul(gate_up_t, out_t):  # pragma: no cover - compiled
+    inter, num_tokens = out_t.shape
+    for j in prange(inter):
         for i in range(num_tokens):
-            g = gate_up[i, j]
-            out[i, j] = g / (1 + math.exp(-g)) * gate_up[i, j + inter]   # exp(-g) = inf gives -0
+            g = gate_up_t[j, i]
+            out_t[j, i] = g / (1 + math.exp(-g)) * gate_up_t[j + inter, i]   # exp(-g) = inf gives -0
 
 
 @_serial
@@ -91,21 +92,24 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
     over the sequence's keys up to their own positions, read in place through `block_table` one
     block at a time with an online softmax: one pass over K/V, no score matrix beyond a block.
 
-    Every head of a slot is read together (one slot's K is [kv_heads, head_dim], contiguous), so
-    a block is one contiguous run of memory. Its own function (not inlined in the prange body)
-    so that LLVM vectorizes its loops.
+    The work is laid out per KV head: the rows sharing KV head h (each query's `group` heads) sit
+    together in qt[h], acc[h], so GQA reads each K/V vector once for all of them and the inner
+    loops are plain contiguous dot products and AXPYs that LLVM vectorizes. Its own function (not
+    inlined in the prange body) so that it does.
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
-    group = num_heads // k_cache.shape[1]
-    num_rows = num_queries * num_heads                 # row r: query r // num_heads, head r % num_heads
-    qt = np.empty((num_rows, head_dim), dtype=k_cache.dtype)             # [rows, head_dim] scaled queries
-    for r in range(num_rows):
-        for d in range(head_dim):
-            qt[r, d] = q[row0 + r // num_heads, r % num_heads, d] * scale
-    acc = np.zeros((num_rows, head_dim), dtype=k_cache.dtype)            # [rows, head_dim] sum of p * v
-    total = np.zeros(num_rows, dtype=k_cache.dtype)                      # [rows] sum of p
-    best = np.full(num_rows, -np.inf, dtype=k_cache.dtype)               # [rows] running max score
-    probs = np.empty((num_rows, block_size), dtype=k_cache.dtype)        # [rows, block_size] this block's
+    num_kv_heads = k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    num_rows = num_queries * group              # per KV head; row i: query i // group, head h * group + i % group
+    qt = np.empty((num_kv_heads, num_rows, head_dim), dtype=k_cache.dtype)   # scaled queries
+    for h in range(num_kv_heads):
+        for i in range(num_rows):
+            for d in range(head_dim):
+                qt[h, i, d] = q[row0 + i // group, h * group + i % group, d] * scale
+    acc = np.zeros((num_kv_heads, num_rows, head_dim), dtype=k_cache.dtype)  # sum of p * v
+    total = np.zeros((num_kv_heads, num_rows), dtype=k_cache.dtype)          # sum of p
+    best = np.full((num_kv_heads, num_rows), -np.inf, dtype=k_cache.dtype)   # running max score
+    probs = np.empty((num_kv_heads, num_rows, block_size), dtype=k_cache.dtype)  # this block's
     last_pos = pos0 + num_queries - 1
     for b in range(last_pos // block_size + 1):
         base = block_table[b] * block_size                              # the block's first slot
@@ -114,39 +118,45 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
         # Key t of the block is seen by the rows of queries at or after its position (causal);
         # the rows before them get -inf, so exp gives them 0.
         for t in range(num_keys):
-            first_row = min(max(0, first_pos + t - pos0) * num_heads, num_rows)
-            for r in range(first_row):
-                probs[r, t] = -np.inf
-            for r in range(first_row, num_rows):
-                kv_head = (r % num_heads) // group
-                dot = qt[r, 0] * k_cache[base + t, kv_head, 0]
-                for d in range(1, head_dim):
-                    dot += qt[r, d] * k_cache[base + t, kv_head, d]
-                probs[r, t] = dot
-        for r in range(num_rows):
-            top = best[r]
-            for t in range(num_keys):
-                top = max(top, probs[r, t])
-            rescale = math.exp(best[r] - top)                            # 0 on the first block
-            best[r] = top
-            row_total = total[r] * rescale
-            for t in range(num_keys):
-                p = math.exp(probs[r, t] - top)
-                probs[r, t] = p
-                row_total += p
-            total[r] = row_total
-            for d in range(head_dim):
-                acc[r, d] *= rescale
+            first_row = min(max(0, first_pos + t - pos0) * group, num_rows)
+            for h in range(num_kv_heads):
+                key = k_cache[base + t, h]
+                for i in range(first_row):
+                    probs[h, i, t] = -np.inf
+                for i in range(first_row, num_rows):
+                    dot = qt[h, i, 0] * key[0]
+                    for d in range(1, head_dim):
+                        dot += qt[h, i, d] * key[d]
+                    probs[h, i, t] = dot
+        for h in range(num_kv_heads):
+            for i in range(num_rows):
+                top = best[h, i]
+                for t in range(num_keys):
+                    top = max(top, probs[h, i, t])
+                rescale = math.exp(best[h, i] - top)                    # 0 on the first block
+                best[h, i] = top
+                row_total = total[h, i] * rescale
+                for t in range(num_keys):
+                    p = math.exp(probs[h, i, t] - top)
+                    probs[h, i, t] = p
+                    row_total += p
+                total[h, i] = row_total
+                if rescale != 1:                                        # the max moved
+                    for d in range(head_dim):
+                        acc[h, i, d] *= rescale
         for t in range(num_keys):
-            for r in range(min(max(0, first_pos + t - pos0) * num_heads, num_rows), num_rows):
-                kv_head = (r % num_heads) // group
-                p = probs[r, t]
-                for d in range(head_dim):
-                    acc[r, d] += p * v_cache[base + t, kv_head, d]
-    for r in range(num_rows):
-        inv = 1 / total[r]
-        for d in range(head_dim):
-            out[row0 + r // num_heads, r % num_heads, d] = acc[r, d] * inv
+            first_row = min(max(0, first_pos + t - pos0) * group, num_rows)
+            for h in range(num_kv_heads):
+                value = v_cache[base + t, h]
+                for i in range(first_row, num_rows):
+                    p = probs[h, i, t]
+                    for d in range(head_dim):
+                        acc[h, i, d] += p * value[d]
+    for h in range(num_kv_heads):
+        for i in range(num_rows):
+            inv = 1 / total[h, i]
+            for d in range(head_dim):
+                out[row0 + i // group, h * group + i % group, d] = acc[h, i, d] * inv
 
 
 @_parallel
@@ -162,11 +172,11 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
-    _rms_norm(x, weight, eps, out)
+    _rms_norm(x.T, weight, eps, out.T)
 
 
 def add_rms_norm(x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
-    _add_rms_norm(x, residual, weight, eps, out)
+    _add_rms_norm(x.T, residual.T, weight, eps, out.T)
 
 
 def rope(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
@@ -174,7 +184,7 @@ def rope(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray)
 
 
 def silu_and_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
-    _silu_and_mul(gate_up, out)
+    _silu_and_mul(gate_up.T, out.T)
 
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
