@@ -185,8 +185,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", default="all", help=f"comma-separated subset of {[r.name for r in ROWS]}")
     parser.add_argument("--out", type=Path, default=None,
                         help="default results/bench_offline.json (results/bench_offline_quick.json with --quick)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=256)
-    parser.add_argument("--max-num-seqs", type=int, default=32, help="the paged rows' concurrency limit")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=SchedulerConfig.max_num_batched_tokens)
+    parser.add_argument("--max-num-seqs", type=int, default=SchedulerConfig.max_num_seqs,
+                        help="the paged rows' concurrency limit")
     parser.add_argument("--progress-interval", type=float, default=15.0, help="seconds between progress lines")
     args = parser.parse_args(argv)
     quick = args.quick

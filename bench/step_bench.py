@@ -32,8 +32,9 @@ from report import command_line, machine_info  # noqa: E402
 
 from vllmlite.attention import build_metadata  # noqa: E402
 from vllmlite.kernels import get_kernels, resolve_backend  # noqa: E402
+from vllmlite.kernels.reference import linear  # noqa: E402  (BLAS: the GEMM-only bound)
 from vllmlite.loader import load_model  # noqa: E402
-from vllmlite.model import LlamaModel, linear  # noqa: E402
+from vllmlite.model import LlamaModel  # noqa: E402
 
 BLOCK_SIZE = 16
 
@@ -47,7 +48,7 @@ def gemm_only(model: LlamaModel, num_tokens: int, num_logits: int) -> None:
         linear(buf.attn, layer.wo, buf.out)
         linear(buf.hidden, layer.w_gate_up, buf.gate_up)
         linear(buf.act, layer.w_down, buf.out)
-    linear(buf.hidden[:num_logits], w.lm_head)
+    linear(buf.hidden[:num_logits], w.lm_head, np.empty((w.lm_head.shape[0], num_logits), model.dtype).T)
 
 
 def timed(fn, min_seconds: float, min_reps: int = 3) -> float:

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from serve_readme import llama_parallel, side_by_side, sweep_claims
+from serve_readme import side_by_side, sweep_claims
 
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
@@ -63,10 +63,40 @@ def spec_section(report: dict) -> list[str]:
     return lines
 
 
+def step_section(report: dict) -> list[str]:
+    lines = ["### One forward pass next to its GEMM-only bound (`bench/step_bench.py`)", "",
+             _machine_line(report), "",
+             "Decode: every sequence one token, its whole context in shuffled KV blocks; GEMM-only is the "
+             "same linear layers on the same rows and nothing else.", "",
+             "| kernels | sequences | context | forward ms | GEMM-only ms | ratio | tok/s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in report["decode"]:
+        lines.append(f"| {r['kernels']} | {r['num_seqs']} | {r['context']} | {r['forward_s'] * 1e3:.1f} | "
+                     f"{r['gemm_only_s'] * 1e3:.1f} | {r['ratio']:.2f} | {r['tokens_per_s']:.1f} |")
+    lines += ["", "| kernels | prefill prompt | tok/s | GEMM-only tok/s | fraction |", "|---|---:|---:|---:|---:|"]
+    for r in report["prefill"]:
+        lines.append(f"| {r['kernels']} | {r['prompt_len']} | {r['tokens_per_s']:.0f} | "
+                     f"{r['gemm_only_tokens_per_s']:.0f} | {r['fraction_of_gemm_rate']:.0%} |")
+    default = report["kernels"][0]
+    decode = next((r for r in report["decode"] if r["kernels"] == default and r["num_seqs"] == 32
+                   and r["context"] == 512), None)
+    prefill = next((r for r in report["prefill"] if r["kernels"] == default), None)
+    lines += ["", f"Targets, `{default}` kernels:", ""]
+    if decode:
+        lines.append(f"- decode step at 32 sequences, context 512: {decode['ratio']:.2f}x the GEMM-only time "
+                     f"(target <= 1.3x) - {'met' if decode['ratio'] <= 1.3 else '**missed**'}")
+    if prefill:
+        fraction = prefill["fraction_of_gemm_rate"]
+        lines.append(f"- prefill of a {prefill['prompt_len']}-token prompt: {fraction:.0%} of the GEMM-only rate "
+                     f"(target >= 85%) - {'met' if fraction >= 0.85 else '**missed**'}")
+    return lines
+
+
 def serve_sweep_section(report: dict) -> list[str]:
-    lines = side_by_side(report, _machine_line, "### Serving: static vs continuous batching vs continuous + prefix "
-                         "caching vs llama.cpp's llama-server (`bench/serve.py`)")
-    lines += ["", "From the table above (output tok/s ratios at the same arrivals):", ""] + sweep_claims(report)
+    lines = side_by_side(report, _machine_line, "### Serving: our server at its defaults vs llama.cpp's "
+                         "llama-server, burst and Poisson arrivals (`bench/serve.py`)")
+    lines += ["", "Our server against llama-server's best `--parallel` at each arrival, from the table above:",
+              ""] + sweep_claims(report)
     lines += ["", "Plots from the same JSON (`python bench/serve_plot.py`): "
               "[latency vs throughput](results/serve_sweep_pareto.png), "
               "[TTFT vs arrival rate](results/serve_sweep_ttft_vs_rate.png)."]
@@ -78,19 +108,9 @@ def serve_shared_prefix_section(report: dict) -> list[str]:
                         "(`bench/serve.py --workload shared_prefix`)")
 
 
-def serve_llama_rerun_section(report: dict) -> list[str]:
-    return side_by_side(report, _machine_line, "### Serving: llama-server's runs of the sweep, repeated "
-                        "(the sweep's run at 4 req/s shared the CPU with another process)")
-
-
-def serve_llama_parallel_section(report: dict) -> list[str]:
-    return llama_parallel(report, _machine_line)
-
-
 SECTIONS = [("bench_offline.json", offline_section), ("bench_spec.json", spec_section),
             ("serve_sweep.json", serve_sweep_section), ("serve_shared_prefix.json", serve_shared_prefix_section),
-            ("serve_llama_rerun.json", serve_llama_rerun_section),
-            ("serve_llama_parallel.json", serve_llama_parallel_section)]
+            ("bench_step.json", step_section)]
 
 
 def main() -> None:

@@ -27,14 +27,23 @@ def qkv_views(rng: np.random.Generator, num_tokens: int, heads: int, kv_heads: i
             qkv[:, k_end:].reshape(num_tokens, kv_heads, head_dim))
 
 
+def feature_major(rows: np.ndarray) -> np.ndarray:
+    """The same values as a token-major view of a row-major [features, tokens] array, as the
+    model's workspace hands them out."""
+    return np.ascontiguousarray(rows.T).T
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_tokens", [1, 7, 64])
-def test_norms_match_the_reference(kernels, dtype, num_tokens):
+@pytest.mark.parametrize("layout", ["token_major", "feature_major"])
+def test_norms_match_the_reference(kernels, dtype, num_tokens, layout):
     rng = np.random.default_rng(num_tokens)
     x = (3 * rng.standard_normal((num_tokens, 576))).astype(dtype)
     residual = rng.standard_normal((num_tokens, 576)).astype(dtype)
     weight = rng.standard_normal(576).astype(dtype)
     expected, out = np.empty_like(x), np.full_like(x, np.nan)
+    if layout == "feature_major":
+        x, residual, out = feature_major(x), feature_major(residual), feature_major(out)
     REFERENCE.rms_norm(x, weight, 1e-5, expected)
     kernels.rms_norm(x, weight, 1e-5, out)
     np.testing.assert_allclose(out, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
@@ -44,6 +53,21 @@ def test_norms_match_the_reference(kernels, dtype, num_tokens):
     kernels.add_rms_norm(x, got_residual, weight, 1e-5, out)
     np.testing.assert_allclose(got_residual, residual + x, rtol=TOLERANCE[dtype])
     np.testing.assert_allclose(out, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens", [1, 5, 16, 17, 40])  # both sides of the compiled few-token path
+@pytest.mark.parametrize("layout", ["token_major", "feature_major"])
+def test_linear_matches_a_float64_product(kernels, dtype, num_tokens, layout):
+    rng = np.random.default_rng(num_tokens)
+    weight = rng.standard_normal((4 * 37 + 3, 96)).astype(dtype)    # a ragged last tile of output rows
+    x = rng.standard_normal((num_tokens, 96)).astype(dtype)
+    out = np.full((num_tokens, weight.shape[0]), np.nan, dtype)
+    if layout == "feature_major":
+        x, out = feature_major(x), feature_major(out)
+    kernels.linear(x, weight, out)
+    expected = x.astype(np.float64) @ weight.astype(np.float64).T
+    np.testing.assert_allclose(out, expected, rtol=10 * TOLERANCE[dtype], atol=10 * TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -65,11 +89,14 @@ def test_rope_matches_the_reference_in_place_on_strided_views(kernels, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_and_mul_matches_the_reference(kernels, dtype):
+@pytest.mark.parametrize("layout", ["token_major", "feature_major"])
+def test_silu_and_mul_matches_the_reference(kernels, dtype, layout):
     rng = np.random.default_rng(2)
     gate_up = (10 * rng.standard_normal((5, 2 * 96))).astype(dtype)
     gate_up[0, :3] = [-1000.0, 1000.0, 0.0]                         # exp(1000) overflows to inf: -0
     expected, out = np.empty((5, 96), dtype), np.full((5, 96), np.nan, dtype)
+    if layout == "feature_major":
+        gate_up, out = feature_major(gate_up), feature_major(out)
     REFERENCE.silu_and_mul(gate_up, expected)
     kernels.silu_and_mul(gate_up, out)
     np.testing.assert_allclose(out, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])

@@ -68,8 +68,8 @@ class ServerConfig:
     block_size: int = 16
     num_blocks: int | None = None
     kv_cache_memory: int | None = None
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 256
+    max_num_seqs: int = SchedulerConfig.max_num_seqs                       # the engine's defaults,
+    max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens   # chosen by bench/sweep_defaults.sh
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"

@@ -32,7 +32,10 @@ ENV_VAR = "VLLMLITE_KERNELS"
 
 class Kernels(Protocol):
     """What every backend module provides. Shapes: x/out [tokens, hidden]; q/out [tokens, heads,
-    head_dim]; caches [slots, kv_heads, head_dim]; gate_up [tokens, 2 * inter] -> out [tokens, inter]."""
+    head_dim]; caches [slots, kv_heads, head_dim]; gate_up [tokens, 2 * inter] -> out [tokens, inter];
+    linear: x [tokens, in], weight [out, in] -> out [tokens, out]."""
+
+    def linear(self, x: np.ndarray, weight: np.ndarray, out: np.ndarray) -> None: ...
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None: ...
 

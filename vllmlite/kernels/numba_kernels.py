@@ -20,6 +20,8 @@ from vllmlite.kernels import reference
 # because the online softmax starts from -inf on purpose.
 FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
 
+SKINNY_MAX_ROWS = 16  # tokens up to which `linear` uses the compiled product rather than BLAS
+
 _serial = njit(cache=True, nogil=True, fastmath=FASTMATH)
 _parallel = njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
 
@@ -50,6 +52,39 @@ def _add_rms_norm(xt, residual_t, weight, eps, out_t):  # pragma: no cover - com
         for i in range(num_tokens):
             residual_t[j, i] += xt[j, i]
     _rms_norm(residual_t, weight, eps, out_t)
+
+
+@_parallel
+def _skinny_linear(xt, weight, out_t):  # pragma: no cover - compiled
+    """out_t[o, r] = weight[o] . x[r] for a few tokens r: each weight row is read from memory once
+    and dotted with every token while it is in cache, so the cost stays close to one pass over the
+    weights. Four weight rows at a time share each load of x. xt [in, tokens] and out_t [out,
+    tokens] are the feature-major arrays."""
+    num_out, num_in = weight.shape
+    num_tokens = xt.shape[1]
+    x = np.empty((num_tokens, num_in), dtype=weight.dtype)    # token-major: unit-stride dot products
+    for i in range(num_in):
+        for r in range(num_tokens):
+            x[r, i] = xt[i, r]
+    for tile in prange((num_out + 3) // 4):
+        o = tile * 4
+        if o + 4 <= num_out:
+            for r in range(num_tokens):
+                a0 = a1 = a2 = a3 = weight.dtype.type(0)
+                for i in range(num_in):
+                    xi = x[r, i]
+                    a0 += weight[o, i] * xi
+                    a1 += weight[o + 1, i] * xi
+                    a2 += weight[o + 2, i] * xi
+                    a3 += weight[o + 3, i] * xi
+                out_t[o, r], out_t[o + 1, r], out_t[o + 2, r], out_t[o + 3, r] = a0, a1, a2, a3
+        else:                                                  # the last 1-3 rows
+            for row in range(o, num_out):
+                for r in range(num_tokens):
+                    acc = weight.dtype.type(0)
+                    for i in range(num_in):
+                        acc += weight[row, i] * x[r, i]
+                    out_t[row, r] = acc
 
 
 @_serial
@@ -169,6 +204,17 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
         if num_queries <= max_queries:
             _attend_tile(q, k_cache, v_cache, block_tables[s], block_size, query_start[s], num_queries,
                          seq_lens[s] - num_queries, scale, out)
+
+
+def linear(x: np.ndarray, weight: np.ndarray, out: np.ndarray) -> None:
+    """BLAS for batches; for up to SKINNY_MAX_ROWS tokens (a lone decode, speculative verification,
+    a small batch) the compiled product above, which reads the weights once: over the default
+    model's weights on 2 AVX2 cores it took 66-93 ms at 4-16 tokens where OpenBLAS's GEMM took
+    97-104 ms (and about as long as one token at 2-3); BLAS wins from about 24 tokens."""
+    if x.shape[0] <= SKINNY_MAX_ROWS:
+        _skinny_linear(x.T, weight, out.T)
+    else:
+        reference.linear(x, weight, out)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:

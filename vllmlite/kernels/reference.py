@@ -13,6 +13,17 @@ import numpy as np
 from vllmlite.attention import AttentionGroup, AttentionMetadata
 
 
+def linear(x: np.ndarray, weight: np.ndarray, out: np.ndarray) -> None:
+    """out = x @ weight.T: x [tokens, in], weight [out, in], out [tokens, out].
+
+    Computed as weight @ x.T into out.T, one BLAS GEMM: the model's activations are transposed
+    views of row-major [features, tokens] arrays (model.Workspace), so x.T and out.T are plain
+    row-major matrices; OpenBLAS runs this about 30% faster than x @ weight.T for the few-row
+    products of decode (measured at 32 rows, AVX2).
+    """
+    np.matmul(weight, x.T, out=out.T)
+
+
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
     """out = x / sqrt(mean(x^2) + eps) * weight, row by row. x, out [tokens, hidden]."""
     variance = np.mean(x * x, axis=-1, keepdims=True)
