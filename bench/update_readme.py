@@ -108,8 +108,20 @@ def serve_shared_prefix_section(report: dict) -> list[str]:
                         "(`bench/serve.py --workload shared_prefix`)")
 
 
+def serve_single_stream_section(report: dict) -> list[str]:
+    return side_by_side(report, _machine_line, "### Serving one user at a time: our server vs llama-server "
+                        "`--parallel 1` (`bench/serve.py --arrivals concurrency:1`)")
+
+
+def serve_burst_repeat_section(report: dict) -> list[str]:
+    return side_by_side(report, _machine_line, "### The burst again, after every other benchmark "
+                        "(how much one run of it varies)")
+
+
 SECTIONS = [("bench_offline.json", offline_section), ("bench_spec.json", spec_section),
             ("serve_sweep.json", serve_sweep_section), ("serve_shared_prefix.json", serve_shared_prefix_section),
+            ("serve_single_stream.json", serve_single_stream_section),
+            ("serve_burst_repeat.json", serve_burst_repeat_section),
             ("bench_step.json", step_section)]
 
 
