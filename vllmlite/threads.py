@@ -1,8 +1,8 @@
 """The thread pools' environment, set when vllmlite is imported (before numpy, to take effect).
 
-Two thread pools share the cores: OpenBLAS's (the linear layers) and numba's (attention). By
-default each pool's idle workers spin after a call (OpenBLAS for ~2^28 cycles), stealing the core
-the other pool needs next: a decode step ran 2.4x slower for it on 2 cores. With these, idle
+Two thread pools share the cores: OpenBLAS's (batched linear layers) and numba's (the compiled
+kernels). By default each pool's idle workers spin after a call (OpenBLAS for ~2^28 cycles),
+stealing the core the other pool needs next: a decode step ran 2.4x slower for it on 2 cores. With these, idle
 workers sleep at once. The libraries read them when they load, so they only take effect if
 vllmlite is imported before numpy; a value the user set is kept.
 """

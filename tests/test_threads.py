@@ -1,0 +1,27 @@
+"""The thread pools' environment: set when vllmlite comes before numpy, and a warning when it cannot be."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ENGINE = ("import logging; logging.basicConfig(level=logging.WARNING)\n"
+          "from vllmlite import LLMEngine\n"
+          "from vllmlite.config import EngineConfig\n"
+          "from vllmlite.threads import THREAD_ENV_APPLIED\n"
+          "import os\n"
+          "LLMEngine(EngineConfig(model='random', dtype='float64'))\n"
+          "print('applied', THREAD_ENV_APPLIED, os.environ['OPENBLAS_THREAD_TIMEOUT'])\n")
+
+
+@pytest.mark.parametrize("numpy_first", [False, True])
+def test_engine_warns_only_when_numpy_was_imported_first(numpy_first):
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_THREAD_TIMEOUT", "OMP_WAIT_POLICY")}
+    code = ("import numpy\n" if numpy_first else "import vllmlite\n") + ENGINE
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert f"applied {not numpy_first} 4" in result.stdout
+    assert ("numpy was imported before vllmlite" in result.stderr) == numpy_first
