@@ -1,0 +1,94 @@
+"""Quantized weight formats (vllmlite/quant.py): round trips, GGUF blocks read as stored, shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, quants
+
+from vllmlite.quant import (
+    BLOCK,
+    QuantizedMatrix,
+    concat_rows,
+    dequantize,
+    from_gguf,
+    pack_nibbles,
+    quantize,
+    unpack_nibbles,
+)
+
+
+def weights(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    w[0, :BLOCK] = 0.0                       # an all-zero block: scale 0 must not divide by zero
+    w[1, :BLOCK] = 3.0                       # a constant block
+    return w
+
+
+@pytest.mark.parametrize("fmt, bound", [("int8", 0.5 / 127), ("int4", 0.5 / 15)])
+def test_quantize_is_within_half_a_step_of_each_block_and_idempotent(fmt, bound):
+    w = weights(7, 96)
+    q = quantize(w, fmt)
+    assert q.shape == w.shape and q.format == fmt
+    blocks = w.reshape(7, 3, BLOCK)
+    span = np.abs(blocks).max(-1) if fmt == "int8" else blocks.max(-1) - blocks.min(-1)
+    err = np.abs(dequantize(q) - w).reshape(7, 3, BLOCK).max(-1)
+    assert np.all(err <= bound * span + 1e-6)
+    assert np.array_equal(dequantize(q)[0, :BLOCK], np.zeros(BLOCK))
+    np.testing.assert_allclose(dequantize(q)[1, :BLOCK], 3.0, rtol=1e-6)
+    again = quantize(dequantize(q), fmt)       # what is already on the grid stays there
+    np.testing.assert_allclose(dequantize(again), dequantize(q), atol=1e-5)
+
+
+def test_nibbles_pack_in_ggml_order():
+    q = np.arange(32, dtype=np.uint8).reshape(1, 1, 32) % 16
+    packed = pack_nibbles(q)
+    assert packed.shape == (1, 16)
+    assert packed[0, 0] == (q[0, 0, 0] | q[0, 0, 16] << 4)    # byte j: element j low, j + 16 high
+    assert np.array_equal(unpack_nibbles(packed), q)
+
+
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_1"])
+def test_gguf_blocks_are_read_as_stored(type_name):
+    w = weights(5, 64, seed=1)
+    raw = quants.quantize(w, GGMLQuantizationType[type_name])          # the gguf package's encoder
+    expected = quants.dequantize(raw, GGMLQuantizationType[type_name]).reshape(w.shape)
+    m = from_gguf(raw, type_name, w.shape)
+    assert m.format == ("int8" if type_name == "Q8_0" else "int4")
+    np.testing.assert_array_equal(dequantize(m), expected)
+
+
+def test_unsupported_shapes_and_types_are_rejected_clearly():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize(np.ones((2, 40), np.float32), "int8")
+    with pytest.raises(ValueError, match="int8, int4|one of"):
+        quantize(np.ones((2, 32), np.float32), "int3")
+    with pytest.raises(ValueError, match="not int8/int4 blocks"):
+        from_gguf(np.zeros(8, np.uint8), "Q5_K", (1, 256))
+
+
+def test_rows_and_concat_keep_each_row():
+    a, b = quantize(weights(4, 64, 2), "int4"), quantize(weights(3, 64, 3), "int4")
+    stacked = concat_rows([a, b])
+    assert isinstance(stacked, QuantizedMatrix) and stacked.shape == (7, 64)
+    np.testing.assert_array_equal(dequantize(stacked), np.concatenate([dequantize(a), dequantize(b)]))
+    order = np.array([6, 0, 3])
+    np.testing.assert_array_equal(dequantize(stacked.rows(order)), dequantize(stacked)[order])
+    with pytest.raises(ValueError, match="different formats"):
+        concat_rows([a, quantize(weights(2, 64), "int8")])
+
+
+@pytest.mark.real_model
+def test_the_default_gguf_tensors_read_as_stored_match_the_gguf_package():
+    import gguf
+
+    from vllmlite.model_source import resolve_model
+    reader = gguf.GGUFReader(resolve_model("default"))
+    tensors = {t.name: t for t in reader.tensors}
+    for name in ("blk.0.ffn_down.weight", "blk.29.attn_q.weight", "token_embd.weight"):  # Q4_1, Q4_1, Q8_0
+        t = tensors[name]
+        shape = tuple(int(d) for d in reversed(t.shape))
+        m = from_gguf(t.data, t.tensor_type.name, shape)
+        np.testing.assert_array_equal(dequantize(m), quants.dequantize(t.data, t.tensor_type).reshape(shape))
+        assert m.nbytes <= 9 / 32 * np.prod(shape) * 4      # 5-9 bits a weight (float32 scales), not 32
