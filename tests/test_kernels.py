@@ -12,6 +12,7 @@ import pytest
 
 from vllmlite.attention import build_metadata
 from vllmlite.kernels import BACKENDS, get_kernels, resolve_backend
+from vllmlite.quant import dequantize, quantize
 
 REFERENCE = get_kernels("numpy")
 TOLERANCE = {np.float32: 1e-5, np.float64: 1e-12}
@@ -68,6 +69,22 @@ def test_linear_matches_a_float64_product(kernels, dtype, num_tokens, layout):
     kernels.linear(x, weight, out)
     expected = x.astype(np.float64) @ weight.astype(np.float64).T
     np.testing.assert_allclose(out, expected, rtol=10 * TOLERANCE[dtype], atol=10 * TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("num_tokens", [1, 3, 17, 256])      # few-token kernel and BLAS over tiles
+@pytest.mark.parametrize("shape", [(37, 64), (300, 96)])      # a ragged row tile; more rows than one BLAS tile
+@pytest.mark.parametrize("layout", ["token_major", "feature_major"])
+def test_quantized_linear_matches_the_dequantized_product(kernels, fmt, num_tokens, shape, layout):
+    rng = np.random.default_rng(num_tokens)
+    weight = quantize(rng.standard_normal(shape).astype(np.float32), fmt)
+    x = rng.standard_normal((num_tokens, shape[1])).astype(np.float32)
+    out = np.full((num_tokens, shape[0]), np.nan, np.float32)
+    if layout == "feature_major":
+        x, out = feature_major(x), feature_major(out)
+    kernels.linear(x, weight, out)
+    expected = x.astype(np.float64) @ dequantize(weight).astype(np.float64).T
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

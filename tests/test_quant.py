@@ -42,10 +42,12 @@ def test_quantize_is_within_half_a_step_of_each_block_and_idempotent(fmt, bound)
 
 
 def test_nibbles_pack_in_ggml_order():
-    q = np.arange(32, dtype=np.uint8).reshape(1, 1, 32) % 16
+    q = (np.arange(64, dtype=np.uint8) * 7 % 16).reshape(1, 2, 32)
     packed = pack_nibbles(q)
-    assert packed.shape == (1, 16)
-    assert packed[0, 0] == (q[0, 0, 0] | q[0, 0, 16] << 4)    # byte j: element j low, j + 16 high
+    assert packed.shape == (1, 16, 2)                          # [rows, byte in block, block]
+    for block in range(2):
+        for j in range(16):                                    # byte j: element j low, j + 16 high
+            assert packed[0, j, block] == (q[0, block, j] | q[0, block, j + 16] << 4)
     assert np.array_equal(unpack_nibbles(packed), q)
 
 

@@ -5,9 +5,15 @@ The layouts are GGUF's, so a GGUF tensor already stored in one of them is used a
     int8  symmetric, like Q8_0:  w = scale * q,        q int8 in [-127, 127]
     int4  affine,    like Q4_1:  w = scale * q + min,  q in [0, 15], two per byte
 
-Packing follows ggml: in each block of 32, byte j holds element j in its low nibble and element
-j + 16 in its high nibble. Q4_0 (w = scale * (q - 8)) is int4 with min = -8 * scale. Scales and
-mins are float32 here (GGUF stores float16; widening is exact).
+Packing follows ggml: in each block of 32, int4 byte j holds element j in its low nibble and
+element j + 16 in its high nibble. Q4_0 (w = scale * (q - 8)) is int4 with min = -8 * scale.
+Scales and mins are float32 here (GGUF stores float16; widening is exact).
+
+The quants are kept position-major: qs[row, j, block] is the j-th byte (int4) or value (int8) of
+each block, so a kernel's innermost loop runs over blocks with unit stride and no sum across lanes
+per block (a prototype measured 25 ms against 37 ms in ggml's block-major order for the default
+model's 30 layers, one token, 2 AVX2 cores). Reading a GGUF tensor reorders its bytes; nothing is
+rounded.
 
 `dequantize` is the readable definition of what a quantized matrix means; the kernels multiply by
 the packed bytes without building the float matrix (see vllmlite/kernels).
@@ -28,9 +34,9 @@ class QuantizedMatrix:
     """A [rows, cols] matrix in blocks of BLOCK along cols (cols a multiple of BLOCK)."""
 
     format: str               # "int8" or "int4"
-    qs: np.ndarray            # int8 [rows, cols] or uint8 [rows, cols / 2] (packed nibbles)
-    scales: np.ndarray        # float32 [rows, cols / BLOCK]
-    mins: np.ndarray | None   # float32 [rows, cols / BLOCK] for int4, None for int8
+    qs: np.ndarray            # int8 [rows, 32, blocks] or uint8 [rows, 16, blocks] (packed nibbles)
+    scales: np.ndarray        # float32 [rows, blocks]
+    mins: np.ndarray | None   # float32 [rows, blocks] for int4, None for int8
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -60,7 +66,7 @@ def quantize(weight: np.ndarray, fmt: str) -> QuantizedMatrix:
         scales = np.abs(blocks).max(axis=-1) / 127
         safe = np.where(scales == 0, 1, scales)[..., None]
         qs = np.clip(np.rint(blocks / safe), -127, 127).astype(np.int8)
-        return QuantizedMatrix("int8", qs.reshape(weight.shape), scales.astype(np.float32), None)
+        return QuantizedMatrix("int8", _position_major(qs), scales.astype(np.float32), None)
     if fmt == "int4":
         low, high = blocks.min(axis=-1), blocks.max(axis=-1)
         scales = (high - low) / 15
@@ -70,16 +76,19 @@ def quantize(weight: np.ndarray, fmt: str) -> QuantizedMatrix:
     raise ValueError(f"quantization must be one of {FORMATS}, got {fmt!r}")
 
 
+def _position_major(blocks: np.ndarray) -> np.ndarray:
+    """[rows, blocks, k] (block-major, as GGUF stores them) -> [rows, k, blocks]."""
+    return np.ascontiguousarray(blocks.transpose(0, 2, 1))
+
+
 def pack_nibbles(q: np.ndarray) -> np.ndarray:
-    """[rows, blocks, 32] values in [0, 15] -> [rows, blocks * 16] bytes, ggml's order."""
-    rows, num_blocks, _ = q.shape
-    return (q[..., :16] | (q[..., 16:] << 4)).reshape(rows, num_blocks * 16)
+    """[rows, blocks, 32] values in [0, 15] -> [rows, 16, blocks] bytes: element j low, j + 16 high."""
+    return _position_major(q[..., :16] | (q[..., 16:] << 4))
 
 
 def unpack_nibbles(qs: np.ndarray) -> np.ndarray:
-    """[rows, blocks * 16] bytes -> [rows, blocks, 32] values in [0, 15]."""
-    rows = qs.shape[0]
-    packed = qs.reshape(rows, -1, 16)
+    """[rows, 16, blocks] bytes -> [rows, blocks, 32] values in [0, 15]."""
+    packed = qs.transpose(0, 2, 1)
     return np.concatenate([packed & 15, packed >> 4], axis=-1)
 
 
@@ -87,7 +96,7 @@ def dequantize(m: QuantizedMatrix) -> np.ndarray:
     """The float32 [rows, cols] matrix that `m` stands for."""
     rows, cols = m.shape
     if m.format == "int8":
-        blocks = m.qs.reshape(rows, cols // BLOCK, BLOCK).astype(np.float32) * m.scales[..., None]
+        blocks = m.qs.transpose(0, 2, 1).astype(np.float32) * m.scales[..., None]
     else:
         blocks = unpack_nibbles(m.qs).astype(np.float32) * m.scales[..., None] + m.mins[..., None]
     return blocks.reshape(rows, cols)
@@ -108,7 +117,7 @@ def from_gguf(data: np.ndarray, type_name: str, shape: tuple[int, int]) -> Quant
     rows, cols = shape
     blocks = np.ascontiguousarray(data).view(_GGUF_BLOCKS[type_name]).reshape(rows, cols // BLOCK)
     scales = blocks["d"].astype(np.float32)
-    qs = np.ascontiguousarray(blocks["qs"]).reshape(rows, -1)
+    qs = _position_major(blocks["qs"])                           # [rows, 32 or 16, blocks]
     if type_name == "Q8_0":
         return QuantizedMatrix("int8", qs, scales, None)
     mins = blocks["m"].astype(np.float32) if type_name == "Q4_1" else -8 * scales

@@ -11,16 +11,20 @@ import math
 import numpy as np
 
 from vllmlite.attention import AttentionGroup, AttentionMetadata
+from vllmlite.quant import QuantizedMatrix, dequantize
 
 
-def linear(x: np.ndarray, weight: np.ndarray, out: np.ndarray) -> None:
-    """out = x @ weight.T: x [tokens, in], weight [out, in], out [tokens, out].
+def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray) -> None:
+    """out = x @ weight.T: x [tokens, in], weight [out, in], out [tokens, out]. A quantized weight
+    means its dequantized float32 matrix (vllmlite/quant.py).
 
     Computed as weight @ x.T into out.T, one BLAS GEMM: the model's activations are transposed
     views of row-major [features, tokens] arrays (model.Workspace), so x.T and out.T are plain
     row-major matrices; OpenBLAS runs this about 30% faster than x @ weight.T for the few-row
     products of decode (measured at 32 rows, AVX2).
     """
+    if isinstance(weight, QuantizedMatrix):
+        weight = dequantize(weight)
     np.matmul(weight, x.T, out=out.T)
 
 
