@@ -1,0 +1,78 @@
+"""Quantized linear layers against float32, on the default model's own matrices.
+
+    python bench/quant_bench.py            # about 1 minute on 2 cores
+
+Every matrix of the model (30 layers' Q, K, V, output, gate, up, down, and the LM head) as the GGUF
+stores it (Q4_1 layers, Q8_0 LM head) and dequantized to float32, multiplied by 1-64 tokens through
+`Kernels.linear` of the default backend: the time of one pass over all of them, and through which
+quantized path (from the packed bytes for few tokens, dequantized tiles into BLAS beyond). Raw
+results: results/bench_quant.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import vllmlite  # noqa: E402, F401  (first: it sets the thread pools' environment before numpy loads)
+
+# isort: split
+import gguf  # noqa: E402
+import numpy as np  # noqa: E402
+from report import command_line, machine_info  # noqa: E402
+
+from vllmlite.kernels import get_kernels  # noqa: E402
+from vllmlite.model_source import resolve_model  # noqa: E402
+from vllmlite.quant import dequantize, from_gguf  # noqa: E402
+
+MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def timed(fn, reps: int = 3) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - start) / reps
+
+
+def main() -> None:
+    reader = gguf.GGUFReader(resolve_model("default"))
+    tensors = {t.name: t for t in reader.tensors}
+
+    def stored(name: str):
+        t = tensors[name]
+        return from_gguf(t.data, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
+    num_layers = sum(name.endswith(".attn_q.weight") for name in tensors)
+    quantized = [stored(f"blk.{i}.{m}.weight") for i in range(num_layers) for m in MATRICES]
+    quantized.append(stored("token_embd.weight"))
+    floats = [dequantize(m) for m in quantized]
+    kernels = get_kernels()
+    rng = np.random.default_rng(0)
+    rows = []
+    print(f"bytes: quantized {sum(m.nbytes for m in quantized) / 1e6:.0f} MB, "
+          f"float32 {sum(w.nbytes for w in floats) / 1e6:.0f} MB")
+    for num_tokens in (1, 2, 4, 8, 16, 64):
+        xs = {k: rng.standard_normal((k, num_tokens), dtype=np.float32).T for k in {w.shape[1] for w in floats}}
+        outs = [np.empty((w.shape[0], num_tokens), np.float32).T for w in floats]
+        row = {"tokens": num_tokens}
+        for name, weights in (("quantized_s", quantized), ("float32_s", floats)):
+            row[name] = timed(lambda ws=weights: [kernels.linear(xs[w.shape[1]], w, o) for w, o in zip(ws, outs)])
+        row["ratio"] = row["quantized_s"] / row["float32_s"]
+        rows.append(row)
+        print(f"{num_tokens:3d} tokens: quantized {row['quantized_s'] * 1e3:7.1f} ms, "
+              f"float32 {row['float32_s'] * 1e3:7.1f} ms, ratio {row['ratio']:.2f}")
+    out = ROOT / "results" / "bench_quant.json"
+    out.write_text(json.dumps({"command": command_line(sys.argv), "machine": machine_info(), "rows": rows},
+                              indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
