@@ -1,6 +1,7 @@
 """Quantized linear layers against float32, on the default model's own matrices.
 
     python bench/quant_bench.py            # about 1 minute on 2 cores
+    python bench/quant_bench.py --quick    # 1 and 17 tokens, one repetition (tests/test_quant_bench.py)
 
 Every matrix of the model (30 layers' Q, K, V, output, gate, up, down, and the LM head) as the GGUF
 stores it (Q4_1 layers, Q8_0 LM head) and dequantized to float32, multiplied by 1-64 tokens through
@@ -11,6 +12,7 @@ results: results/bench_quant.json.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -42,7 +44,12 @@ def timed(fn, reps: int = 3) -> float:
     return (time.perf_counter() - start) / reps
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_quant.json")
+    args = parser.parse_args(argv)
+    token_counts, reps = ((1, 17), 1) if args.quick else ((1, 2, 4, 8, 16, 64), 3)
     reader = gguf.GGUFReader(resolve_model("default"))
     tensors = {t.name: t for t in reader.tensors}
 
@@ -58,20 +65,21 @@ def main() -> None:
     rows = []
     print(f"bytes: quantized {sum(m.nbytes for m in quantized) / 1e6:.0f} MB, "
           f"float32 {sum(w.nbytes for w in floats) / 1e6:.0f} MB")
-    for num_tokens in (1, 2, 4, 8, 16, 64):
+    for num_tokens in token_counts:
         xs = {k: rng.standard_normal((k, num_tokens), dtype=np.float32).T for k in {w.shape[1] for w in floats}}
         outs = [np.empty((w.shape[0], num_tokens), np.float32).T for w in floats]
         row = {"tokens": num_tokens}
         for name, weights in (("quantized_s", quantized), ("float32_s", floats)):
-            row[name] = timed(lambda ws=weights: [kernels.linear(xs[w.shape[1]], w, o) for w, o in zip(ws, outs)])
+            row[name] = timed(lambda ws=weights: [kernels.linear(xs[w.shape[1]], w, o) for w, o in zip(ws, outs)],
+                              reps)
         row["ratio"] = row["quantized_s"] / row["float32_s"]
         rows.append(row)
         print(f"{num_tokens:3d} tokens: quantized {row['quantized_s'] * 1e3:7.1f} ms, "
               f"float32 {row['float32_s'] * 1e3:7.1f} ms, ratio {row['ratio']:.2f}")
-    out = ROOT / "results" / "bench_quant.json"
-    out.write_text(json.dumps({"command": command_line(sys.argv), "machine": machine_info(), "rows": rows},
-                              indent=1) + "\n")
-    print(f"wrote {out}")
+    report = {"command": command_line(sys.argv), "machine": machine_info(), "rows": rows}
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return report
 
 
 if __name__ == "__main__":
