@@ -68,13 +68,6 @@ def _is_busy(run: dict) -> bool:
     return (run.get("loadavg_end") or [0.0])[0] > BUSY_LOADAVG
 
 
-def _ratio(report: dict, a: str, b: str, arrival: str, key: Callable[[dict], float]) -> float | None:
-    ra, rb = _run(report, a, arrival), _run(report, b, arrival)
-    if ra is None or rb is None:
-        return None
-    return key(ra["summary"]) / key(rb["summary"])
-
-
 def sweep_claims(report: dict) -> list[str]:
     """Per arrival: our server against llama-server's best --parallel at that arrival (the most
     output tok/s), each ratio computed from two runs of the same JSON, with the issue's targets."""

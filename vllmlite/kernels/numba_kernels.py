@@ -152,19 +152,27 @@ def _int8_linear(xt, qs, scales, out_t):  # pragma: no cover - compiled
 
 
 @_parallel
-def _dequantize_rows(qs, scales, mins, first, out):  # pragma: no cover - compiled
-    """Rows first .. first + len(out) - 1 of a quantized matrix, as float32 [rows, cols] in `out`."""
+def _dequantize_int4_rows(qs, scales, mins, first, out):  # pragma: no cover - compiled
+    """Rows first .. first + len(out) - 1 of an int4 matrix, as float32 [rows, cols] in `out`."""
     num_bytes, num_blocks = qs.shape[1], qs.shape[2]
     for i in prange(out.shape[0]):
         o = first + i
         for j in range(num_bytes):
             for b in range(num_blocks):
-                if mins.shape[0] == 0:                                  # int8
-                    out[i, b * num_bytes + j] = scales[o, b] * np.float32(qs[o, j, b])
-                else:                                                   # int4
-                    byte = qs[o, j, b]
-                    out[i, b * 32 + j] = scales[o, b] * np.float32(byte & 15) + mins[o, b]
-                    out[i, b * 32 + 16 + j] = scales[o, b] * np.float32(byte >> 4) + mins[o, b]
+                byte = qs[o, j, b]
+                out[i, b * 32 + j] = scales[o, b] * np.float32(byte & 15) + mins[o, b]
+                out[i, b * 32 + 16 + j] = scales[o, b] * np.float32(byte >> 4) + mins[o, b]
+
+
+@_parallel
+def _dequantize_int8_rows(qs, scales, first, out):  # pragma: no cover - compiled
+    """The same for int8."""
+    block, num_blocks = qs.shape[1], qs.shape[2]
+    for i in prange(out.shape[0]):
+        o = first + i
+        for j in range(block):
+            for b in range(num_blocks):
+                out[i, b * block + j] = scales[o, b] * np.float32(qs[o, j, b])
 
 
 @_serial
@@ -292,7 +300,6 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
 # float32 yet: both are compute-bound (issue 11 is open).
 QUANTIZED_FEW_ROWS = 4
 DEQUANTIZE_ROWS = 256  # rows of a quantized matrix turned into float32 at a time for BLAS (~0.6 MB)
-_NO_MINS = np.zeros((0, 0), dtype=np.float32)
 
 
 def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray) -> None:
@@ -321,10 +328,12 @@ def _quantized_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray) -
         return
     rows, cols = weight.shape
     tile = np.empty((min(rows, DEQUANTIZE_ROWS), cols), dtype=np.float32)
-    mins = weight.mins if weight.mins is not None else _NO_MINS
     for first in range(0, rows, DEQUANTIZE_ROWS):
         last = min(rows, first + DEQUANTIZE_ROWS)
-        _dequantize_rows(weight.qs, weight.scales, mins, first, tile[:last - first])
+        if weight.format == "int4":
+            _dequantize_int4_rows(weight.qs, weight.scales, weight.mins, first, tile[:last - first])
+        else:
+            _dequantize_int8_rows(weight.qs, weight.scales, first, tile[:last - first])
         np.matmul(tile[:last - first], xt, out=out_t[first:last])
 
 
