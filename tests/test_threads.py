@@ -1,4 +1,5 @@
-"""The thread pools' environment: set when vllmlite comes before numpy, and a warning when it cannot be."""
+"""Start-up settings: the thread pools' environment (set when vllmlite comes before numpy, a warning
+when it cannot be) and the scheduler defaults every entry point shares."""
 
 from __future__ import annotations
 
@@ -25,3 +26,17 @@ def test_engine_warns_only_when_numpy_was_imported_first(numpy_first):
     assert result.returncode == 0, result.stderr
     assert f"applied {not numpy_first} 4" in result.stdout
     assert ("numpy was imported before vllmlite" in result.stderr) == numpy_first
+
+
+def test_every_entry_point_starts_from_the_engines_scheduler_defaults():
+    """The server, the LLM class and the offline benchmark get the defaults the sweep chose."""
+    import inspect
+
+    from vllmlite import LLM
+    from vllmlite.api.cli import ServerConfig
+    from vllmlite.config import SchedulerConfig
+    llm_defaults = inspect.signature(LLM.__init__).parameters
+    for name in ("max_num_seqs", "max_num_batched_tokens"):
+        expected = getattr(SchedulerConfig(), name)
+        assert getattr(ServerConfig(), name) == expected
+        assert llm_defaults[name].default == expected

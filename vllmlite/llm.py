@@ -21,8 +21,9 @@ PromptInput = str | dict
 class LLM:
     def __init__(self, model: str = "default", dtype: str = "float32", seed: int = 0, *,
                  block_size: int = 16, num_blocks: int | None = None,
-                 kv_cache_memory: int | None = None, max_num_seqs: int = 32,
-                 max_num_batched_tokens: int = 256, max_model_len: int | None = None,
+                 kv_cache_memory: int | None = None, max_num_seqs: int = SchedulerConfig.max_num_seqs,
+                 max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens,
+                 max_model_len: int | None = None,
                  enable_prefix_caching: bool = True, preemption_mode: str = "recompute",
                  swap_space: float = 1.0, speculative_config: dict | None = None,
                  kernels: str | None = None) -> None:
