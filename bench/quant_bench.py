@@ -31,7 +31,7 @@ from report import command_line, machine_info  # noqa: E402
 
 from vllmlite.kernels import get_kernels  # noqa: E402
 from vllmlite.model_source import resolve_model  # noqa: E402
-from vllmlite.quant import dequantize, from_gguf  # noqa: E402
+from vllmlite.quant import dequantize, from_gguf, tile  # noqa: E402
 
 MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def stored(name: str):
         t = tensors[name]
-        return from_gguf(t.data, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
+        return tile(from_gguf(t.data, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape))))
     num_layers = sum(name.endswith(".attn_q.weight") for name in tensors)
     quantized = [stored(f"blk.{i}.{m}.weight") for i in range(num_layers) for m in MATRICES]
     quantized.append(stored("token_embd.weight"))

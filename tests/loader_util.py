@@ -17,12 +17,15 @@ class EngineRun(NamedTuple):
     num_forward_passes: int
 
 
-def engine_logits(model: str, token_ids: list[int], block_size: int, budget: int) -> EngineRun:
+def engine_logits(model: str, token_ids: list[int], block_size: int, budget: int,
+                  quantization: str = "none") -> EngineRun:
     """Logits at every position of one prompt, from the engine's own forward passes (paged KV
-    cache, chunked prefill when the prompt exceeds `budget`): the LM head is asked for every row."""
-    engine = LLMEngine(EngineConfig(model=model, dtype="float64",
+    cache, chunked prefill when the prompt exceeds `budget`): the LM head is asked for every row.
+    In float64, or float32 for quantized weights."""
+    engine = LLMEngine(EngineConfig(model=model, dtype="float64" if quantization == "none" else "float32",
                                     cache=CacheConfig(block_size=block_size, num_blocks=64),
-                                    scheduler=SchedulerConfig(max_num_batched_tokens=budget)))
+                                    scheduler=SchedulerConfig(max_num_batched_tokens=budget),
+                                    quantization=quantization))
     llama = engine.runner.model
     forward = llama.forward
     by_position: dict[int, np.ndarray] = {}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from vllmlite.kernels import reference as kernels
-from vllmlite.loader import LoadedModel
+from vllmlite.loader import LoadedModel, ModelWeights
 from vllmlite.model import rope_inv_freq
+from vllmlite.quant import QuantizedMatrix, dequantize
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -28,9 +29,20 @@ def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np
     return np.einsum("hnl,lhd->nhd", probs, v)                       # [n, heads, d]
 
 
+def dequantized(w: ModelWeights) -> ModelWeights:
+    """The same weights with every quantized matrix as the float32 array it stands for."""
+    def plain(a):
+        return dequantize(a) if isinstance(a, QuantizedMatrix) else a
+    layers = [type(layer)(**{k: plain(a) for k, a in vars(layer).items()}) for layer in w.layers]
+    embed = plain(w.embed)
+    lm_head = embed if w.lm_head is w.embed else plain(w.lm_head)
+    return ModelWeights(embed, layers, w.final_norm, lm_head, w.rope_freq_factors)
+
+
 def dense_logits(loaded: LoadedModel, token_ids: list[int]) -> np.ndarray:
-    """Logits at every position of one sequence, recomputed from scratch. [len, vocab]"""
-    c, w = loaded.config, loaded.weights
+    """Logits at every position of one sequence, recomputed from scratch. [len, vocab]
+    Quantized weights count as their dequantized float32 matrices."""
+    c, w = loaded.config, dequantized(loaded.weights)
     n = len(token_ids)
     positions = np.arange(n)
     angles = np.outer(positions, rope_inv_freq(c, w.rope_freq_factors))    # [n, head_dim / 2]

@@ -12,10 +12,11 @@ import pytest
 from gguf import GGMLQuantizationType as QType
 from gguf import quants
 from loader_util import engine_logits
-from reference import dense_logits
+from reference import dense_logits, dequantized
 
 from vllmlite.config import ModelConfig, RopeScaling
 from vllmlite.loader import LayerWeights, LoadedModel, ModelWeights, _unpermute_rows, load_model, random_weights
+from vllmlite.quant import QuantizedMatrix, dequantize, dequantize_block_rows, quantize_rows
 from vllmlite.tokenizer import bytes_to_unicode
 
 # --- GGUF -----------------------------------------------------------------------------------------
@@ -278,6 +279,58 @@ def test_gguf_shape_convention_round_trips(tmp_path, qtype):
             for name, t in tensors.items()}
     np.testing.assert_array_equal(back["m"], roundtrip(matrix, qtype))
     np.testing.assert_array_equal(back["v"], vector)
+
+
+QUANTIZED_SPECS = [GGUFSpec(qtype=QType.Q4_1), GGUFSpec(qtype=QType.Q4_0, tied=False), GGUFSpec(qtype=QType.Q8_0),
+                   GGUFSpec(arch="qwen2", tied=True, qtype=QType.Q4_1), GGUFSpec(qtype=QType.F32),
+                   GGUFSpec(qtype=QType.F16, tied=False)]
+STORED_FORMAT = {QType.Q8_0: "int8", QType.Q4_0: "int4", QType.Q4_1: "int4"}
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+@pytest.mark.parametrize("spec", QUANTIZED_SPECS, ids=spec_id)
+def test_quantized_loading_keeps_stored_blocks_and_rounds_float_ones(tmp_path, spec, quantization):
+    """quantization int8/int4: a Q8_0/Q4_0/Q4_1 tensor is kept in its own format, bit for bit what
+    the float loader dequantizes (Q/K rows un-permuted, QKV and gate/up fused, with their scales);
+    an F32/F16 one is rounded to the chosen format at load. Norms and biases stay float32."""
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, spec, original_weights(spec))
+    plain, loaded = load_model(str(path)), load_model(str(path), quantization=quantization)
+    assert loaded.config == plain.config
+    assert (loaded.weights.lm_head is loaded.weights.embed) == spec.tied
+    got, want = weight_arrays(loaded.weights), weight_arrays(plain.weights)
+    for name, array in got.items():
+        if want[name].ndim == 1:                                   # norms, biases
+            assert isinstance(array, np.ndarray) and array.dtype == np.float32, name
+            np.testing.assert_array_equal(array, want[name], err_msg=name)
+            continue
+        assert isinstance(array, QuantizedMatrix) and array.shape == want[name].shape, name
+        if spec.qtype in STORED_FORMAT:
+            assert array.format == STORED_FORMAT[spec.qtype], name
+            np.testing.assert_array_equal(dequantize(array), want[name], err_msg=name)
+        else:
+            assert array.format == quantization, name
+            expected = dequantize_block_rows(quantize_rows(want[name], quantization))
+            np.testing.assert_array_equal(dequantize(array), expected, err_msg=name)
+    assert loaded.weights.num_bytes < plain.weights.num_bytes / 3
+    # The engine on the quantized weights computes what the dense reference does on their floats.
+    reference = dense_logits(LoadedModel(loaded.config, dequantized(loaded.weights), None, "ref"), TOKEN_IDS)
+    run = engine_logits(str(path), TOKEN_IDS, block_size=4, budget=6, quantization=quantization)
+    np.testing.assert_allclose(run.logits, reference, rtol=0, atol=1e-4 * np.abs(reference).max())
+
+
+def test_quantization_is_validated_before_loading(tmp_path):
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        load_model("random", quantization="int3")
+    with pytest.raises(ValueError, match="computes in float32"):
+        load_model("random", dtype="float64", quantization="int8")
+    rng = np.random.default_rng(0)
+    path = tmp_path / "odd.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("m", rng.standard_normal((3, 40)).astype(np.float32))
+    finish(writer)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_rows(rng.standard_normal((3, 40)).astype(np.float32), "int4")
 
 
 def test_unsupported_gguf_architecture_is_a_clear_error(tmp_path):

@@ -72,8 +72,9 @@ def test_linear_matches_a_float64_product(kernels, dtype, num_tokens, layout):
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-@pytest.mark.parametrize("num_tokens", [1, 3, 17, 256])      # few-token kernel and BLAS over tiles
-@pytest.mark.parametrize("shape", [(37, 64), (300, 96)])      # a ragged row tile; more rows than one BLAS tile
+@pytest.mark.parametrize("num_tokens", [1, 8, 9, 256])        # both sides of the packed-bytes path / BLAS tiles
+# Rows: one, a few, a ragged tile, whole tiles, more than one buffer of tiles for BLAS.
+@pytest.mark.parametrize("shape", [(1, 64), (3, 96), (17, 32), (256, 160), (600, 64)])
 @pytest.mark.parametrize("layout", ["token_major", "feature_major"])
 def test_quantized_linear_matches_the_dequantized_product(kernels, fmt, num_tokens, shape, layout):
     rng = np.random.default_rng(num_tokens)

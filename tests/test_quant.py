@@ -8,13 +8,18 @@ from gguf import GGMLQuantizationType, quants
 
 from vllmlite.quant import (
     BLOCK,
+    TILE,
+    BlockRows,
     QuantizedMatrix,
-    concat_rows,
     dequantize,
+    dequantize_block_rows,
     from_gguf,
     pack_nibbles,
     quantize,
+    quantize_rows,
+    tile,
     unpack_nibbles,
+    untile,
 )
 
 
@@ -22,7 +27,7 @@ def weights(rows: int, cols: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     w[0, :BLOCK] = 0.0                       # an all-zero block: scale 0 must not divide by zero
-    w[1, :BLOCK] = 3.0                       # a constant block
+    w[-1, -BLOCK:] = 3.0                     # a constant block
     return w
 
 
@@ -36,7 +41,7 @@ def test_quantize_is_within_half_a_step_of_each_block_and_idempotent(fmt, bound)
     err = np.abs(dequantize(q) - w).reshape(7, 3, BLOCK).max(-1)
     assert np.all(err <= bound * span + 1e-6)
     assert np.array_equal(dequantize(q)[0, :BLOCK], np.zeros(BLOCK))
-    np.testing.assert_allclose(dequantize(q)[1, :BLOCK], 3.0, rtol=1e-6)
+    np.testing.assert_allclose(dequantize(q)[-1, -BLOCK:], 3.0, rtol=1e-6)
     again = quantize(dequantize(q), fmt)       # what is already on the grid stays there
     np.testing.assert_allclose(dequantize(again), dequantize(q), atol=1e-5)
 
@@ -44,11 +49,32 @@ def test_quantize_is_within_half_a_step_of_each_block_and_idempotent(fmt, bound)
 def test_nibbles_pack_in_ggml_order():
     q = (np.arange(64, dtype=np.uint8) * 7 % 16).reshape(1, 2, 32)
     packed = pack_nibbles(q)
-    assert packed.shape == (1, 16, 2)                          # [rows, byte in block, block]
+    assert packed.shape == (1, 2, 16)                          # [rows, block, byte in block]
     for block in range(2):
         for j in range(16):                                    # byte j: element j low, j + 16 high
-            assert packed[0, j, block] == (q[0, block, j] | q[0, block, j + 16] << 4)
+            assert packed[0, block, j] == (q[0, block, j] | q[0, block, j + 16] << 4)
     assert np.array_equal(unpack_nibbles(packed), q)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("rows", [1, 3, TILE, TILE + 1, 2 * TILE + 17])
+def test_tiles_hold_each_row_lane_by_lane_and_untile_exactly(fmt, rows):
+    m = quantize_rows(weights(rows, 64, seed=rows), fmt)
+    t = tile(m)
+    width = 32 if fmt == "int8" else 16
+    num_tiles = -(-rows // TILE)
+    assert t.qs.shape == (num_tiles, 2, width, TILE) and t.scales.shape == (num_tiles, 2, TILE)
+    assert t.shape == (rows, 64) and t.num_rows == rows
+    last = rows - 1                                            # row r: tile r // TILE, lane r % TILE
+    assert np.array_equal(t.qs[last // TILE, 1, :, last % TILE], m.qs[last, 1])
+    assert t.scales[last // TILE, 1, last % TILE] == m.scales[last, 1]
+    assert not t.qs[-1, :, :, rows - (num_tiles - 1) * TILE:].any()   # padding rows are zero
+    back = untile(t)
+    for a, b in ((back.qs, m.qs), (back.scales, m.scales), (back.mins, m.mins)):
+        assert (a is None and b is None) or np.array_equal(a, b)
+    np.testing.assert_array_equal(dequantize(t), dequantize_block_rows(m))
+    picked = np.array([last, 0, last, rows // 2])              # embedding lookup: any rows, repeated
+    np.testing.assert_array_equal(dequantize(t, picked), dequantize(t)[picked])
 
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_1"])
@@ -58,7 +84,8 @@ def test_gguf_blocks_are_read_as_stored(type_name):
     expected = quants.dequantize(raw, GGMLQuantizationType[type_name]).reshape(w.shape)
     m = from_gguf(raw, type_name, w.shape)
     assert m.format == ("int8" if type_name == "Q8_0" else "int4")
-    np.testing.assert_array_equal(dequantize(m), expected)
+    np.testing.assert_array_equal(dequantize_block_rows(m), expected)
+    np.testing.assert_array_equal(dequantize(tile(m)), expected)
 
 
 def test_unsupported_shapes_and_types_are_rejected_clearly():
@@ -70,15 +97,17 @@ def test_unsupported_shapes_and_types_are_rejected_clearly():
         from_gguf(np.zeros(8, np.uint8), "Q5_K", (1, 256))
 
 
-def test_rows_and_concat_keep_each_row():
-    a, b = quantize(weights(4, 64, 2), "int4"), quantize(weights(3, 64, 3), "int4")
-    stacked = concat_rows([a, b])
-    assert isinstance(stacked, QuantizedMatrix) and stacked.shape == (7, 64)
-    np.testing.assert_array_equal(dequantize(stacked), np.concatenate([dequantize(a), dequantize(b)]))
+def test_take_and_concat_keep_each_row():
+    a, b = quantize_rows(weights(4, 64, 2), "int4"), quantize_rows(weights(3, 64, 3), "int4")
+    stacked = BlockRows.concat([a, b])
+    assert stacked.qs.shape == (7, 2, 16)
+    np.testing.assert_array_equal(dequantize_block_rows(stacked),
+                                  np.concatenate([dequantize_block_rows(a), dequantize_block_rows(b)]))
     order = np.array([6, 0, 3])
-    np.testing.assert_array_equal(dequantize(stacked.rows(order)), dequantize(stacked)[order])
+    np.testing.assert_array_equal(dequantize_block_rows(stacked.take(order)), dequantize_block_rows(stacked)[order])
     with pytest.raises(ValueError, match="different formats"):
-        concat_rows([a, quantize(weights(2, 64), "int8")])
+        BlockRows.concat([a, quantize_rows(weights(2, 64), "int8")])
+    assert isinstance(tile(stacked), QuantizedMatrix)
 
 
 @pytest.mark.real_model
@@ -91,6 +120,6 @@ def test_the_default_gguf_tensors_read_as_stored_match_the_gguf_package():
     for name in ("blk.0.ffn_down.weight", "blk.29.attn_q.weight", "token_embd.weight"):  # Q4_1, Q4_1, Q8_0
         t = tensors[name]
         shape = tuple(int(d) for d in reversed(t.shape))
-        m = from_gguf(t.data, t.tensor_type.name, shape)
+        m = tile(from_gguf(t.data, t.tensor_type.name, shape))
         np.testing.assert_array_equal(dequantize(m), quants.dequantize(t.data, t.tensor_type).reshape(shape))
         assert m.nbytes <= 9 / 32 * np.prod(shape) * 4      # 5-9 bits a weight (float32 scales), not 32

@@ -6,10 +6,13 @@ This module knows nothing of requests, tensors or HTTP.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
 DTYPES = ("float32", "float64")
+QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, blocks of 32 (vllmlite/quant.py)
+QUANTIZATION_ENV = "VLLMLITE_QUANTIZATION"
 KERNEL_BACKENDS = ("numba", "numpy")  # vllmlite/kernels: compiled (default) or the numpy references
 PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB: about 23k tokens of SmolLM2-135M in float32
@@ -175,11 +178,22 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig | None = None
     kernels: str | None = None  # a KERNEL_BACKENDS name; None: $VLLMLITE_KERNELS, else "numba"
+    quantization: str | None = None  # a QUANTIZATIONS name; None: $VLLMLITE_QUANTIZATION, else "none"
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        quantization = self.weight_quantization
+        _require(quantization in QUANTIZATIONS,
+                 f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+        _require(quantization == "none" or self.dtype == "float32",
+                 f"quantization {quantization!r} computes in float32; got dtype {self.dtype!r}")
         _require(self.kernels is None or self.kernels in KERNEL_BACKENDS,
                  f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")
+
+
+    @property
+    def weight_quantization(self) -> str:
+        return self.quantization or os.environ.get(QUANTIZATION_ENV) or "none"
 
 
 def ceil_div(a: int, b: int) -> int:

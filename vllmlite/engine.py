@@ -69,7 +69,7 @@ class _Group:
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        loaded = loaded or load_model(config.model, config.dtype, config.seed)
+        loaded = loaded or load_model(config.model, config.dtype, config.seed, config.weight_quantization)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source

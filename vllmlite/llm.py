@@ -26,7 +26,7 @@ class LLM:
                  max_model_len: int | None = None,
                  enable_prefix_caching: bool = True, preemption_mode: str = "recompute",
                  swap_space: float = 1.0, speculative_config: dict | None = None,
-                 kernels: str | None = None) -> None:
+                 kernels: str | None = None, quantization: str | None = None) -> None:
         cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
                             enable_prefix_caching=enable_prefix_caching, preemption_mode=preemption_mode,
                             swap_space=swap_space)
@@ -34,7 +34,8 @@ class LLM:
                                     max_model_len=max_model_len)
         speculative = SpeculativeConfig.from_dict(speculative_config) if speculative_config else None
         self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, seed=seed, cache=cache,
-                                             scheduler=scheduler, speculative=speculative, kernels=kernels))
+                                             scheduler=scheduler, speculative=speculative, kernels=kernels,
+                                             quantization=quantization))
         self._next_id = 0
 
     def get_tokenizer(self) -> Tokenizer:

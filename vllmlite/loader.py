@@ -6,6 +6,7 @@ knows nothing of the KV cache, batching or serving.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -15,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from vllmlite.config import ModelConfig, RopeScaling
+from vllmlite.config import QUANTIZATIONS, ModelConfig, RopeScaling
 from vllmlite.model_source import RANDOM_MODEL, resolve_model
+from vllmlite.quant import GGUF_TYPES, BlockRows, QuantizedMatrix, from_gguf, quantize_rows, tile
 from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, read_gguf_fields
 
 logger = logging.getLogger(__name__)
@@ -26,36 +28,48 @@ HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"
                     "Qwen2ForCausalLM": "qwen2"}
 
 
+Matrix = np.ndarray | QuantizedMatrix  # a float array, or blocks of int8/int4 (vllmlite/quant.py)
+
+
 @dataclass
 class LayerWeights:
     attn_norm: np.ndarray        # [hidden]
-    wqkv: np.ndarray             # [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
+    wqkv: Matrix                 # [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
     bqkv: np.ndarray | None   # [(num_heads + 2 * num_kv_heads) * head_dim] (Qwen2) or None
-    wo: np.ndarray               # [hidden, num_heads * head_dim]
+    wo: Matrix                   # [hidden, num_heads * head_dim]
     ffn_norm: np.ndarray         # [hidden]
-    w_gate_up: np.ndarray        # [2 * intermediate, hidden]
-    w_down: np.ndarray           # [hidden, intermediate]
+    w_gate_up: Matrix            # [2 * intermediate, hidden]
+    w_down: Matrix               # [hidden, intermediate]
 
 
 @dataclass
 class ModelWeights:
-    embed: np.ndarray                        # [vocab, hidden]
+    embed: Matrix                            # [vocab, hidden]
     layers: list[LayerWeights]
     final_norm: np.ndarray                   # [hidden]
-    lm_head: np.ndarray                      # [vocab, hidden]; the embedding itself when tied
+    lm_head: Matrix                          # [vocab, hidden]; the embedding itself when tied
     rope_freq_factors: np.ndarray | None  # [head_dim / 2] (llama3 GGUFs) or None
 
-    @property
-    def num_parameters(self) -> int:
+    def _arrays(self) -> list[Matrix]:
         arrays = [self.embed, self.final_norm] + [a for layer in self.layers for a in vars(layer).values()
                                                   if a is not None]
         if self.lm_head is not self.embed:
             arrays.append(self.lm_head)
-        return sum(a.size for a in arrays)
+        return arrays
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(a.size for a in self._arrays())
 
     @property
     def num_bytes(self) -> int:
-        return self.num_parameters * self.embed.itemsize
+        """Bytes the weights take in memory (quantized matrices with their scales)."""
+        return sum(a.nbytes for a in self._arrays())
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The float dtype of activations (quantized matrices are read as float32)."""
+        return self.final_norm.dtype
 
 
 @dataclass
@@ -66,27 +80,94 @@ class LoadedModel:
     source: str  # the resolved path, or "random"
 
 
-def load_model(model: str, dtype: str = "float32", seed: int = 0) -> LoadedModel:
-    """Resolve `model` (see model_source) and load its config, weights and tokenizer."""
+def load_model(model: str, dtype: str = "float32", seed: int = 0, quantization: str = "none") -> LoadedModel:
+    """Resolve `model` (see model_source) and load its config, weights and tokenizer.
+
+    quantization "int8" or "int4" keeps the weight matrices (the embedding and LM head too) as
+    blocks of 32 (vllmlite/quant.py): a GGUF tensor stored as Q8_0, Q4_0 or Q4_1 as it is stored,
+    any float tensor rounded to the chosen format. Norms and biases stay float.
+    """
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    if quantization != "none" and dtype != "float32":
+        raise ValueError(f"quantization {quantization!r} computes in float32; got dtype {dtype!r}")
     start = time.perf_counter()
     source = resolve_model(model)
-    np_dtype = np.dtype(dtype)
+    matrices = _Matrices(np.dtype(dtype), quantization)
     if source == RANDOM_MODEL:
-        loaded = _load_random(np_dtype, seed)
+        loaded = _load_random(matrices, seed)
     elif Path(source).is_dir():
-        loaded = _load_hf_directory(Path(source), np_dtype)
+        loaded = _load_hf_directory(Path(source), matrices)
     else:
-        loaded = _load_gguf(Path(source), np_dtype)
+        loaded = _load_gguf(Path(source), matrices)
     weights = loaded.weights
     logger.info("loaded %s (%s): %.1fM parameters, %.1f MiB as %s, in %.1f s", source,
                 loaded.config.architecture, weights.num_parameters / 1e6, weights.num_bytes / 2**20,
-                dtype, time.perf_counter() - start)
+                dtype if quantization == "none" else f"{quantization} ({matrices.describe()})",
+                time.perf_counter() - start)
     return loaded
+
+
+Rows = np.ndarray | BlockRows  # a matrix while it is being assembled: rows can be reordered and stacked
+
+
+class _Matrices:
+    """Turns the weight matrices a loader reads into what the model runs on: float arrays of
+    `dtype`, or with quantization, blocks as stored (GGUF Q8_0/Q4_0/Q4_1) or rounded to the format."""
+
+    def __init__(self, dtype: np.dtype, quantization: str) -> None:
+        self.dtype = dtype
+        self.quantization = quantization
+        self.stored: dict[str, int] = {}   # how many matrices came in each form, for the log
+
+    def from_float(self, array: np.ndarray) -> Rows:
+        if self.quantization == "none":
+            return np.ascontiguousarray(array, dtype=self.dtype)
+        self._count(f"float -> {self.quantization}")
+        return quantize_rows(array, self.quantization)
+
+    def from_blocks(self, blocks: BlockRows, type_name: str) -> Rows:
+        self._count(f"{type_name} as stored")
+        return blocks
+
+    def _count(self, form: str) -> None:
+        self.stored[form] = self.stored.get(form, 0) + 1
+
+    @staticmethod
+    def stack(parts: list[Rows]) -> Rows:
+        """Row-wise, as fused QKV and gate/up matrices are built."""
+        if all(isinstance(p, np.ndarray) for p in parts):
+            return np.concatenate(parts)
+        if not all(isinstance(p, BlockRows) for p in parts):
+            raise ValueError("cannot fuse float and quantized matrices; every part must be quantized or none")
+        return BlockRows.concat(parts)
+
+    @staticmethod
+    def finish(rows: Rows) -> Matrix:
+        return tile(rows) if isinstance(rows, BlockRows) else rows
+
+    def describe(self) -> str:
+        return ", ".join(f"{count} {form}" for form, count in self.stored.items())
+
+    def convert(self, weights: ModelWeights) -> ModelWeights:
+        """Float weights (an HF directory, the random model) in this form; a tied LM head stays
+        the embedding itself."""
+        if self.quantization == "none":
+            return weights
+
+        def convert(a: np.ndarray) -> Matrix:
+            return self.finish(self.from_float(a))
+        layers = [dataclasses.replace(layer, wqkv=convert(layer.wqkv), wo=convert(layer.wo),
+                                      w_gate_up=convert(layer.w_gate_up), w_down=convert(layer.w_down))
+                  for layer in weights.layers]
+        embed = convert(weights.embed)
+        lm_head = embed if weights.lm_head is weights.embed else convert(weights.lm_head)
+        return ModelWeights(embed, layers, weights.final_norm, lm_head, weights.rope_freq_factors)
 
 
 # --- GGUF -------------------------------------------------------------------------------------
 
-def _load_gguf(path: Path, dtype: np.dtype) -> LoadedModel:
+def _load_gguf(path: Path, matrices: _Matrices) -> LoadedModel:
     import gguf
     from gguf import quants
 
@@ -96,11 +177,20 @@ def _load_gguf(path: Path, dtype: np.dtype) -> LoadedModel:
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"{path.name}: GGUF architecture {arch!r} is not supported ({GGUF_ARCHITECTURES})")
     tensors = {t.name: t for t in reader.tensors}
+    dtype = matrices.dtype
 
     def get(name: str) -> np.ndarray:
         tensor = tensors[name]
         array = quants.dequantize(tensor.data, tensor.tensor_type)  # float32, numpy shape = reversed GGUF dims
         return np.ascontiguousarray(array.reshape(tuple(int(d) for d in reversed(tensor.shape))), dtype=dtype)
+
+    def matrix(name: str) -> Rows:
+        tensor = tensors[name]
+        kind = tensor.tensor_type.name
+        if matrices.quantization != "none" and kind in GGUF_TYPES:
+            return matrices.from_blocks(from_gguf(tensor.data, kind, tuple(int(d) for d in reversed(tensor.shape))),
+                                        kind)
+        return matrices.from_float(get(name))
 
     config = _gguf_config(fields, arch, tensors)
     tokenizer = HFTokenizer.from_gguf_fields(fields)
@@ -109,24 +199,23 @@ def _load_gguf(path: Path, dtype: np.dtype) -> LoadedModel:
     layers = []
     for i in range(config.num_layers):
         p = f"blk.{i}."
-        wq, wk = get(p + "attn_q.weight"), get(p + "attn_k.weight")
+        wq, wk = matrix(p + "attn_q.weight"), matrix(p + "attn_k.weight")
         if unpermute:
-            wq = _unpermute_rows(wq, config.num_heads)
-            wk = _unpermute_rows(wk, config.num_kv_heads)
+            wq, wk = _unpermute_rows(wq, config.num_heads), _unpermute_rows(wk, config.num_kv_heads)
         bias = None
         if p + "attn_q.bias" in tensors:
             bias = np.concatenate([get(p + "attn_q.bias"), get(p + "attn_k.bias"), get(p + "attn_v.bias")])
         layers.append(LayerWeights(
             attn_norm=get(p + "attn_norm.weight"),
-            wqkv=np.concatenate([wq, wk, get(p + "attn_v.weight")]),
+            wqkv=matrices.finish(matrices.stack([wq, wk, matrix(p + "attn_v.weight")])),
             bqkv=bias,
-            wo=get(p + "attn_output.weight"),
+            wo=matrices.finish(matrix(p + "attn_output.weight")),
             ffn_norm=get(p + "ffn_norm.weight"),
-            w_gate_up=np.concatenate([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")]),
-            w_down=get(p + "ffn_down.weight"),
+            w_gate_up=matrices.finish(matrices.stack([matrix(p + "ffn_gate.weight"), matrix(p + "ffn_up.weight")])),
+            w_down=matrices.finish(matrix(p + "ffn_down.weight")),
         ))
-    embed = get("token_embd.weight")
-    lm_head = get("output.weight") if "output.weight" in tensors else embed
+    embed = matrices.finish(matrix("token_embd.weight"))
+    lm_head = matrices.finish(matrix("output.weight")) if "output.weight" in tensors else embed
     freq_factors = get("rope_freqs.weight") if "rope_freqs.weight" in tensors else None
     weights = ModelWeights(embed, layers, get("output_norm.weight"), lm_head, freq_factors)
     return LoadedModel(config, weights, tokenizer, str(path))
@@ -163,20 +252,22 @@ def _gguf_config(fields: dict, arch: str, tensors: dict) -> ModelConfig:
     )
 
 
-def _unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+def _unpermute_rows(weight: Rows, num_heads: int) -> Rows:
     """Undo llama.cpp's per-head interleave of rotary halves (convert_hf_to_gguf's `permute`).
 
     Per head, llama.cpp's rows are (pair 0 first half, pair 0 second half, pair 1 ...); HF's are
-    (all first halves, all second halves). [out, in] -> [heads, half, 2, in] -> [heads, 2, half, in].
+    (all first halves, all second halves): rows [heads, half, 2] -> [heads, 2, half]. Quantized
+    rows move whole, blocks and scales with them.
     """
-    out_dim = weight.shape[0]
+    out_dim = len(weight.qs) if isinstance(weight, BlockRows) else len(weight)
     half = out_dim // num_heads // 2
-    return weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    order = np.arange(out_dim).reshape(num_heads, half, 2).swapaxes(1, 2).reshape(-1)
+    return weight.take(order) if isinstance(weight, BlockRows) else weight[order]
 
 
 # --- HF safetensors directories ---------------------------------------------------------------
 
-def _load_hf_directory(path: Path, dtype: np.dtype) -> LoadedModel:
+def _load_hf_directory(path: Path, matrices: _Matrices) -> LoadedModel:
     from safetensors.numpy import load_file
 
     config_path = path / "config.json"
@@ -192,12 +283,12 @@ def _load_hf_directory(path: Path, dtype: np.dtype) -> LoadedModel:
         state.update(load_file(str(file)))
 
     def get(name: str) -> np.ndarray:
-        return np.ascontiguousarray(state[name], dtype=dtype)
+        return np.ascontiguousarray(state[name], dtype=matrices.dtype)
 
     layers = [_hf_layer(get, f"model.layers.{i}.", config.attention_bias) for i in range(config.num_layers)]
     embed = get("model.embed_tokens.weight")
     lm_head = embed if config.tie_word_embeddings or "lm_head.weight" not in state else get("lm_head.weight")
-    weights = ModelWeights(embed, layers, get("model.norm.weight"), lm_head, None)
+    weights = matrices.convert(ModelWeights(embed, layers, get("model.norm.weight"), lm_head, None))
     tokenizer = HFTokenizer.from_directory(path)
     return LoadedModel(config, weights, tokenizer, str(path))
 
@@ -296,7 +387,8 @@ def random_weights(config: ModelConfig, dtype: np.dtype, seed: int) -> ModelWeig
     return ModelWeights(embed, layers, norm(), lm_head, None)
 
 
-def _load_random(dtype: np.dtype, seed: int) -> LoadedModel:
+def _load_random(matrices: _Matrices, seed: int) -> LoadedModel:
     tokenizer = ByteTokenizer()
     config = random_model_config(tokenizer.vocab_size)
-    return LoadedModel(config, random_weights(config, dtype, seed), tokenizer, RANDOM_MODEL)
+    weights = matrices.convert(random_weights(config, matrices.dtype, seed))
+    return LoadedModel(config, weights, tokenizer, RANDOM_MODEL)

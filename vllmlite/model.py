@@ -15,7 +15,8 @@ import numpy as np
 from vllmlite.attention import AttentionMetadata, build_metadata
 from vllmlite.config import ModelConfig
 from vllmlite.kernels import Kernels, get_kernels
-from vllmlite.loader import ModelWeights
+from vllmlite.loader import Matrix, ModelWeights
+from vllmlite.quant import QuantizedMatrix, dequantize
 
 KVCache = list[tuple[np.ndarray, np.ndarray]]  # per layer (K, V), each [num_slots, kv_heads, head_dim]
 
@@ -39,6 +40,11 @@ def rope_inv_freq(config: ModelConfig, freq_factors: np.ndarray | None = None) -
     smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
     is_medium = (wavelen >= old_len / scaling.high_freq_factor) & (wavelen <= old_len / scaling.low_freq_factor)
     return np.where(is_medium, smoothed, scaled)
+
+
+def embed_rows(embed: Matrix, token_ids: np.ndarray) -> np.ndarray:
+    """The embedding rows of `token_ids` [num_tokens, hidden] (a quantized table dequantizes just those)."""
+    return dequantize(embed, token_ids) if isinstance(embed, QuantizedMatrix) else embed[token_ids]
 
 
 @dataclass
@@ -89,7 +95,7 @@ class LlamaModel:
                  kernels: Kernels | None = None) -> None:
         self.config = config
         self.weights = weights
-        self.dtype = weights.embed.dtype
+        self.dtype = weights.dtype
         self.kernels = kernels if kernels is not None else get_kernels()
         inv_freq = rope_inv_freq(config, weights.rope_freq_factors)
         angles = np.outer(np.arange(max_positions, dtype=np.float64), inv_freq)  # [max_positions, head_dim/2]
@@ -105,7 +111,7 @@ class LlamaModel:
         """
         c, w, k = self.config, self.weights, self.kernels
         buf = self.workspace(len(input_ids))
-        buf.residual[...] = w.embed[input_ids]
+        buf.residual[...] = embed_rows(w.embed, input_ids)
         k.rms_norm(buf.residual, w.layers[0].attn_norm, c.rms_norm_eps, buf.hidden)
         for i, (layer, layer_kv) in enumerate(zip(w.layers, kv_cache)):
             self._attention(buf, layer, layer_kv, meta)                        # -> buf.out

@@ -195,7 +195,7 @@ def make_proposer(spec: SpeculativeConfig, target: LoadedModel, config: EngineCo
         weights = ModelWeights(w.embed, w.layers[:num_layers], w.final_norm, w.lm_head, w.rope_freq_factors)
         draft_config = dataclasses.replace(target.config, num_layers=num_layers)
     else:
-        draft = load_model(spec.model, config.dtype, config.seed + 1)
+        draft = load_model(spec.model, config.dtype, config.seed + 1, config.weight_quantization)
         if draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"the draft model's vocabulary ({draft.config.vocab_size}) differs from the "
                              f"target's ({target.config.vocab_size})")

@@ -77,6 +77,7 @@ class ServerConfig:
     batching: str = "continuous"
     speculative_config: str | None = None  # JSON, as vLLM's --speculative-config
     kernels: str | None = None
+    quantization: str | None = None
     api_key: str | None = None
     max_queue: int | None = 256
     request_timeout: float | None = None
@@ -120,7 +121,8 @@ class ServerConfig:
                 raise ValueError("speculative_config must be a JSON object")
             speculative = SpeculativeConfig.from_dict(values)
         return EngineConfig(model=self.model, dtype=self.dtype, seed=self.seed, cache=cache, scheduler=scheduler,
-                            speculative=speculative, kernels=self.kernels)
+                            speculative=speculative, kernels=self.kernels,
+                            quantization=self.quantization)
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,8 @@ OPTIONS = (
     Option("speculative-config", str, "speculative decoding as JSON, e.g. '{\"method\": \"ngram\", "
                                       "\"num_speculative_tokens\": 4}' (methods: ngram, draft_model, self_draft)"),
     Option("kernels", str, "hot-path kernels: numba (compiled, the default) or numpy (the readable references)"),
+    Option("quantization", str, "weights: none (float32), int8 or int4, in blocks of 32; GGUF Q8_0/Q4_0/Q4_1 "
+                                "tensors are kept as stored, float ones rounded at load"),
     Option("api-key", str, "require `Authorization: Bearer <key>` on every route but /health "
                            "(prefer the environment variable: flags show in `ps`)"),
     Option("max-queue", int, "most requests waiting to run; beyond it requests get 503 with Retry-After"),

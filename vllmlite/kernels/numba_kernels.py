@@ -9,13 +9,14 @@ recompile. Loops release the GIL (`nogil`), so the HTTP thread keeps running whi
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 from numba import njit, prange
 
 from vllmlite.attention import MAX_BATCHED_QUERY_LEN, AttentionMetadata
 from vllmlite.kernels import reference
-from vllmlite.quant import QuantizedMatrix
+from vllmlite.quant import BLOCK, TILE, QuantizedMatrix
 
 # Floating-point reassociation lets LLVM vectorize the dot products and sums; no "ninf"/"nnan",
 # because the online softmax starts from -inf on purpose.
@@ -88,91 +89,108 @@ def _skinny_linear(xt, weight, out_t):  # pragma: no cover - compiled
                     out_t[row, r] = acc
 
 
-ROW_TILE = 16  # output rows per work item of the quantized kernels
+I32, F32 = np.int32, np.float32
 
 
 @_parallel
-def _int4_linear(xt, qs, scales, mins, out_t):  # pragma: no cover - compiled
-    """out_t[o, r] = dequantized weight row o . x[r] for a few tokens, from the packed bytes.
+def _int4_gemv(xt, qs, scales, mins, out_t):  # pragma: no cover - compiled
+    """out_t[o, r] = dequantized row o . x[r] for a few tokens, straight from the packed bytes.
 
-    Per block, w = scale * q + min, so row o . x = sum over blocks of scale * (q . x_block) +
-    min * sum(x_block). x is split into the elements under each byte's low and high nibble,
-    position-major like qs ([tokens, 16, blocks]), so every inner loop runs over blocks.
+    Per block, w = scale * q + min, so row . x = sum over blocks of scale * (q . x_block) +
+    min * sum(x_block). One work item is a tile of rows (vllmlite/quant.py): the innermost loop
+    runs over its rows, one byte each, with the activations broadcast, so LLVM vectorizes it
+    with no sum across lanes. A byte q holds q_lo = q & 15 and q_hi = q >> 4, and
+    q_lo * x_lo + q_hi * x_hi = q_lo * (x_lo - x_hi / 16) + q * (x_hi / 16): two conversions
+    and no shift per byte (a shift made LLVM widen the lanes to 64 bits).
     """
-    num_out, num_bytes, num_blocks = qs.shape
+    num_tiles, num_blocks, num_bytes = qs.shape[0], qs.shape[1], qs.shape[2]
+    lanes = TILE                        # a compile-time trip count: no remainder loop, no checks
     num_tokens = xt.shape[1]
-    x_lo = np.empty((num_tokens, num_bytes, num_blocks), dtype=np.float32)
-    x_hi = np.empty((num_tokens, num_bytes, num_blocks), dtype=np.float32)
-    x_sum = np.zeros((num_tokens, num_blocks), dtype=np.float32)
-    for b in range(num_blocks):
-        for j in range(num_bytes):
-            for r in range(num_tokens):
-                low, high = xt[b * 32 + j, r], xt[b * 32 + 16 + j, r]
-                x_lo[r, j, b], x_hi[r, j, b] = low, high
-                x_sum[r, b] += low + high
-    for tile in prange((num_out + ROW_TILE - 1) // ROW_TILE):
-        dots = np.empty((num_tokens, num_blocks), dtype=np.float32)  # q . x per block
-        for o in range(tile * ROW_TILE, min(num_out, (tile + 1) * ROW_TILE)):
-            dots[:] = 0
+    x_lo = np.empty((num_tokens, num_blocks, num_bytes), dtype=F32)   # x_lo - x_hi / 16
+    x_hi = np.empty((num_tokens, num_blocks, num_bytes), dtype=F32)   # x_hi / 16
+    x_sum = np.zeros((num_tokens, num_blocks), dtype=F32)
+    for r in range(num_tokens):
+        for b in range(num_blocks):
             for j in range(num_bytes):
-                for r in range(num_tokens):
-                    for b in range(num_blocks):
-                        byte = qs[o, j, b]
-                        dots[r, b] += np.float32(byte & 15) * x_lo[r, j, b] + np.float32(byte >> 4) * x_hi[r, j, b]
-            for r in range(num_tokens):
-                acc = np.float32(0)
-                for b in range(num_blocks):
-                    acc += scales[o, b] * dots[r, b] + mins[o, b] * x_sum[r, b]
-                out_t[o, r] = acc
+                low, high = xt[b * 32 + j, r], xt[b * 32 + 16 + j, r]
+                x_lo[r, b, j], x_hi[r, b, j] = low - high / 16, high / 16
+                x_sum[r, b] += low + high
+    num_rows = out_t.shape[0]
+    for t in prange(num_tiles):
+        acc = np.empty(lanes, dtype=F32)
+        dots = np.empty(lanes, dtype=F32)   # q . x_block of each row
+        for r in range(num_tokens):
+            acc[:] = 0
+            for b in range(num_blocks):
+                dots[:] = 0
+                for j in range(num_bytes):
+                    lo, hi = x_lo[r, b, j], x_hi[r, b, j]
+                    for i in range(lanes):
+                        q = I32(qs[t, b, j, i])
+                        dots[i] += F32(q & I32(15)) * lo + F32(q) * hi
+                total = x_sum[r, b]
+                for i in range(lanes):
+                    acc[i] += scales[t, b, i] * dots[i] + mins[t, b, i] * total
+            for i in range(min(lanes, num_rows - t * lanes)):
+                out_t[t * lanes + i, r] = acc[i]
 
 
 @_parallel
-def _int8_linear(xt, qs, scales, out_t):  # pragma: no cover - compiled
-    """The same for int8 (w = scale * q): x position-major as [tokens, 32, blocks]."""
-    num_out, block, num_blocks = qs.shape
+def _int8_gemv(xt, qs, scales, out_t):  # pragma: no cover - compiled
+    """The same for int8 (w = scale * q)."""
+    num_tiles, num_blocks, block = qs.shape[0], qs.shape[1], qs.shape[2]
+    lanes = TILE
     num_tokens = xt.shape[1]
-    xs = np.empty((num_tokens, block, num_blocks), dtype=np.float32)
-    for b in range(num_blocks):
-        for j in range(block):
-            for r in range(num_tokens):
-                xs[r, j, b] = xt[b * block + j, r]
-    for tile in prange((num_out + ROW_TILE - 1) // ROW_TILE):
-        dots = np.empty((num_tokens, num_blocks), dtype=np.float32)
-        for o in range(tile * ROW_TILE, min(num_out, (tile + 1) * ROW_TILE)):
-            dots[:] = 0
-            for j in range(block):
-                for r in range(num_tokens):
-                    for b in range(num_blocks):
-                        dots[r, b] += np.float32(qs[o, j, b]) * xs[r, j, b]
-            for r in range(num_tokens):
-                acc = np.float32(0)
-                for b in range(num_blocks):
-                    acc += scales[o, b] * dots[r, b]
-                out_t[o, r] = acc
-
-
-@_parallel
-def _dequantize_int4_rows(qs, scales, mins, first, out):  # pragma: no cover - compiled
-    """Rows first .. first + len(out) - 1 of an int4 matrix, as float32 [rows, cols] in `out`."""
-    num_bytes, num_blocks = qs.shape[1], qs.shape[2]
-    for i in prange(out.shape[0]):
-        o = first + i
-        for j in range(num_bytes):
+    num_rows = out_t.shape[0]
+    for t in prange(num_tiles):
+        acc = np.empty(lanes, dtype=F32)
+        dots = np.empty(lanes, dtype=F32)
+        for r in range(num_tokens):
+            acc[:] = 0
             for b in range(num_blocks):
-                byte = qs[o, j, b]
-                out[i, b * 32 + j] = scales[o, b] * np.float32(byte & 15) + mins[o, b]
-                out[i, b * 32 + 16 + j] = scales[o, b] * np.float32(byte >> 4) + mins[o, b]
+                dots[:] = 0
+                for j in range(block):
+                    x = xt[b * block + j, r]
+                    for i in range(lanes):
+                        dots[i] += F32(I32(qs[t, b, j, i])) * x
+                for i in range(lanes):
+                    acc[i] += scales[t, b, i] * dots[i]
+            for i in range(min(lanes, num_rows - t * lanes)):
+                out_t[t * lanes + i, r] = acc[i]
 
 
 @_parallel
-def _dequantize_int8_rows(qs, scales, first, out):  # pragma: no cover - compiled
+def _dequantize_int4(qs, scales, mins, first_tile, out):  # pragma: no cover - compiled
+    """Tiles first_tile .. of an int4 matrix as float32 into out [cols, n * lanes], transposed
+    and with the columns permuted: out[p * blocks + b, row] is element p of block b (so every
+    store runs along a tile's rows). One loop per nibble: with both in one, the extra memory
+    streams stopped LLVM from vectorizing it."""
+    num_blocks, num_bytes, lanes = qs.shape[1], qs.shape[2], qs.shape[3]
+    for k in prange(out.shape[1] // lanes):
+        t = first_tile + k
+        first_row = k * lanes
+        for b in range(num_blocks):
+            for j in range(num_bytes):
+                row = out[j * num_blocks + b, first_row:first_row + lanes]
+                for i in range(lanes):
+                    row[i] = scales[t, b, i] * F32(qs[t, b, j, i] & np.uint8(15)) + mins[t, b, i]
+                row = out[(j + num_bytes) * num_blocks + b, first_row:first_row + lanes]
+                for i in range(lanes):
+                    row[i] = scales[t, b, i] * F32(qs[t, b, j, i] >> np.uint8(4)) + mins[t, b, i]
+
+
+@_parallel
+def _dequantize_int8(qs, scales, first_tile, out):  # pragma: no cover - compiled
     """The same for int8."""
-    block, num_blocks = qs.shape[1], qs.shape[2]
-    for i in prange(out.shape[0]):
-        o = first + i
-        for j in range(block):
-            for b in range(num_blocks):
-                out[i, b * block + j] = scales[o, b] * np.float32(qs[o, j, b])
+    num_blocks, block, lanes = qs.shape[1], qs.shape[2], qs.shape[3]
+    for k in prange(out.shape[1] // lanes):
+        t = first_tile + k
+        first_row = k * lanes
+        for b in range(num_blocks):
+            for j in range(block):
+                row = out[j * num_blocks + b, first_row:first_row + lanes]
+                for i in range(lanes):
+                    row[i] = scales[t, b, i] * F32(I32(qs[t, b, j, i]))
 
 
 @_serial
@@ -294,12 +312,11 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
                          seq_lens[s] - num_queries, scale, out)
 
 
-# Tokens up to which quantized products skip BLAS. Measured on the default model's matrices (2 AVX2
-# cores): from the bytes 37 / 103 / 382 ms at 1 / 4 / 16 tokens, through dequantized tiles and
-# BLAS 110-135 ms at 1-16 tokens; float32 36 / 45 / 85 ms. Neither quantized path is faster than
-# float32 yet: both are compute-bound (issue 11 is open).
-QUANTIZED_FEW_ROWS = 4
-DEQUANTIZE_ROWS = 256  # rows of a quantized matrix turned into float32 at a time for BLAS (~0.6 MB)
+# Tokens up to which quantized products read the packed bytes directly; beyond, tiles are
+# dequantized for BLAS (bench/quant_bench.py measures both).
+QUANTIZED_FEW_ROWS = 8
+DEQUANTIZE_TILES = 8  # tiles of a quantized matrix turned into float32 at a time for BLAS (~1-3 MB)
+_scratch = threading.local()  # per thread: the float32 buffer those tiles go to, reused across calls
 
 
 def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray) -> None:
@@ -316,25 +333,41 @@ def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray)
 
 
 def _quantized_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray) -> None:
-    """A few tokens: straight from the packed bytes. More: dequantize DEQUANTIZE_ROWS rows at a
-    time into a cache-sized float32 tile and hand each tile to BLAS; no full float matrix."""
-    xt = np.ascontiguousarray(x.T, dtype=np.float32)
+    """A few tokens: straight from the packed bytes. More: DEQUANTIZE_TILES tiles at a time into
+    a cache-sized float32 buffer, each handed to BLAS; no float copy of the whole matrix."""
+    xt = np.ascontiguousarray(x.T, dtype=np.float32)     # [in, tokens]; a view for workspace rows
     out_t = out.T
-    if x.shape[0] <= QUANTIZED_FEW_ROWS:
+    num_tokens = x.shape[0]
+    if num_tokens <= QUANTIZED_FEW_ROWS:
         if weight.format == "int4":
-            _int4_linear(xt, weight.qs, weight.scales, weight.mins, out_t)
+            _int4_gemv(xt, weight.qs, weight.scales, weight.mins, out_t)
         else:
-            _int8_linear(xt, weight.qs, weight.scales, out_t)
+            _int8_gemv(xt, weight.qs, weight.scales, out_t)
         return
     rows, cols = weight.shape
-    tile = np.empty((min(rows, DEQUANTIZE_ROWS), cols), dtype=np.float32)
-    for first in range(0, rows, DEQUANTIZE_ROWS):
-        last = min(rows, first + DEQUANTIZE_ROWS)
+    num_tiles, lanes = weight.qs.shape[0], weight.qs.shape[3]
+    # The activations with their rows in the order of the dequantized columns (element p of block b
+    # at p * blocks + b).
+    permuted = np.ascontiguousarray(xt.reshape(-1, BLOCK, num_tokens).transpose(1, 0, 2)).reshape(cols, num_tokens)
+    buffer = _tile_buffer(cols * DEQUANTIZE_TILES * lanes)
+    for first in range(0, num_tiles, DEQUANTIZE_TILES):
+        count = min(DEQUANTIZE_TILES, num_tiles - first)
+        tiles = buffer[:cols * count * lanes].reshape(cols, count * lanes)   # C-contiguous, as compiled for
         if weight.format == "int4":
-            _dequantize_int4_rows(weight.qs, weight.scales, weight.mins, first, tile[:last - first])
+            _dequantize_int4(weight.qs, weight.scales, weight.mins, first, tiles)
         else:
-            _dequantize_int8_rows(weight.qs, weight.scales, first, tile[:last - first])
-        np.matmul(tile[:last - first], xt, out=out_t[first:last])
+            _dequantize_int8(weight.qs, weight.scales, first, tiles)
+        lo, hi = first * lanes, min(rows, (first + count) * lanes)
+        np.matmul(tiles[:, :hi - lo].T, permuted, out=out_t[lo:hi])
+
+
+def _tile_buffer(size: int) -> np.ndarray:
+    """This thread's scratch of at least `size` float32s: allocated once, so a step does not
+    page-fault megabytes of fresh memory in for every matrix."""
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.size < size:
+        buffer = _scratch.buffer = np.empty(size, dtype=np.float32)
+    return buffer[:size]
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
