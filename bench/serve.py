@@ -31,6 +31,7 @@ from serve_targets import (
     URL,
     Target,
     cpu_seconds,
+    memory_mib,
     served_model_name,
     server_version,
     start,
@@ -89,7 +90,7 @@ def bench_arrival(target: Target, workload: Workload, arrival: Arrival, args: ar
         progress = ProgressBar(len(workload.prompts), f"{target.label} {arrival.label}")
         cpu_before, started = cpu_seconds(target), time.perf_counter()
         results = asyncio.run(run_arrival(target, model_name, workload.prompts, arrival, args.seed, progress))
-        cpu_after = cpu_seconds(target)
+        cpu_after, memory = cpu_seconds(target), memory_mib(target)
         progress.close()
     finally:
         stop(target)
@@ -98,7 +99,7 @@ def bench_arrival(target: Target, workload: Workload, arrival: Arrival, args: ar
             "concurrency": arrival.concurrency, "wall_time_s": time.perf_counter() - started,
             "loadavg_end": list(os.getloadavg()), "summary": summary,
             "server_cpu": server_cpu(cpu_before, cpu_after, summary["total_output_tokens"]),
-            "requests": [r.to_dict() for r in results]}
+            "server_memory": memory, "requests": [r.to_dict() for r in results]}
 
 
 def server_cpu(before: dict | None, after: dict | None, output_tokens: int) -> dict | None:

@@ -135,6 +135,15 @@ def cpu_seconds(target: Target) -> dict[str, float] | None:
     return {"process": read(f"/proc/{pid}/stat"), "main_thread": read(f"/proc/{pid}/task/{pid}/stat")}
 
 
+def memory_mib(target: Target) -> dict[str, float] | None:
+    """A launched server's resident memory now and at its peak, in MiB (Linux /proc: VmRSS, VmHWM)."""
+    if target.process is None or not Path(f"/proc/{target.process.pid}/status").exists():
+        return None
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{target.process.pid}/status").read_text().splitlines()
+                  if ":" in line)
+    return {"rss_mib": int(fields["VmRSS"].split()[0]) / 1024, "peak_rss_mib": int(fields["VmHWM"].split()[0]) / 1024}
+
+
 def stop(target: Target) -> None:
     """SIGTERM a launched target, then SIGKILL if it has not exited within 30 s."""
     process, target.process = target.process, None

@@ -118,11 +118,49 @@ def serve_burst_repeat_section(report: dict) -> list[str]:
                         "(how much one run of it varies)")
 
 
+def quant_speed_section(report: dict) -> list[str]:
+    lines = ["### Quantized weights: one user alone and a burst, next to float32 and llama-server "
+             "(`bench/quant_speed.py`)", "", _machine_line(report), "",
+             "none is float32 (the GGUF dequantized at load); int4 keeps the GGUF's Q4_1 layers and Q8_0 "
+             "embedding as stored; int8_from_f32 rounds every matrix of an F32 copy of the same GGUF to "
+             "int8 at load. Decode tok/s = 1 / mean time per output token after the first, one request at "
+             "a time; prefill tok/s = tokens of the 512-1536-token prompts / their time to first token. "
+             "Memory: the server's resident set at the end of the run (and its peak, which includes loading).",
+             "", "| target | decode tok/s | x llama-server | prefill tok/s | RSS MiB (peak) |",
+             "|---|---:|---:|---:|---:|"]
+    single = report["single_stream"]
+    llama = next((r for r in single if r["target"].startswith("llama")), None)
+    for r in single:
+        mem = r["server_memory"] or {}
+        versus = f"{r['decode_tok_s'] / llama['decode_tok_s']:.2f}x" if llama else "-"
+        lines.append(f"| {r['target']} | {r['decode_tok_s']:.1f} | {versus} | {r['prefill_tok_s']:.0f} | "
+                     f"{mem.get('rss_mib', 0):.0f} ({mem.get('peak_rss_mib', 0):.0f}) |")
+    base = next(r for r in report["burst"] if r["target"] == "none")
+    lines += ["", "| burst of 48 requests | output tok/s | x float32 | TTFT p50 s |", "|---|---:|---:|---:|"]
+    lines += [f"| {r['target']} | {r['output_tok_s']:.1f} | {r['output_tok_s'] / base['output_tok_s']:.2f}x | "
+              f"{r['ttft_p50_s']:.2f} |" for r in report["burst"]]
+    claims = [("int4", "single-stream decode", lambda r: r["decode_tok_s"] / llama["decode_tok_s"], 0.75, "x llama-server"),
+              ("int8_from_f32", "single-stream decode", lambda r: r["decode_tok_s"] / llama["decode_tok_s"], 0.5,
+               "x llama-server")] if llama else []
+    lines += ["", "Targets (from the issue), as measured:", ""]
+    for target, what, ratio, threshold, unit in claims:
+        row = next(r for r in single if r["target"] == target)
+        value = ratio(row)
+        lines.append(f"- {target} {what}: {value:.2f}{unit} (target >= {threshold}) - "
+                     f"{'met' if value >= threshold else '**missed**'}")
+    for r in report["burst"]:
+        if r["target"] != "none":
+            value = r["output_tok_s"] / base["output_tok_s"]
+            lines.append(f"- {r['target']} burst throughput: {value:.2f}x float32 (target >= 0.9) - "
+                         f"{'met' if value >= 0.9 else '**missed**'}")
+    return lines
+
+
 SECTIONS = [("bench_offline.json", offline_section), ("bench_spec.json", spec_section),
             ("serve_sweep.json", serve_sweep_section), ("serve_shared_prefix.json", serve_shared_prefix_section),
             ("serve_single_stream.json", serve_single_stream_section),
             ("serve_burst_repeat.json", serve_burst_repeat_section),
-            ("bench_step.json", step_section)]
+            ("bench_step.json", step_section), ("quant_speed.json", quant_speed_section)]
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from vllmlite.config import RopeScaling
 from vllmlite.loader import LoadedModel, load_model
 from vllmlite.model import rope_inv_freq
 from vllmlite.model_source import ModelNotFoundError
+from vllmlite.quant import QuantizedMatrix, dequantize, dequantize_block_rows, quantize_rows
 
 TINY_HF = Path(__file__).parent / "goldens" / "tiny_hf"
 HF_VARIANTS = ("llama", "llama3_rope", "qwen2", "mistral")
@@ -58,6 +59,24 @@ def test_hf_engine_logits_match_transformers(hf_variant, block_size, budget):
     np.testing.assert_allclose(run.logits, expected_logits, rtol=0, atol=HF_TOLERANCE)
     assert run.greedy_token == int(np.argmax(expected_logits[-1]))
     assert run.num_forward_passes == -(-len(ids) // budget)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_hf_weights_are_rounded_at_load_when_quantized(quantization):
+    """An HF directory holds float weights: with quantization, every matrix (the tied embedding
+    and LM head as one) is rounded to the format at load; norms stay float32. The engine then
+    computes what the dense reference does on the rounded matrices."""
+    path = TINY_HF / "llama"
+    plain, loaded = load_model(str(path)), load_model(str(path), quantization=quantization)
+    w, f = loaded.weights, plain.weights
+    assert isinstance(w.embed, QuantizedMatrix) and w.lm_head is w.embed and w.embed.format == quantization
+    for got, want in ((w.embed, f.embed), (w.layers[1].wqkv, f.layers[1].wqkv), (w.layers[0].w_down, f.layers[0].w_down)):
+        np.testing.assert_array_equal(dequantize(got), dequantize_block_rows(quantize_rows(want, quantization)))
+    assert isinstance(w.layers[0].attn_norm, np.ndarray) and w.layers[0].attn_norm.dtype == np.float32
+    ids = json.loads((path / "expected.json").read_text())["input_ids"]
+    reference = dense_logits(loaded, ids)
+    run = engine_logits(str(path), ids, block_size=4, budget=7, quantization=quantization)
+    np.testing.assert_allclose(run.logits, reference, rtol=0, atol=1e-4 * np.abs(reference).max())
 
 
 def test_hf_tokenizer_encodes_like_tokenizers_library(hf_variant):

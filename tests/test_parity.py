@@ -84,6 +84,22 @@ def test_batched_greedy_generation_equals_single_request_goldens(llm, goldens):
     assert [o.outputs[0].token_ids for o in outs] == [g["greedy_token_ids"] for g in goldens]
 
 
+def test_int4_keeps_the_gguf_blocks_and_matches_transformers(goldens, golden_logits):
+    """quantization int4 reads the GGUF's Q4_1/Q8_0 blocks as stored, which is the very function
+    transformers computes on their dequantized floats: the goldens hold, logits and all 13 greedy
+    continuations (one alone through the packed-bytes kernels, all 13 batched through BLAS tiles)."""
+    llm = LLM("default", quantization="int4")
+    errors = [float(np.max(np.abs(last_logits(llm, g["prompt_token_ids"]) - expected)))
+              for g, expected in zip(goldens, golden_logits)]
+    assert max(errors) < LOGIT_TOLERANCE, errors
+    alone = llm.generate([{"prompt_token_ids": goldens[0]["prompt_token_ids"]}],
+                         SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))[0]
+    assert alone.outputs[0].token_ids == goldens[0]["greedy_token_ids"]
+    outs = llm.generate([{"prompt_token_ids": g["prompt_token_ids"]} for g in goldens],
+                        SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [g["greedy_token_ids"] for g in goldens]
+
+
 def test_logprobs_match_transformers_top5(llm, goldens):
     g = goldens[0]
     out = llm.generate([{"prompt_token_ids": g["prompt_token_ids"]}],

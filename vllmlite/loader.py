@@ -108,6 +108,12 @@ def load_model(model: str, dtype: str = "float32", seed: int = 0, quantization: 
     return loaded
 
 
+def quantize_weights(weights: ModelWeights, quantization: str) -> ModelWeights:
+    """Float weights with every matrix rounded to `quantization` ("int8"/"int4"), as the loader
+    does at load for an F32/F16 GGUF or an HF directory (norms and biases stay float)."""
+    return _Matrices(weights.dtype, quantization).convert(weights)
+
+
 Rows = np.ndarray | BlockRows  # a matrix while it is being assembled: rows can be reordered and stacked
 
 

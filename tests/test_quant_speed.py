@@ -1,0 +1,30 @@
+"""bench/quant_speed.py serves the default model as float32, int4 and int8 (rounded from an F32 copy)
+and reports what it measured (llama-server left out: CI does not build it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.real_model
+def test_quick_run_serves_every_format_and_records_speed_and_memory(tmp_path):
+    result = subprocess.run([sys.executable, "bench/quant_speed.py", "--quick", "--no-llama", "--out-dir", str(tmp_path)],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "quant_quick_speed.json").read_text())
+    for kind in ("single_stream", "burst"):
+        rows = report[kind]
+        assert [r["target"] for r in rows] == ["none", "int4", "int8_from_f32"]
+        for r in rows:
+            assert r["errors"] == 0 and r["output_tok_s"] > 0 and r["decode_tok_s"] > 0
+            assert r["server_memory"]["peak_rss_mib"] >= r["server_memory"]["rss_mib"] > 0
+    raw = json.loads((tmp_path / "quant_quick_single_stream.json").read_text())
+    commands = [t["command"] for t in raw["targets"]]
+    assert "--quantization int4" in commands[1] and "F32.gguf --quantization int8" in commands[2]
