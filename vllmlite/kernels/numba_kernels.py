@@ -165,7 +165,7 @@ def _dequantize_int4(qs, scales, mins, first_tile, out):  # pragma: no cover - c
     and with the columns permuted: out[p * blocks + b, row] is element p of block b (so every
     store runs along a tile's rows). One loop per nibble: with both in one, the extra memory
     streams stopped LLVM from vectorizing it."""
-    num_blocks, num_bytes, lanes = qs.shape[1], qs.shape[2], qs.shape[3]
+    num_blocks, num_bytes, lanes = qs.shape[1], qs.shape[2], TILE
     for k in prange(out.shape[1] // lanes):
         t = first_tile + k
         first_row = k * lanes
@@ -182,7 +182,7 @@ def _dequantize_int4(qs, scales, mins, first_tile, out):  # pragma: no cover - c
 @_parallel
 def _dequantize_int8(qs, scales, first_tile, out):  # pragma: no cover - compiled
     """The same for int8."""
-    num_blocks, block, lanes = qs.shape[1], qs.shape[2], qs.shape[3]
+    num_blocks, block, lanes = qs.shape[1], qs.shape[2], TILE
     for k in prange(out.shape[1] // lanes):
         t = first_tile + k
         first_row = k * lanes
