@@ -12,8 +12,9 @@ Every target is a fresh server on this machine, one after another in one run (be
     llama.cpp_np1   llama-server on the Q4_1 GGUF with one slot (bench/build_llama_server.sh)
 
 Single stream: the long-prompt mix (every third prompt 512-1536 tokens) one request at a time.
-Decode tok/s is 1 / the mean time per output token after the first; prefill tok/s is the long
-prompts' tokens over their time to first token. Burst: the 48-request base set sent at once to
+Decode tok/s is 1 / the median over requests of the time per output token after the first (a
+median: one stalled request does not stand for the rest); prefill tok/s is the long prompts'
+tokens over their time to first token. Burst: the 48-request base set sent at once to
 our three targets (llama-server's burst numbers are in results/serve_sweep.json). Each run also
 records the server's resident memory. Raw runs: results/quant_single_stream.json and
 results/quant_burst.json; the summary: results/quant_speed.json.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -73,7 +75,7 @@ def summarize_run(run: dict) -> dict:
     long = [r for r in ok if r["prompt_tokens"] >= LONG_PROMPT]
     s = run["summary"]
     return {"target": run["target"], "arrival": run["arrival"],
-            "decode_tok_s": 1 / float(np.mean(tpots)) if tpots else None,
+            "decode_tok_s": 1 / float(np.median(tpots)) if tpots else None,
             "prefill_tok_s": sum(r["prompt_tokens"] for r in long) / sum(r["ttft_s"] for r in long) if long else None,
             "output_tok_s": s["output_throughput"], "ttft_p50_s": s["ttft_ms"]["p50"] / 1e3,
             "errors": s["errors"], "server_memory": run.get("server_memory")}
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"writing an F32 copy of {Path(source).name} to {F32_COPY} ...", flush=True)
         start = time.perf_counter()
         write_f32_copy(source, F32_COPY)
+        os.sync()  # its 538 MB written back now, not under the first timed run
         print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
     ours = ["--launch", "none=", "--launch", "int4=--quantization int4",
             "--launch", f"int8_from_f32=--model {F32_COPY} --quantization int8"]

@@ -314,9 +314,11 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
 
 # Tokens up to which quantized products read the packed bytes directly; beyond, tiles are
 # dequantized for BLAS. Over the default model's matrices (Q4_1 layers, Q8_0 LM head; 2 AVX2 cores,
-# weights streamed from memory) the packed-bytes kernel took 20 / 27 / 35 / 66 ms at 1 / 2 / 4 / 8
-# tokens (float32: 45 / 47 / 56 / 57) and 126 ms at 16, where the BLAS tiles took 110-120 ms at
-# 4-16 tokens: every dequantized float is written to and read back from memory (float32 82 ms).
+# weights streamed from memory; results/bench_quant.json) the packed-bytes kernel took 16 / 28 /
+# 47 / 84 ms at 1 / 2 / 4 / 8 tokens against float32's 42 / 47 / 50 / 62: it is compute-bound (it
+# converts every weight for every token), so past ~4 tokens it loses to float32, and past 8 to the
+# BLAS tiles, which cost 1.75-1.9x float32 at 16-64 tokens: every dequantized float is written to
+# memory and read back by BLAS.
 QUANTIZED_FEW_ROWS = 8
 DEQUANTIZE_TILES = 8  # tiles of a quantized matrix turned into float32 at a time for BLAS (~1-3 MB)
 _scratch = threading.local()  # per thread: the float32 buffer those tiles go to, reused across calls
