@@ -9,7 +9,10 @@ same function as "none" up to float rounding); "int8/int4 rounded from float32",
 the float32 weights (the path an F32/F16 GGUF or an HF directory takes). Per row, against "none":
 the largest last-position logit difference over the parity prompts (tests/goldens), how many
 32-token greedy continuations are identical (to none's and to transformers'), and perplexity on
-bench/data/coriolanus.txt scored as one prompt. Raw results: results/quant_accuracy.json.
+bench/data/coriolanus.txt scored as one prompt, and in llama-perplexity's chunks of 1024 tokens
+next to llama.cpp's own figure for the Q4_1 GGUF (when bench/llama.cpp-build has llama-perplexity:
+`cmake --build bench/llama.cpp-build/build --target llama-perplexity`). Raw results:
+results/quant_accuracy.json.
 
 On this GGUF the float32 weights are themselves dequantized blocks, so rounding them back is exact
 where the grid matches: int4 reproduces the Q4_1 layers (only the embedding, the tied LM head,
@@ -21,6 +24,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +46,8 @@ from vllmlite.quant import dequantize
 
 GOLDENS = REPO_ROOT / "tests" / "goldens"
 TEXT = REPO_ROOT / "bench" / "data" / "coriolanus.txt"
+LLAMA_PERPLEXITY = REPO_ROOT / "bench" / "llama.cpp-build" / "build" / "bin" / "llama-perplexity"
+LLAMA_N_CTX = 1024  # llama-perplexity needs 2 x n_ctx tokens: 2 chunks of the 2,880
 BLOCK_SIZE = 16
 ROWS = {  # name -> (the engine's quantization, rounded from float32 by our quantizer)
     "none": ("none", False), "int8": ("int8", False), "int4": ("int4", False),
@@ -89,10 +96,37 @@ def perplexity(llm: LLM, token_ids: list[int]) -> float:
     return float(np.exp(-logprobs.mean()))
 
 
+def perplexity_in_chunks(llm: LLM, token_ids: list[int], n_ctx: int) -> float:
+    """llama.cpp's `llama-perplexity -c n_ctx` protocol: the text cut into whole chunks of n_ctx
+    tokens, each run from an empty cache, only each chunk's second half scored (token p given the
+    p before it, for p = n_ctx / 2 + 1 .. n_ctx - 1). This model adds no BOS."""
+    nll = []
+    for start in range(0, len(token_ids) - n_ctx + 1, n_ctx):
+        chunk = token_ids[start:start + n_ctx]
+        out = llm.generate([{"prompt_token_ids": chunk}],
+                           SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+        nll += [-entry.logprob for entry in out.prompt_logprobs[n_ctx // 2 + 1:]]
+    return float(np.exp(np.mean(nll)))
+
+
+def llama_cpp_perplexity(binary: Path, n_ctx: int) -> dict | None:
+    """llama-perplexity on the default GGUF and the same text, where it is built; None otherwise."""
+    if not binary.exists():
+        return None
+    argv = [str(binary), "-m", resolve_model("default"), "-f", str(TEXT), "-c", str(n_ctx), "-t", "2"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    match = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", result.stdout + result.stderr)
+    if not match:
+        raise RuntimeError(f"llama-perplexity gave no estimate:\n{(result.stdout + result.stderr)[-2000:]}")
+    return {"command": " ".join(argv), "n_ctx": n_ctx, "perplexity": float(match.group(1)),
+            "plus_minus": float(match.group(2))}
+
+
 def measure(llm: LLM, prompts: list[dict], text_ids: list[int]) -> dict:
     runs = [greedy_and_last_logits(llm, p["prompt_token_ids"]) for p in prompts]
     return {"greedy": [tokens for tokens, _ in runs], "logits": np.stack([logits for _, logits in runs]),
-            "perplexity": perplexity(llm, text_ids), "weights_bytes": llm.engine.weights_bytes}
+            "perplexity": perplexity(llm, text_ids), "weights_bytes": llm.engine.weights_bytes,
+            "perplexity_chunks": perplexity_in_chunks(llm, text_ids, min(LLAMA_N_CTX, len(text_ids) // 2))}
 
 
 def compare(name: str, weights: str, m: dict, ref: dict, prompts: list[dict], golden_logits: np.ndarray) -> dict:
@@ -107,7 +141,8 @@ def compare(name: str, weights: str, m: dict, ref: dict, prompts: list[dict], go
             "greedy_mean_tokens_before_divergence_from_none":
                 float(np.mean([common_prefix(a, b) for a, b in zip(m["greedy"], ref["greedy"])])),
             "greedy_same_as_transformers": sum(a == b for a, b in zip(m["greedy"], golden_greedy)),
-            "perplexity": m["perplexity"], "perplexity_vs_none": m["perplexity"] / ref["perplexity"]}
+            "perplexity": m["perplexity"], "perplexity_vs_none": m["perplexity"] / ref["perplexity"],
+            "perplexity_llama_cpp_protocol": m["perplexity_chunks"]}
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -210,9 +245,14 @@ def main(argv: list[str] | None = None) -> dict:
     for t in targets:
         verdict = {True: "MET", False: "MISSED", None: "NOT MEASURED (needs all 13 prompts)"}[t["met"]]
         print(f"- {t['row']}: {t['target']}: {t['value']} - {verdict}")
+    llama = None if args.quick else llama_cpp_perplexity(LLAMA_PERPLEXITY, LLAMA_N_CTX)
+    print(f"\nllama-perplexity -c {LLAMA_N_CTX} protocol (second half of each chunk scored): "
+          + ", ".join(f"{r['name']} {r['perplexity_llama_cpp_protocol']:.3f}" for r in rows)
+          + (f"; llama.cpp itself on the Q4_1 GGUF: {llama['perplexity']:.3f} +/- {llama['plus_minus']:.3f}" if llama
+             else f"; llama.cpp's own figure: not measured ({LLAMA_PERPLEXITY.name} not built)"))
     report = {"command": command_line(sys.argv), "machine": machine,
               "text": {"path": str(TEXT.relative_to(REPO_ROOT)), "tokens": len(text_ids)},
-              "rows": rows, "targets": targets, "seconds": time.perf_counter() - start}
+              "rows": rows, "targets": targets, "llama_cpp": llama, "seconds": time.perf_counter() - start}
     write_json(args.out, report)
     print(f"wrote {args.out} ({report['seconds']:.0f} s)")
     return report
