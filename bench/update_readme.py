@@ -175,7 +175,14 @@ def quant_accuracy_section(report: dict) -> list[str]:
                      f"{r['max_abs_logit_diff_vs_none']:.1e} | {r['greedy_same_as_none']}/{n} | "
                      f"{r['greedy_same_as_transformers']}/{n} | {r['perplexity']:.3f} | "
                      f"{r['perplexity_vs_none'] - 1:+.2%} |")
-    lines += ["", "Targets (from the issue), as measured on the rows rounded from float32:", ""]
+    llama = report.get("llama_cpp")
+    chunked = ", ".join(f"{r['name']} {r['perplexity_llama_cpp_protocol']:.3f}" for r in report["rows"])
+    lines += ["", f"Perplexity in `llama-perplexity -c {llama['n_ctx'] if llama else 1024}`'s protocol (whole "
+              f"chunks, each chunk's second half scored): {chunked}; llama.cpp itself on the same Q4_1 GGUF and "
+              + (f"text: {llama['perplexity']:.3f} +/- {llama['plus_minus']:.3f} (it also rounds the activations "
+                 "to 8 bits for its Q4_1 dot products)." if llama else "text: not measured (llama-perplexity not built).")]
+    lines += ["", "Targets (from the issue), as measured on the rows rounded from float32 (the `int8`/`int4` rows "
+              "meet them trivially: they are float32's function):", ""]
     lines += [f"- {t['row']}: {t['target']}: {t['value']} - {'met' if t['met'] else '**missed**'}"
               for t in report["targets"]]
     return lines

@@ -135,13 +135,17 @@ def test_write_kv_from_strided_views(kernels, dtype):
     assert np.count_nonzero(k_cache.any(axis=(1, 2))) == len(slots)
 
 
+BATCH = [(1, 700), (200, 200), (1, 1), (37, 300), (1, 129), (16, 16), (4, 515), (130, 650)]
+
+
 @pytest.mark.parametrize("group", [1, 3, 4])
-def test_paged_attention_matches_the_reference_at_model_scale(kernels, group):
+@pytest.mark.parametrize("shapes", [BATCH, [(1, 700)], [(5, 333)]], ids=["batch", "one_decode", "one_chunk"])
+def test_paged_attention_matches_the_reference_at_model_scale(kernels, group, shapes):
     """SmolLM2's head size, a ragged batch of decodes and prefill chunks over contexts up to 700
-    tokens, block tables shuffled across the pool, float32: within 1e-5 of the reference."""
+    tokens, block tables shuffled across the pool, float32: within 1e-5 of the reference; and a
+    lone sequence, decoding or in a short chunk (one user)."""
     rng = np.random.default_rng(group)
     kv_heads, head_dim, bs = 3, 64, 16
-    shapes = [(1, 700), (200, 200), (1, 1), (37, 300), (1, 129), (16, 16), (4, 515), (130, 650)]
     num_blocks = sum(-(-seq_len // bs) for _, seq_len in shapes) + 3
     pool = rng.permutation(num_blocks).tolist()
     tables = []
