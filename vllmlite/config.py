@@ -190,9 +190,9 @@ class EngineConfig:
         _require(self.kernels is None or self.kernels in KERNEL_BACKENDS,
                  f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")
 
-
     @property
     def weight_quantization(self) -> str:
+        """The quantization in effect: the knob, else $VLLMLITE_QUANTIZATION, else "none"."""
         return self.quantization or os.environ.get(QUANTIZATION_ENV) or "none"
 
 
