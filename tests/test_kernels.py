@@ -7,6 +7,10 @@ kernel is also held to the reference at SmolLM2's shape on a ragged batch of lon
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -174,3 +178,34 @@ def test_backend_is_chosen_by_name_or_environment(monkeypatch):
     with pytest.raises(ValueError, match="kernels must be one of"):
         resolve_backend("cuda")
     assert set(BACKENDS) == {"numba", "numpy"}
+
+
+WARM_UP_COVERAGE = """
+import vllmlite
+from vllmlite import LLM, SamplingParams
+from vllmlite.kernels import numba_kernels as nk
+from numba.core.registry import CPUDispatcher
+
+def signatures():
+    return {name: len(f.signatures) for name, f in vars(nk).items() if isinstance(f, CPUDispatcher)}
+
+llm = LLM("random", quantization=QUANTIZATION, max_num_batched_tokens=32)   # warms up
+after_warm_up = signatures()
+greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+llm.generate([{"prompt_token_ids": [1, 2, 3]}], greedy)             # one user: single-token decodes
+llm.generate([{"prompt_token_ids": [4, 5]}, {"prompt_token_ids": list(range(7, 90))}],
+             greedy)                                                # two at once, a chunked long prompt
+new = {name: n for name, n in signatures().items() if n != after_warm_up[name]}
+assert not new, f"compiled after warm-up: {new}"
+"""
+
+
+@pytest.mark.parametrize("quantization", ["none", "int4"])
+def test_warm_up_compiles_every_kernel_signature_requests_use(quantization):
+    """A kernel first compiled during a request stalls it for seconds (a single user's first
+    decode paid ~8 s when warm-up missed the one-token layouts). In a fresh process, nothing may
+    compile after the engine's warm-up."""
+    script = f"QUANTIZATION = {quantization!r}\n" + WARM_UP_COVERAGE
+    env = {k: v for k, v in os.environ.items() if k != "VLLMLITE_KERNELS"}   # the compiled default
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -154,16 +154,21 @@ class LlamaModel:
         return self._workspace.views(num_tokens)
 
     def warm_up(self) -> float:
-        """Two tiny forward passes on a scratch KV cache (a 3-token prompt with a decode, then a
-        20-token prompt), so every kernel is compiled, or loaded from the disk cache, for this
-        model's dtype and array layouts, on both sides of the few-token/BLAS switch of the linear
-        layers, before the first request. Returns the seconds it took."""
+        """Tiny forward passes on a scratch KV cache, so every kernel is compiled, or loaded from
+        the disk cache, for this model's dtype and array layouts before the first request: a
+        3-token prompt with a decode, a 20-token prompt (the other side of the linear layers'
+        few-token/BLAS switch), and a lone decode (one token: its views of the QKV buffer are
+        contiguous, which numba compiles separately; without it a single user's first request
+        paid ~8 s of compiling). Returns the seconds it took."""
         start = time.perf_counter()
         c, block_size = self.config, 4
         shape = (8 * block_size, c.num_kv_heads, c.head_dim)
         kv_cache = [(np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)) for _ in range(c.num_layers)]
-        meta = build_metadata([3, 1], [3, 2], [[0], [1]], block_size)
-        self.forward(np.zeros(4, dtype=np.int64), meta, kv_cache, np.array([2, 3]))
-        meta = build_metadata([20], [20], [[2, 3, 4, 5, 6]], block_size)
-        self.forward(np.zeros(20, dtype=np.int64), meta, kv_cache, np.array([19]))
+        # (query lens, sequence lens, block tables, rows whose logits are wanted: one row and
+        # several give the LM head differently laid out inputs)
+        steps = [([3, 1], [3, 2], [[0], [1]], [2, 3]), ([20], [20], [[2, 3, 4, 5, 6]], [19]),
+                 ([1], [4], [[0]], [0])]
+        for query_lens, seq_lens, block_tables, logits_rows in steps:
+            meta = build_metadata(query_lens, seq_lens, block_tables, block_size)
+            self.forward(np.zeros(sum(query_lens), dtype=np.int64), meta, kv_cache, np.array(logits_rows))
         return time.perf_counter() - start
