@@ -35,17 +35,24 @@ def tiny_model() -> LoadedModel:
     return load_model("random", dtype="float64", seed=0)
 
 
+def engine_on(loaded: LoadedModel, dtype: str = "float64", quantization: str = "none",
+              **overrides) -> LLMEngine:
+    """An engine over a model already loaded (the random one), with cache and scheduler knobs
+    given by name; 256 KV blocks unless said."""
+    cache = {k: v for k, v in overrides.items() if k in CACHE_KEYS}
+    sched = {k: v for k, v in overrides.items() if k in SCHEDULER_KEYS}
+    unknown = set(overrides) - CACHE_KEYS - SCHEDULER_KEYS
+    assert not unknown, f"unknown engine overrides {unknown}"
+    cache.setdefault("num_blocks", 256)
+    config = EngineConfig(model="random", dtype=dtype, cache=CacheConfig(**cache),
+                          scheduler=SchedulerConfig(**sched), quantization=quantization)
+    return LLMEngine(config, loaded)
+
+
 @pytest.fixture
 def make_engine(tiny_model) -> Callable[..., LLMEngine]:
     def factory(**overrides) -> LLMEngine:
-        cache = {k: v for k, v in overrides.items() if k in CACHE_KEYS}
-        sched = {k: v for k, v in overrides.items() if k in SCHEDULER_KEYS}
-        unknown = set(overrides) - CACHE_KEYS - SCHEDULER_KEYS
-        assert not unknown, f"unknown engine overrides {unknown}"
-        cache.setdefault("num_blocks", 256)
-        config = EngineConfig(model="random", dtype="float64", cache=CacheConfig(**cache),
-                              scheduler=SchedulerConfig(**sched))
-        return LLMEngine(config, tiny_model)
+        return engine_on(tiny_model, **overrides)
     return factory
 
 

@@ -5,10 +5,9 @@ dequantized matrices."""
 from __future__ import annotations
 
 import pytest
-from conftest import CACHE_KEYS, SCHEDULER_KEYS, greedy, make_prompts, run_to_completion
+from conftest import engine_on, greedy, make_prompts, run_to_completion
 from reference import dense_greedy
 
-from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig
 from vllmlite.engine import LLMEngine
 from vllmlite.loader import load_model
 from vllmlite.quant import QuantizedMatrix
@@ -36,12 +35,7 @@ def expected(quantized, prompts) -> list[list[int]]:
 
 
 def engine(loaded, **overrides) -> LLMEngine:
-    cache = {k: v for k, v in overrides.items() if k in CACHE_KEYS}
-    sched = {k: v for k, v in overrides.items() if k in SCHEDULER_KEYS}
-    cache.setdefault("num_blocks", 256)
-    config = EngineConfig(model="random", dtype="float32", cache=CacheConfig(**cache),
-                          scheduler=SchedulerConfig(**sched), quantization=loaded.weights.embed.format)
-    return LLMEngine(config, loaded)
+    return engine_on(loaded, dtype="float32", quantization=loaded.weights.embed.format, **overrides)
 
 
 def outputs_of(eng, prompts, **run_kwargs) -> list[list[int]]:

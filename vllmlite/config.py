@@ -23,6 +23,13 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def check_quantization(quantization: str, dtype: str) -> None:
+    """A known format, and float32 activations when the weights are quantized (the kernels')."""
+    _require(quantization in QUANTIZATIONS, f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    _require(quantization == "none" or dtype == "float32",
+             f"quantization {quantization!r} computes in float32; got dtype {dtype!r}")
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """Rotary scaling: "linear" divides every frequency; "llama3" scales only the low ones."""
@@ -182,11 +189,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        quantization = self.weight_quantization
-        _require(quantization in QUANTIZATIONS,
-                 f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
-        _require(quantization == "none" or self.dtype == "float32",
-                 f"quantization {quantization!r} computes in float32; got dtype {self.dtype!r}")
+        check_quantization(self.weight_quantization, self.dtype)
         _require(self.kernels is None or self.kernels in KERNEL_BACKENDS,
                  f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")
 

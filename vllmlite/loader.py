@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vllmlite.config import QUANTIZATIONS, ModelConfig, RopeScaling
+from vllmlite.config import ModelConfig, RopeScaling, check_quantization
 from vllmlite.model_source import RANDOM_MODEL, resolve_model
 from vllmlite.quant import GGUF_TYPES, BlockRows, QuantizedMatrix, from_gguf, quantize_rows, tile
 from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, read_gguf_fields
@@ -87,10 +87,7 @@ def load_model(model: str, dtype: str = "float32", seed: int = 0, quantization: 
     blocks of 32 (vllmlite/quant.py): a GGUF tensor stored as Q8_0, Q4_0 or Q4_1 as it is stored,
     any float tensor rounded to the chosen format. Norms and biases stay float.
     """
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
-    if quantization != "none" and dtype != "float32":
-        raise ValueError(f"quantization {quantization!r} computes in float32; got dtype {dtype!r}")
+    check_quantization(quantization, dtype)
     start = time.perf_counter()
     source = resolve_model(model)
     matrices = _Matrices(np.dtype(dtype), quantization)

@@ -126,24 +126,21 @@ def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
 
 def tile(m: BlockRows) -> QuantizedMatrix:
     """Group the rows in tiles of TILE, padding the last tile with zero rows."""
-    rows, num_blocks, width = m.qs.shape
+    rows = m.qs.shape[0]
     num_tiles = -(-rows // TILE)
 
     def tiled(a: np.ndarray) -> np.ndarray:   # [rows, blocks, ...] -> [tiles, blocks, ..., TILE]
         padded = np.zeros((num_tiles * TILE,) + a.shape[1:], a.dtype)
         padded[:rows] = a
-        padded = padded.reshape(num_tiles, TILE, *a.shape[1:])
-        order = (0, 2, 3, 1) if a.ndim == 3 else (0, 2, 1)
-        return np.ascontiguousarray(padded.transpose(order))
+        return np.ascontiguousarray(np.moveaxis(padded.reshape(num_tiles, TILE, *a.shape[1:]), 1, -1))
     return QuantizedMatrix(m.format, rows, tiled(m.qs), tiled(m.scales),
                            None if m.mins is None else tiled(m.mins))
 
 
 def untile(m: QuantizedMatrix) -> BlockRows:
     """The row-major blocks of `m` (the inverse of `tile`)."""
-    def rows(a: np.ndarray) -> np.ndarray:
-        order = (0, 3, 1, 2) if a.ndim == 4 else (0, 2, 1)
-        flat = a.transpose(order)
+    def rows(a: np.ndarray) -> np.ndarray:   # [tiles, blocks, ..., TILE] -> [rows, blocks, ...]
+        flat = np.moveaxis(a, -1, 1)
         return flat.reshape(-1, *flat.shape[2:])[:m.num_rows]
     return BlockRows(m.format, rows(m.qs), rows(m.scales), None if m.mins is None else rows(m.mins))
 

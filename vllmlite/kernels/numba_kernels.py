@@ -328,7 +328,8 @@ def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray)
     """BLAS for batches; for up to SKINNY_MAX_ROWS tokens (a lone decode, speculative verification,
     a small batch) the compiled product above, which reads the weights once: over the default
     model's weights on 2 AVX2 cores it took 66-93 ms at 4-16 tokens where OpenBLAS's GEMM took
-    97-104 ms (and about as long as one token at 2-3); BLAS wins from about 24 tokens."""
+    97-104 ms (and about as long as one token at 2-3); BLAS wins from about 24 tokens. Quantized
+    weights go their own way (`_quantized_linear`)."""
     if isinstance(weight, QuantizedMatrix):
         _quantized_linear(x, weight, out)
     elif x.shape[0] <= SKINNY_MAX_ROWS:
@@ -350,7 +351,7 @@ def _quantized_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray) -
             _int8_gemv(xt, weight.qs, weight.scales, out_t)
         return
     rows, cols = weight.shape
-    num_tiles, lanes = weight.qs.shape[0], weight.qs.shape[3]
+    num_tiles, lanes = weight.qs.shape[0], TILE
     # The activations with their rows in the order of the dequantized columns (element p of block b
     # at p * blocks + b).
     permuted = np.ascontiguousarray(xt.reshape(-1, BLOCK, num_tokens).transpose(1, 0, 2)).reshape(cols, num_tokens)
