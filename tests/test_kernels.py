@@ -16,6 +16,7 @@ import pytest
 
 from vllmlite.attention import build_metadata
 from vllmlite.kernels import BACKENDS, get_kernels, resolve_backend
+from vllmlite.kernels.numba_kernels import DECODE_PART
 from vllmlite.quant import dequantize, quantize
 
 REFERENCE = get_kernels("numpy")
@@ -142,14 +143,20 @@ def test_write_kv_from_strided_views(kernels, dtype):
 BATCH = [(1, 700), (200, 200), (1, 1), (37, 300), (1, 129), (16, 16), (4, 515), (130, 650)]
 
 
+# Decodes whose contexts end just before, at and after DECODE_PART keys and span several parts.
+DECODES = [(1, DECODE_PART - 1), (1, DECODE_PART), (1, DECODE_PART + 1), (1, 3 * DECODE_PART + 17)]
+
+
 @pytest.mark.parametrize("group", [1, 3, 4])
-@pytest.mark.parametrize("shapes", [BATCH, [(1, 700)], [(5, 333)]], ids=["batch", "one_decode", "one_chunk"])
-def test_paged_attention_matches_the_reference_at_model_scale(kernels, group, shapes):
+@pytest.mark.parametrize("shapes,bs", [(BATCH, 16), ([(1, 700)], 16), ([(5, 333)], 16), (DECODES, 16), (DECODES, 7)],
+                         ids=["batch", "one_decode", "one_chunk", "decode_parts", "parts_inside_blocks"])
+def test_paged_attention_matches_the_reference_at_model_scale(kernels, group, shapes, bs):
     """SmolLM2's head size, a ragged batch of decodes and prefill chunks over contexts up to 700
-    tokens, block tables shuffled across the pool, float32: within 1e-5 of the reference; and a
-    lone sequence, decoding or in a short chunk (one user)."""
+    tokens, block tables shuffled across the pool, float32: within 1e-5 of the reference; a lone
+    sequence, decoding or in a short chunk (one user); and decodes split into parts of
+    DECODE_PART keys by the compiled kernel, with part boundaries on and inside blocks."""
     rng = np.random.default_rng(group)
-    kv_heads, head_dim, bs = 3, 64, 16
+    kv_heads, head_dim = 3, 64
     num_blocks = sum(-(-seq_len // bs) for _, seq_len in shapes) + 3
     pool = rng.permutation(num_blocks).tolist()
     tables = []

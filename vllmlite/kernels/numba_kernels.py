@@ -108,9 +108,10 @@ def _int4_gemv(xt, qs, scales, mins, out_t):  # pragma: no cover - compiled
     num_tokens = xt.shape[1]
     x_lo = np.empty((num_tokens, num_blocks, num_bytes), dtype=F32)   # x_lo - x_hi / 16
     x_hi = np.empty((num_tokens, num_blocks, num_bytes), dtype=F32)   # x_hi / 16
-    x_sum = np.zeros((num_tokens, num_blocks), dtype=F32)
+    x_sum = np.empty((num_tokens, num_blocks), dtype=F32)   # not np.zeros: that is a parallel region
     for r in range(num_tokens):
         for b in range(num_blocks):
+            x_sum[r, b] = 0
             for j in range(num_bytes):
                 low, high = xt[b * 32 + j, r], xt[b * 32 + 16 + j, r]
                 x_lo[r, b, j], x_hi[r, b, j] = low - high / 16, high / 16
@@ -159,38 +160,49 @@ def _int8_gemv(xt, qs, scales, out_t):  # pragma: no cover - compiled
                 out_t[t * lanes + i, r] = acc[i]
 
 
+@_serial
+def _dequantize_int4_tile(qs, scales, mins, t, out, first_row):  # pragma: no cover - compiled
+    """Tile t of an int4 matrix as float32 into out[:, first_row:first_row + TILE], transposed and
+    with the columns permuted: out[p * blocks + b, row] is element p of block b (so every store
+    runs along the tile's rows). One loop per nibble (with both in one, the extra memory streams
+    stopped LLVM from vectorizing it); q_hi = (q - q_lo) / 16, exact in float32, needs no shift.
+    Its own function, called per tile from the parallel loop: inlined there, the same loops ran at
+    half the speed."""
+    num_blocks, num_bytes, lanes = qs.shape[1], qs.shape[2], TILE
+    for b in range(num_blocks):
+        for j in range(num_bytes):
+            row = out[j * num_blocks + b, first_row:first_row + lanes]
+            for i in range(lanes):
+                row[i] = scales[t, b, i] * F32(I32(qs[t, b, j, i]) & I32(15)) + mins[t, b, i]
+            row = out[(j + num_bytes) * num_blocks + b, first_row:first_row + lanes]
+            for i in range(lanes):
+                q = I32(qs[t, b, j, i])
+                row[i] = scales[t, b, i] * (F32(q - (q & I32(15))) * F32(0.0625)) + mins[t, b, i]
+
+
+@_serial
+def _dequantize_int8_tile(qs, scales, t, out, first_row):  # pragma: no cover - compiled
+    """The same for int8."""
+    num_blocks, block, lanes = qs.shape[1], qs.shape[2], TILE
+    for b in range(num_blocks):
+        for j in range(block):
+            row = out[j * num_blocks + b, first_row:first_row + lanes]
+            for i in range(lanes):
+                row[i] = scales[t, b, i] * F32(I32(qs[t, b, j, i]))
+
+
 @_parallel
 def _dequantize_int4(qs, scales, mins, first_tile, out):  # pragma: no cover - compiled
-    """Tiles first_tile .. of an int4 matrix as float32 into out [cols, n * lanes], transposed
-    and with the columns permuted: out[p * blocks + b, row] is element p of block b (so every
-    store runs along a tile's rows). One loop per nibble: with both in one, the extra memory
-    streams stopped LLVM from vectorizing it."""
-    num_blocks, num_bytes, lanes = qs.shape[1], qs.shape[2], TILE
-    for k in prange(out.shape[1] // lanes):
-        t = first_tile + k
-        first_row = k * lanes
-        for b in range(num_blocks):
-            for j in range(num_bytes):
-                row = out[j * num_blocks + b, first_row:first_row + lanes]
-                for i in range(lanes):
-                    row[i] = scales[t, b, i] * F32(qs[t, b, j, i] & np.uint8(15)) + mins[t, b, i]
-                row = out[(j + num_bytes) * num_blocks + b, first_row:first_row + lanes]
-                for i in range(lanes):
-                    row[i] = scales[t, b, i] * F32(qs[t, b, j, i] >> np.uint8(4)) + mins[t, b, i]
+    """Tiles first_tile .. of an int4 matrix into out [cols, n * TILE] (`_dequantize_int4_tile`)."""
+    for k in prange(out.shape[1] // TILE):
+        _dequantize_int4_tile(qs, scales, mins, first_tile + k, out, k * TILE)
 
 
 @_parallel
 def _dequantize_int8(qs, scales, first_tile, out):  # pragma: no cover - compiled
     """The same for int8."""
-    num_blocks, block, lanes = qs.shape[1], qs.shape[2], TILE
-    for k in prange(out.shape[1] // lanes):
-        t = first_tile + k
-        first_row = k * lanes
-        for b in range(num_blocks):
-            for j in range(block):
-                row = out[j * num_blocks + b, first_row:first_row + lanes]
-                for i in range(lanes):
-                    row[i] = scales[t, b, i] * F32(I32(qs[t, b, j, i]))
+    for k in prange(out.shape[1] // TILE):
+        _dequantize_int8_tile(qs, scales, first_tile + k, out, k * TILE)
 
 
 @_serial
@@ -206,13 +218,20 @@ def _rope(x, positions, cos, sin):  # pragma: no cover - compiled
                 x[i, h, j + half] = x2 * c + x1 * s
 
 
-@_parallel
-def _silu_and_mul(gate_up_t, out_t):  # pragma: no cover - compiled
+@_serial
+def _silu_and_mul_rows(gate_up_t, out_t, first, last):  # pragma: no cover - compiled
     inter, num_tokens = out_t.shape
-    for j in prange(inter):
+    for j in range(first, last):
         for i in range(num_tokens):
             g = gate_up_t[j, i]
             out_t[j, i] = g / (1 + math.exp(-g)) * gate_up_t[j + inter, i]   # exp(-g) = inf gives -0
+
+
+@_parallel
+def _silu_and_mul(gate_up_t, out_t):  # pragma: no cover - compiled
+    inter = out_t.shape[0]
+    for part in prange((inter + 63) // 64):
+        _silu_and_mul_rows(gate_up_t, out_t, part * 64, min(inter, part * 64 + 64))
 
 
 @_serial
@@ -300,16 +319,124 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
                 out[row0 + i // group, h * group + i % group, d] = acc[h, i, d] * inv
 
 
+# Keys per work item of a decoding sequence: a decode's context is split into parts this long,
+# attended in parallel and combined (flash-decoding), so a lone long sequence uses every core. The
+# parts depend only on the sequence's own length, never on the batch around it.
+DECODE_PART = 256
+
+
+@_serial
+def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scale, acc, best,
+                 total):  # pragma: no cover - compiled
+    """One query q [heads, head_dim] (a decode) over keys first .. last - 1 of its sequence, read in
+    place through `block_table`: acc[h] = sum of p * v, best[h] = the largest score, total[h] =
+    sum of p, with p = exp(score - best[h]), for `_paged_attention` to combine across parts. All
+    scores of the part are kept (heads x DECODE_PART floats), so the softmax takes two plain passes
+    and each K and V vector is read once for the `group` query heads sharing it."""
+    num_heads, head_dim = q.shape
+    group = num_heads // k_cache.shape[1]
+    num_keys = last - first
+    qs = np.empty((num_heads, head_dim), dtype=k_cache.dtype)
+    for h in range(num_heads):
+        for d in range(head_dim):
+            qs[h, d] = q[h, d] * scale
+    scores = np.empty((num_heads, num_keys), dtype=k_cache.dtype)
+    for t in range(num_keys):
+        pos = first + t
+        slot = block_table[pos // block_size] * block_size + pos % block_size
+        for h in range(num_heads):
+            key = k_cache[slot, h // group]
+            dot = qs[h, 0] * key[0]
+            for d in range(1, head_dim):
+                dot += qs[h, d] * key[d]
+            scores[h, t] = dot
+    for h in range(num_heads):
+        top = scores[h, 0]
+        for t in range(1, num_keys):
+            top = max(top, scores[h, t])
+        row_total = k_cache.dtype.type(0)
+        for t in range(num_keys):
+            p = math.exp(scores[h, t] - top)
+            scores[h, t] = p
+            row_total += p
+        best[h], total[h] = top, row_total
+        acc[h, :] = 0
+    for t in range(num_keys):
+        pos = first + t
+        slot = block_table[pos // block_size] * block_size + pos % block_size
+        for h in range(num_heads):
+            value = v_cache[slot, h // group]
+            p = scores[h, t]
+            for d in range(head_dim):
+                acc[h, d] += p * value[d]
+
+
+@_serial
+def _decode_parts(query_start, seq_lens):  # pragma: no cover - compiled
+    """The work items of `_paged_attention`: sequence s owns items first_item[s] ..
+    first_item[s + 1] - 1, and item i belongs to sequence item_seq[i]. A decode (one query) gets
+    one item per DECODE_PART keys of its context, any other sequence one item. (Serial: inside a
+    parallel function numba would run each of these array operations as a parallel region.)"""
+    num_seqs = seq_lens.shape[0]
+    first_item = np.empty(num_seqs + 1, dtype=np.int64)
+    first_item[0] = 0
+    for s in range(num_seqs):
+        decode = query_start[s + 1] - query_start[s] == 1
+        first_item[s + 1] = first_item[s] + ((seq_lens[s] + DECODE_PART - 1) // DECODE_PART if decode else 1)
+    item_seq = np.empty(first_item[num_seqs], dtype=np.int64)
+    for s in range(num_seqs):
+        for i in range(first_item[s], first_item[s + 1]):
+            item_seq[i] = s
+    return first_item, item_seq
+
+
+@_serial
+def _combine_parts(query_start, first_item, acc, best, total, out):  # pragma: no cover - compiled
+    """Each decode's output from its parts: their sums rescaled to the largest max of them."""
+    num_heads, head_dim = acc.shape[1], acc.shape[2]
+    for s in range(first_item.shape[0] - 1):
+        if query_start[s + 1] - query_start[s] != 1:
+            continue
+        row, first, last = query_start[s], first_item[s], first_item[s + 1]
+        for h in range(num_heads):
+            top = best[first, h]
+            for i in range(first + 1, last):
+                top = max(top, best[i, h])
+            denominator = acc.dtype.type(0)
+            for d in range(head_dim):
+                out[row, h, d] = 0
+            for i in range(first, last):
+                weight = math.exp(best[i, h] - top)
+                denominator += weight * total[i, h]
+                for d in range(head_dim):
+                    out[row, h, d] += weight * acc[i, h, d]
+            inv = 1 / denominator
+            for d in range(head_dim):
+                out[row, h, d] *= inv
+
+
 @_parallel
 def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, block_size, max_queries, scale,
                      out):  # pragma: no cover - compiled
-    """One work item per sequence, spread over threads. Sequences with more than `max_queries`
-    queries are left to the caller."""
-    for s in prange(seq_lens.shape[0]):
+    """Work items spread over threads: a decode (one query) is one item per DECODE_PART keys of
+    its context, combined afterwards; a sequence with 2 .. `max_queries` queries is one item
+    (`_attend_tile`). Sequences with more queries are left to the caller."""
+    first_item, item_seq = _decode_parts(query_start, seq_lens)
+    num_items = item_seq.shape[0]
+    acc = np.empty((num_items, q.shape[1], q.shape[2]), dtype=k_cache.dtype)
+    best = np.empty((num_items, q.shape[1]), dtype=k_cache.dtype)
+    total = np.empty((num_items, q.shape[1]), dtype=k_cache.dtype)
+    for item in prange(num_items):
+        s = item_seq[item]
         num_queries = query_start[s + 1] - query_start[s]
-        if num_queries <= max_queries:
+        if num_queries == 1:
+            first = (item - first_item[s]) * DECODE_PART
+            _attend_keys(q[query_start[s]], k_cache, v_cache, block_tables[s], block_size, first,
+                         min(seq_lens[s], first + DECODE_PART), scale, acc[item], best[item], total[item])
+        elif num_queries <= max_queries:
             _attend_tile(q, k_cache, v_cache, block_tables[s], block_size, query_start[s], num_queries,
                          seq_lens[s] - num_queries, scale, out)
+    _combine_parts(query_start, first_item, acc, best, total, out)
 
 
 # Tokens up to which quantized products read the packed bytes directly; beyond, tiles are
@@ -389,7 +516,12 @@ def rope(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray)
 
 
 def silu_and_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
-    _silu_and_mul(gate_up.T, out.T)
+    """On one thread for a few tokens: waking the other threads cost more than the work (a lone
+    decode's 1536 values: ~25-45 us in parallel)."""
+    if gate_up.shape[0] <= QUANTIZED_FEW_ROWS:
+        _silu_and_mul_rows(gate_up.T, out.T, 0, out.shape[1])
+    else:
+        _silu_and_mul(gate_up.T, out.T)
 
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
