@@ -312,7 +312,10 @@ def test_quantized_loading_keeps_stored_blocks_and_rounds_float_ones(tmp_path, s
             assert array.format == quantization, name
             expected = dequantize_block_rows(quantize_rows(want[name], quantization))
             np.testing.assert_array_equal(dequantize(array), expected, err_msg=name)
-    assert loaded.weights.num_bytes < plain.weights.num_bytes / 3
+    # Float32 is 128 bytes a block of 32 weights; rounded int8 keeps a scale and a min (40 bytes, 31%,
+    # plus the float32 norms).
+    rounded_int8 = spec.qtype not in STORED_FORMAT and quantization == "int8"
+    assert loaded.weights.num_bytes < plain.weights.num_bytes * (0.35 if rounded_int8 else 1 / 3)
     # The engine on the quantized weights computes what the dense reference does on their floats.
     reference = dense_logits(LoadedModel(loaded.config, dequantized(loaded.weights), None, "ref"), TOKEN_IDS)
     run = engine_logits(str(path), TOKEN_IDS, block_size=4, budget=6, quantization=quantization)

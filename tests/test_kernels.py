@@ -13,11 +13,12 @@ import sys
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType, quants
 
 from vllmlite.attention import build_metadata
 from vllmlite.kernels import BACKENDS, get_kernels, resolve_backend
 from vllmlite.kernels.numba_kernels import DECODE_PART
-from vllmlite.quant import dequantize, quantize
+from vllmlite.quant import dequantize, from_gguf, quantize, tile
 
 REFERENCE = get_kernels("numpy")
 TOLERANCE = {np.float32: 1e-5, np.float64: 1e-12}
@@ -76,14 +77,20 @@ def test_linear_matches_a_float64_product(kernels, dtype, num_tokens, layout):
     np.testing.assert_allclose(out, expected, rtol=10 * TOLERANCE[dtype], atol=10 * TOLERANCE[dtype])
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+# int8: affine (float weights rounded at load) and symmetric (Q8_0 as a GGUF stores it, no mins).
+@pytest.mark.parametrize("fmt", ["int8", "int8_symmetric", "int4"])
 @pytest.mark.parametrize("num_tokens", [1, 8, 9, 256])        # both sides of the packed-bytes path / BLAS tiles
 # Rows: one, a few, a ragged tile, whole tiles, more than one buffer of tiles for BLAS.
 @pytest.mark.parametrize("shape", [(1, 64), (3, 96), (17, 32), (256, 160), (600, 64)])
 @pytest.mark.parametrize("layout", ["token_major", "feature_major"])
 def test_quantized_linear_matches_the_dequantized_product(kernels, fmt, num_tokens, shape, layout):
     rng = np.random.default_rng(num_tokens)
-    weight = quantize(rng.standard_normal(shape).astype(np.float32), fmt)
+    w = rng.standard_normal(shape).astype(np.float32)
+    if fmt == "int8_symmetric":
+        weight = tile(from_gguf(quants.quantize(w, GGMLQuantizationType.Q8_0), "Q8_0", shape))
+        assert weight.mins is None
+    else:
+        weight = quantize(w, fmt)
     x = rng.standard_normal((num_tokens, shape[1])).astype(np.float32)
     out = np.full((num_tokens, shape[0]), np.nan, np.float32)
     if layout == "feature_major":

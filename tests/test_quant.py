@@ -31,15 +31,17 @@ def weights(rows: int, cols: int, seed: int = 0) -> np.ndarray:
     return w
 
 
-@pytest.mark.parametrize("fmt, bound", [("int8", 0.5 / 127), ("int4", 0.5 / 15)])
-def test_quantize_is_within_half_a_step_of_each_block_and_idempotent(fmt, bound):
+@pytest.mark.parametrize("fmt, levels", [("int8", 255), ("int4", 15)])
+def test_quantize_is_within_half_a_step_of_each_block_and_idempotent(fmt, levels):
     w = weights(7, 96)
     q = quantize(w, fmt)
     assert q.shape == w.shape and q.format == fmt
     blocks = w.reshape(7, 3, BLOCK)
-    span = np.abs(blocks).max(-1) if fmt == "int8" else blocks.max(-1) - blocks.min(-1)
+    span = blocks.max(-1) - blocks.min(-1)                    # affine: the block's range in `levels` steps
     err = np.abs(dequantize(q) - w).reshape(7, 3, BLOCK).max(-1)
-    assert np.all(err <= bound * span + 1e-6)
+    assert np.all(err <= 0.5 * span / levels + 1e-6)
+    if fmt == "int8":                                          # never coarser than symmetric int8 (Q8_0)
+        assert np.all(err <= 0.5 * np.abs(blocks).max(-1) / 127 + 1e-6)
     assert np.array_equal(dequantize(q)[0, :BLOCK], np.zeros(BLOCK))
     np.testing.assert_allclose(dequantize(q)[-1, -BLOCK:], 3.0, rtol=1e-6)
     again = quantize(dequantize(q), fmt)       # what is already on the grid stays there
@@ -123,3 +125,29 @@ def test_the_default_gguf_tensors_read_as_stored_match_the_gguf_package():
         m = tile(from_gguf(t.data, t.tensor_type.name, shape))
         np.testing.assert_array_equal(dequantize(m), quants.dequantize(t.data, t.tensor_type).reshape(shape))
         assert m.nbytes <= 9 / 32 * np.prod(shape) * 4      # 5-9 bits a weight (float32 scales), not 32
+
+
+def test_int8_rounding_gives_back_weights_decoded_from_4_bit_blocks():
+    """An F32 copy of a Q4_1 GGUF holds 16 levels per block: rounding it to int8 loses nothing
+    (to float rounding), where symmetric int8 (Q8_0's grid) moved such weights by up to half a step."""
+    rng = np.random.default_rng(5)
+    d = rng.uniform(0.001, 0.05, (6, 4, 1)).astype(np.float32)
+    low = rng.uniform(-0.5, 0.0, (6, 4, 1)).astype(np.float32)
+    k = rng.integers(0, 16, (6, 4, BLOCK))
+    k[..., 0], k[..., 1] = 0, 15                               # each block spans its 16 levels
+    w = (d * k + low).reshape(6, 4 * BLOCK).astype(np.float32)
+    np.testing.assert_allclose(dequantize(quantize(w, "int8")), w, rtol=0, atol=1e-6)
+    symmetric = quants.dequantize(quants.quantize(w, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0)
+    assert np.abs(symmetric.reshape(w.shape) - w).max() > 1e-4
+
+
+def test_symmetric_and_affine_int8_stack_into_one_matrix():
+    """A fused matrix from a Q8_0 tensor (no mins) and a rounded float one: the symmetric rows get
+    mins of zero."""
+    w = weights(3, 64, seed=4)
+    stored = from_gguf(quants.quantize(w, GGMLQuantizationType.Q8_0), "Q8_0", w.shape)
+    rounded = quantize_rows(weights(2, 64, seed=5), "int8")
+    assert stored.mins is None and rounded.mins is not None
+    stacked = BlockRows.concat([stored, rounded])
+    np.testing.assert_array_equal(dequantize_block_rows(stacked),
+                                  np.concatenate([dequantize_block_rows(stored), dequantize_block_rows(rounded)]))

@@ -3,7 +3,14 @@
 The block formats are GGUF's, so a GGUF tensor already stored in one of them is used as stored:
 
     int8  symmetric, like Q8_0:  w = scale * q,        q int8 in [-127, 127]
+          or affine:             w = scale * q + min,  q int8 in [-128, 127]
     int4  affine,    like Q4_1:  w = scale * q + min,  q in [0, 15], two per byte
+
+Float weights are rounded to the affine forms (`quantize_rows`): the block's range [low, high]
+spread over all 256 or 16 levels. Its step is never coarser than symmetric int8's (2 * max|w| /
+254), and a block holding fewer levels than that (weights that were decoded from 4-bit blocks, as
+in an F32 copy of a Q4_1 GGUF) comes back as it was, to float rounding. Q8_0 tensors keep their
+symmetric form (no mins).
 
 Packing follows ggml: in each block of 32, int4 byte j holds element j in its low nibble and
 element j + 16 in its high nibble. Q4_0 (w = scale * (q - 8)) is int4 with min = -8 * scale.
@@ -41,7 +48,7 @@ FORMATS = ("int8", "int4")
 @dataclass(frozen=True)
 class BlockRows:
     """A [rows, cols] matrix as row-major blocks: qs int8 [rows, blocks, 32] or uint8 [rows,
-    blocks, 16] (packed nibbles), scales and mins (int4 only) float32 [rows, blocks]."""
+    blocks, 16] (packed nibbles), scales and mins float32 [rows, blocks] (mins None: symmetric int8)."""
 
     format: str
     qs: np.ndarray
@@ -59,8 +66,10 @@ class BlockRows:
         fmt = parts[0].format
         if any(p.format != fmt for p in parts):
             raise ValueError(f"cannot stack matrices stored in different formats {[p.format for p in parts]}")
-        return BlockRows(fmt, np.concatenate([p.qs for p in parts]), np.concatenate([p.scales for p in parts]),
-                         None if fmt == "int8" else np.concatenate([p.mins for p in parts]))
+        mins = None
+        if any(p.mins is not None for p in parts):   # a symmetric part has mins of zero
+            mins = np.concatenate([np.zeros_like(p.scales) if p.mins is None else p.mins for p in parts])
+        return BlockRows(fmt, np.concatenate([p.qs for p in parts]), np.concatenate([p.scales for p in parts]), mins)
 
 
 @dataclass(frozen=True)
@@ -71,7 +80,7 @@ class QuantizedMatrix:
     num_rows: int
     qs: np.ndarray            # int8 [tiles, blocks, 32, TILE] or uint8 [tiles, blocks, 16, TILE]
     scales: np.ndarray        # float32 [tiles, blocks, TILE]
-    mins: np.ndarray | None   # float32 [tiles, blocks, TILE] for int4, None for int8
+    mins: np.ndarray | None   # float32 [tiles, blocks, TILE]; None for symmetric int8 (Q8_0)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -98,16 +107,14 @@ def quantize_rows(weight: np.ndarray, fmt: str) -> BlockRows:
     if cols % BLOCK:
         raise ValueError(f"quantization needs the input dimension to be a multiple of {BLOCK}, got {cols}")
     blocks = weight.astype(np.float32).reshape(rows, cols // BLOCK, BLOCK)
-    if fmt == "int8":
-        scales = np.abs(blocks).max(axis=-1) / 127
-        safe = np.where(scales == 0, 1, scales)[..., None]
-        qs = np.clip(np.rint(blocks / safe), -127, 127).astype(np.int8)
-        return BlockRows("int8", qs, scales.astype(np.float32), None)
+    levels = 255 if fmt == "int8" else 15
     low, high = blocks.min(axis=-1), blocks.max(axis=-1)
-    scales = (high - low) / 15
+    scales = (high - low) / levels
     safe = np.where(scales == 0, 1, scales)[..., None]
-    q = np.clip(np.rint((blocks - low[..., None]) / safe), 0, 15).astype(np.uint8)
-    return BlockRows("int4", pack_nibbles(q), scales.astype(np.float32), low.astype(np.float32))
+    q = np.clip(np.rint((blocks - low[..., None]) / safe), 0, levels)
+    if fmt == "int8":   # levels 0..255 stored as -128..127, the min moved up by 128 steps
+        return BlockRows("int8", (q - 128).astype(np.int8), scales, low + 128 * scales)
+    return BlockRows("int4", pack_nibbles(q.astype(np.uint8)), scales, low)
 
 
 def quantize(weight: np.ndarray, fmt: str) -> QuantizedMatrix:
@@ -150,6 +157,8 @@ def dequantize_block_rows(m: BlockRows) -> np.ndarray:
     rows, num_blocks = m.scales.shape
     if m.format == "int8":
         blocks = m.qs.astype(np.float32) * m.scales[..., None]
+        if m.mins is not None:
+            blocks += m.mins[..., None]
     else:
         blocks = unpack_nibbles(m.qs).astype(np.float32) * m.scales[..., None] + m.mins[..., None]
     return blocks.reshape(rows, num_blocks * BLOCK)

@@ -137,11 +137,18 @@ def _int4_gemv(xt, qs, scales, mins, out_t):  # pragma: no cover - compiled
 
 
 @_parallel
-def _int8_gemv(xt, qs, scales, out_t):  # pragma: no cover - compiled
-    """The same for int8 (w = scale * q)."""
+def _int8_gemv(xt, qs, scales, mins, out_t):  # pragma: no cover - compiled
+    """The same for int8: w = scale * q, or scale * q + min when `mins` is not None (numba
+    compiles the two cases separately)."""
     num_tiles, num_blocks, block = qs.shape[0], qs.shape[1], qs.shape[2]
     lanes = TILE
     num_tokens = xt.shape[1]
+    x_sum = np.empty((num_tokens, num_blocks), dtype=F32)
+    for r in range(num_tokens):
+        for b in range(num_blocks):
+            x_sum[r, b] = 0
+            for j in range(block):
+                x_sum[r, b] += xt[b * block + j, r]
     num_rows = out_t.shape[0]
     for t in prange(num_tiles):
         acc = np.empty(lanes, dtype=F32)
@@ -154,8 +161,13 @@ def _int8_gemv(xt, qs, scales, out_t):  # pragma: no cover - compiled
                     x = xt[b * block + j, r]
                     for i in range(lanes):
                         dots[i] += F32(I32(qs[t, b, j, i])) * x
-                for i in range(lanes):
-                    acc[i] += scales[t, b, i] * dots[i]
+                if mins is None:
+                    for i in range(lanes):
+                        acc[i] += scales[t, b, i] * dots[i]
+                else:
+                    total = x_sum[r, b]
+                    for i in range(lanes):
+                        acc[i] += scales[t, b, i] * dots[i] + mins[t, b, i] * total
             for i in range(min(lanes, num_rows - t * lanes)):
                 out_t[t * lanes + i, r] = acc[i]
 
@@ -181,14 +193,18 @@ def _dequantize_int4_tile(qs, scales, mins, t, out, first_row):  # pragma: no co
 
 
 @_serial
-def _dequantize_int8_tile(qs, scales, t, out, first_row):  # pragma: no cover - compiled
-    """The same for int8."""
+def _dequantize_int8_tile(qs, scales, mins, t, out, first_row):  # pragma: no cover - compiled
+    """The same for int8 (mins None: symmetric)."""
     num_blocks, block, lanes = qs.shape[1], qs.shape[2], TILE
     for b in range(num_blocks):
         for j in range(block):
             row = out[j * num_blocks + b, first_row:first_row + lanes]
-            for i in range(lanes):
-                row[i] = scales[t, b, i] * F32(I32(qs[t, b, j, i]))
+            if mins is None:
+                for i in range(lanes):
+                    row[i] = scales[t, b, i] * F32(I32(qs[t, b, j, i]))
+            else:
+                for i in range(lanes):
+                    row[i] = scales[t, b, i] * F32(I32(qs[t, b, j, i])) + mins[t, b, i]
 
 
 @_parallel
@@ -199,10 +215,10 @@ def _dequantize_int4(qs, scales, mins, first_tile, out):  # pragma: no cover - c
 
 
 @_parallel
-def _dequantize_int8(qs, scales, first_tile, out):  # pragma: no cover - compiled
+def _dequantize_int8(qs, scales, mins, first_tile, out):  # pragma: no cover - compiled
     """The same for int8."""
     for k in prange(out.shape[1] // TILE):
-        _dequantize_int8_tile(qs, scales, first_tile + k, out, k * TILE)
+        _dequantize_int8_tile(qs, scales, mins, first_tile + k, out, k * TILE)
 
 
 @_serial
@@ -475,7 +491,7 @@ def _quantized_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray) -
         if weight.format == "int4":
             _int4_gemv(xt, weight.qs, weight.scales, weight.mins, out_t)
         else:
-            _int8_gemv(xt, weight.qs, weight.scales, out_t)
+            _int8_gemv(xt, weight.qs, weight.scales, weight.mins, out_t)
         return
     rows, cols = weight.shape
     num_tiles, lanes = weight.qs.shape[0], TILE
@@ -489,7 +505,7 @@ def _quantized_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray) -
         if weight.format == "int4":
             _dequantize_int4(weight.qs, weight.scales, weight.mins, first, tiles)
         else:
-            _dequantize_int8(weight.qs, weight.scales, first, tiles)
+            _dequantize_int8(weight.qs, weight.scales, weight.mins, first, tiles)
         lo, hi = first * lanes, min(rows, (first + count) * lanes)
         np.matmul(tiles[:, :hi - lo].T, permuted, out=out_t[lo:hi])
 
