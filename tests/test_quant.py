@@ -31,16 +31,16 @@ def weights(rows: int, cols: int, seed: int = 0) -> np.ndarray:
     return w
 
 
-@pytest.mark.parametrize("fmt, levels", [("int8", 255), ("int4", 15)])
-def test_quantize_is_within_half_a_step_of_each_block_and_idempotent(fmt, levels):
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantize_is_within_half_a_step_of_each_block_and_idempotent(fmt):
     w = weights(7, 96)
     q = quantize(w, fmt)
     assert q.shape == w.shape and q.format == fmt
     blocks = w.reshape(7, 3, BLOCK)
-    span = blocks.max(-1) - blocks.min(-1)                    # affine: the block's range in `levels` steps
     err = np.abs(dequantize(q) - w).reshape(7, 3, BLOCK).max(-1)
-    assert np.all(err <= 0.5 * span / levels + 1e-6)
-    if fmt == "int8":                                          # never coarser than symmetric int8 (Q8_0)
+    if fmt == "int4":                                          # affine: the block's range in 15 steps
+        assert np.all(err <= 0.5 * (blocks.max(-1) - blocks.min(-1)) / 15 + 1e-6)
+    else:                                                      # never coarser than Q8_0's symmetric grid
         assert np.all(err <= 0.5 * np.abs(blocks).max(-1) / 127 + 1e-6)
     assert np.array_equal(dequantize(q)[0, :BLOCK], np.zeros(BLOCK))
     np.testing.assert_allclose(dequantize(q)[-1, -BLOCK:], 3.0, rtol=1e-6)
@@ -127,18 +127,22 @@ def test_the_default_gguf_tensors_read_as_stored_match_the_gguf_package():
         assert m.nbytes <= 9 / 32 * np.prod(shape) * 4      # 5-9 bits a weight (float32 scales), not 32
 
 
-def test_int8_rounding_gives_back_weights_decoded_from_4_bit_blocks():
-    """An F32 copy of a Q4_1 GGUF holds 16 levels per block: rounding it to int8 loses nothing
-    (to float rounding), where symmetric int8 (Q8_0's grid) moved such weights by up to half a step."""
+def test_int8_rounding_gives_back_weights_decoded_from_4_and_8_bit_blocks():
+    """An F32 copy of a Q4_1/Q8_0 GGUF holds 16 levels per block, or Q8_0's grid: rounding it to
+    int8 loses nothing (to float rounding). Q8_0's grid alone moved the 4-bit blocks by up to half a
+    step, the affine grid alone the Q8_0 ones."""
     rng = np.random.default_rng(5)
     d = rng.uniform(0.001, 0.05, (6, 4, 1)).astype(np.float32)
     low = rng.uniform(-0.5, 0.0, (6, 4, 1)).astype(np.float32)
     k = rng.integers(0, 16, (6, 4, BLOCK))
     k[..., 0], k[..., 1] = 0, 15                               # each block spans its 16 levels
-    w = (d * k + low).reshape(6, 4 * BLOCK).astype(np.float32)
-    np.testing.assert_allclose(dequantize(quantize(w, "int8")), w, rtol=0, atol=1e-6)
-    symmetric = quants.dequantize(quants.quantize(w, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0)
-    assert np.abs(symmetric.reshape(w.shape) - w).max() > 1e-4
+    four_bit = (d * k + low).reshape(6, 4 * BLOCK).astype(np.float32)
+    eight_bit = quants.dequantize(quants.quantize(weights(6, 4 * BLOCK, seed=6), GGMLQuantizationType.Q8_0),
+                                  GGMLQuantizationType.Q8_0).reshape(6, 4 * BLOCK)
+    for w in (four_bit, eight_bit, np.concatenate([four_bit, eight_bit], axis=1)):
+        np.testing.assert_allclose(dequantize(quantize(w, "int8")), w, rtol=0, atol=1e-6)
+    symmetric = quants.dequantize(quants.quantize(four_bit, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0)
+    assert np.abs(symmetric.reshape(four_bit.shape) - four_bit).max() > 1e-4
 
 
 def test_symmetric_and_affine_int8_stack_into_one_matrix():

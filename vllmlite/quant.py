@@ -7,10 +7,10 @@ The block formats are GGUF's, so a GGUF tensor already stored in one of them is 
     int4  affine,    like Q4_1:  w = scale * q + min,  q in [0, 15], two per byte
 
 Float weights are rounded to the affine forms (`quantize_rows`): the block's range [low, high]
-spread over all 256 or 16 levels. Its step is never coarser than symmetric int8's (2 * max|w| /
-254), and a block holding fewer levels than that (weights that were decoded from 4-bit blocks, as
-in an F32 copy of a Q4_1 GGUF) comes back as it was, to float rounding. Q8_0 tensors keep their
-symmetric form (no mins).
+spread over all 256 or 16 levels. For int8, a block takes Q8_0's symmetric grid (min 0) instead
+where that fits it better, so a block is never rounded more coarsely than Q8_0 would, and weights
+that were decoded from Q4_0/Q4_1/Q8_0 blocks (an F32 copy of such a GGUF) come back as they were,
+to float rounding. Q8_0 tensors as a GGUF stores them have no mins.
 
 Packing follows ggml: in each block of 32, int4 byte j holds element j in its low nibble and
 element j + 16 in its high nibble. Q4_0 (w = scale * (q - 8)) is int4 with min = -8 * scale.
@@ -110,11 +110,25 @@ def quantize_rows(weight: np.ndarray, fmt: str) -> BlockRows:
     levels = 255 if fmt == "int8" else 15
     low, high = blocks.min(axis=-1), blocks.max(axis=-1)
     scales = (high - low) / levels
-    safe = np.where(scales == 0, 1, scales)[..., None]
-    q = np.clip(np.rint((blocks - low[..., None]) / safe), 0, levels)
-    if fmt == "int8":   # levels 0..255 stored as -128..127, the min moved up by 128 steps
-        return BlockRows("int8", (q - 128).astype(np.int8), scales, low + 128 * scales)
-    return BlockRows("int4", pack_nibbles(q.astype(np.uint8)), scales, low)
+    q = np.clip(np.rint((blocks - low[..., None]) / _nonzero(scales)[..., None]), 0, levels)
+    if fmt == "int4":
+        return BlockRows("int4", pack_nibbles(q.astype(np.uint8)), scales, low)
+    # int8: levels 0..255 stored as -128..127, the min moved up by 128 steps; a block that
+    # Q8_0's symmetric grid fits better (one decoded from Q8_0 sits on it exactly) takes that
+    # grid instead, with a min of 0.
+    q, mins = q - 128, low + 128 * scales
+    sym_scales = np.abs(blocks).max(axis=-1) / 127
+    sym_q = np.clip(np.rint(blocks / _nonzero(sym_scales)[..., None]), -127, 127)
+    error = ((q * scales[..., None] + mins[..., None] - blocks) ** 2).sum(axis=-1)
+    sym_error = ((sym_q * sym_scales[..., None] - blocks) ** 2).sum(axis=-1)
+    symmetric = sym_error <= error
+    return BlockRows("int8", np.where(symmetric[..., None], sym_q, q).astype(np.int8),
+                     np.where(symmetric, sym_scales, scales), np.where(symmetric, np.float32(0), mins))
+
+
+def _nonzero(scales: np.ndarray) -> np.ndarray:
+    """Scales to divide by: an all-equal block has scale 0 (every q then rounds to the bottom level)."""
+    return np.where(scales == 0, 1, scales)
 
 
 def quantize(weight: np.ndarray, fmt: str) -> QuantizedMatrix:
