@@ -163,8 +163,11 @@ def quant_accuracy_section(report: dict) -> list[str]:
              "This GGUF's float32 weights are its Q4_1/Q8_0 blocks decoded, so `int8`/`int4` (which keep the "
              "blocks) compute the same function, and rounding the float32 weights again is exact wherever the "
              "grids match: int4 rebuilds the Q4_1 layers bit for bit (only the tied embedding/LM head goes from "
-             "8 to 4 bits), int8 rebuilds the embedding (only the layers change). The weight-error columns show "
-             "which; a model with genuinely float weights was not available here to measure our rounding on.", "",
+             "8 to 4 bits); int8's rounding (affine, or Q8_0's symmetric grid where that fits a block better) "
+             "rebuilds both the Q4_1 layers and the Q8_0 embedding to float rounding, so on this model the int8 "
+             "row says nothing about rounding genuinely float weights. The weight-error columns show which; a "
+             "model with genuinely float weights was not available here (no model hub; the default model ships "
+             "only as this GGUF) to measure our rounding on.", "",
              "| row | weights | MB | weight err (embedding / layers) | max logit diff | greedy = float32 "
              "| greedy = transformers | perplexity | vs float32 |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|"]

@@ -457,11 +457,11 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
 
 # Tokens up to which quantized products read the packed bytes directly; beyond, tiles are
 # dequantized for BLAS. Over the default model's matrices (Q4_1 layers, Q8_0 LM head; 2 AVX2 cores,
-# weights streamed from memory; bench/quant_bench.py, two runs) the packed-bytes kernel took
-# 0.39-0.43x float32's time at 1 token, 0.59-0.70x at 2, 0.72-0.94x at 4 and 1.15-1.35x at 8: it
-# is compute-bound (it converts every weight for every token). The BLAS tiles took 1.28-1.86x
-# float32's time at 16 tokens and 0.88-1.75x at 64 (float32's own time varied most): every
-# dequantized float is written to memory and read back by BLAS.
+# weights streamed from memory; bench/quant_bench.py at 244a141) the packed-bytes kernel took
+# 0.39x float32's time at 1 token, 0.54x at 2, 0.73x at 4 and 0.96x at 8: it converts every weight
+# for every token. The BLAS tiles took 1.78x float32's time at 16 tokens (where float32 uses the
+# few-token kernel) and 1.24x at 64: every dequantized float is written to memory and read back
+# by BLAS, and each call wakes numba's threads, then OpenBLAS's.
 QUANTIZED_FEW_ROWS = 8
 DEQUANTIZE_TILES = 8  # tiles of a quantized matrix turned into float32 at a time for BLAS (~1-3 MB)
 _scratch = threading.local()  # per thread: the float32 buffer those tiles go to, reused across calls
