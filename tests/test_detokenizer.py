@@ -202,7 +202,7 @@ class RecordingTokenizer(ByteTokenizer):
         super().__init__()
         self.max_decode_len = 0
 
-    def decode(self, token_ids, skip_special_tokens=True):
+    def decode(self, token_ids, skip_special_tokens=False):
         self.max_decode_len = max(self.max_decode_len, len(token_ids))
         return super().decode(token_ids, skip_special_tokens)
 

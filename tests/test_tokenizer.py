@@ -80,7 +80,8 @@ def test_special_tokens_equal_goldens(smollm2, goldens):
 def test_chat_template_equals_transformers_goldens(smollm2, goldens):
     mismatches = [
         case for case in goldens["chat"]
-        if smollm2.apply_chat_template(case["messages"], case["add_generation_prompt"]) != case["text"]
+        if smollm2.apply_chat_template(case["messages"], tokenize=False,
+                                       add_generation_prompt=case["add_generation_prompt"]) != case["text"]
         or ("ids" in case and smollm2.encode(case["text"]) != case["ids"])
     ]
     assert goldens["chat"] and mismatches == []
@@ -170,8 +171,8 @@ def test_gguf_control_tokens_special_user_defined_not():
     assert ids[1:] == [2, 261]  # both matched whole, not cut into bytes
     assert tok.special_token_ids == {0, 1, 2}
     assert tok.stop_token_ids == {1, 2}  # EOS and the end-of-turn token
-    assert tok.decode(ids) == "a<think>"
-    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "<s>x"
+    assert tok.decode(ids, skip_special_tokens=True) == "a<think>"
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == "<s>x"
 
 
 def test_gguf_pre_tokenizer_follows_ggml_pre():
@@ -195,15 +196,15 @@ def test_from_directory_reads_config(tmp_path):
     backend.decoder = tokenizers.decoders.ByteLevel()
     backend.add_special_tokens(["<s>", "</s>", "<|eot_id|>"])
     backend.save(str(tmp_path / "tokenizer.json"))
-    config = {"bos_token": {"content": "<s>"}, "eos_token": "</s>", "add_bos_token": True,
+    config = {"bos_token": {"content": "<s>"}, "eos_token": "</s>", "pad_token": "</s>", "add_bos_token": True,
               "chat_template": [{"name": "default", "template": "T{{ messages|length }}"}]}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [257, 100]}))
     tok = HFTokenizer.from_directory(tmp_path)
-    assert (tok.bos_token_id, tok.eos_token_id) == (256, 257)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (256, 257, 257)
     assert tok.encode("hi") == [256, ord("h"), ord("i")]
     assert tok.stop_token_ids == {257, 258, 100}
-    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "T1"
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == "T1"
 
 
 def test_hf_token_text_shows_invalid_bytes():
@@ -221,13 +222,13 @@ def test_byte_tokenizer_round_trip(text):
     ids = tok.encode(text)
     assert ids[0] == tok.bos_token_id
     assert ids[1:] == list(text.encode("utf-8")) == tok.encode(text, add_special_tokens=False)
-    assert tok.decode(ids) == text
+    assert tok.decode(ids, skip_special_tokens=True) == text
 
 
 def test_byte_tokenizer_specials_and_invalid_bytes():
     tok = ByteTokenizer()
     assert (tok.vocab_size, tok.stop_token_ids, tok.special_token_ids) == (258, {257}, {256, 257})
-    assert tok.decode([256, 104, 105, 257]) == "hi"
+    assert tok.decode([256, 104, 105, 257], skip_special_tokens=True) == "hi"
     assert tok.decode([256, 104, 105, 257], skip_special_tokens=False) == "<|bos|>hi<|eos|>"
     assert tok.decode([0xE2, 0x82]) == "\ufffd"
     assert tok.decode([0xE2, 0x82, 0xAC]) == "€"
@@ -237,5 +238,6 @@ def test_byte_tokenizer_specials_and_invalid_bytes():
 
 
 def test_byte_tokenizer_chatml_fallback():
-    text = ByteTokenizer().apply_chat_template([{"role": "user", "content": "hi"}])
+    text = ByteTokenizer().apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                               add_generation_prompt=True)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

@@ -67,7 +67,8 @@ class LLM:
         tokenizer = self.engine.tokenizer
         prompts = []
         for conversation in conversations:
-            text = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt)
+            text = tokenizer.apply_chat_template(conversation, tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt)
             prompts.append({"prompt": text,
                             "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm)

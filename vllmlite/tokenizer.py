@@ -1,7 +1,8 @@
 """Tokenizers: the `Tokenizer` interface, HF `tokenizers` (GGUF metadata or an HF directory) and bytes.
 
-Owns text <-> token ids, special and stop tokens, and the model's chat template string. Knows
-nothing of models, requests or incremental detokenization (see detokenizer.py).
+Owns text <-> token ids, special and stop tokens, the model's chat template string, and the HF
+tokenizer methods user scripts call. Knows nothing of models, requests or incremental
+detokenization (see detokenizer.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from functools import lru_cache
+from numbers import Integral
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -72,16 +74,29 @@ GGUF_PRE_TOKENIZER_SPLITS = MappingProxyType({
 _BYTE_FALLBACK_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
+class BatchEncoding(dict):
+    """What `tokenizer(text)` returns, as HF's BatchEncoding: `enc["input_ids"]` or `enc.input_ids`."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 class Tokenizer(ABC):
-    """What the engine and the server need from a tokenizer.
+    """What the engine and the server need from a tokenizer, plus the Hugging Face tokenizer surface
+    that vLLM user scripts call on `LLM.get_tokenizer()` (same names, signatures and defaults).
 
     Invariants: every id in `special_token_ids` and `stop_token_ids` is < `vocab_size`;
-    `stop_token_ids` contains `eos_token_id` when that is not None.
+    `stop_token_ids` contains `eos_token_id` when that is not None. `vocab_size` counts added tokens
+    too (HF's `len(tokenizer)`; HF's own `vocab_size` leaves out added tokens beyond the base vocab).
     """
 
     vocab_size: int
     bos_token_id: int | None
     eos_token_id: int | None
+    pad_token_id: int | None
     stop_token_ids: frozenset[int]
     special_token_ids: frozenset[int]
     chat_template: str | None
@@ -92,7 +107,7 @@ class Tokenizer(ABC):
         prepended only when `add_special_tokens` and the tokenizer's own config adds it."""
 
     @abstractmethod
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of `token_ids`; bytes that are not valid UTF-8 become U+FFFD."""
 
     @abstractmethod
@@ -100,16 +115,76 @@ class Tokenizer(ABC):
         """One token's text for logprob display, special tokens kept. A token whose bytes are not
         valid UTF-8 on their own reads `bytes:\\xe2\\x80` (literal backslashes, lowercase hex)."""
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text for `messages` (ChatML when the model has no template)."""
-        return render_chat_template(
-            self.chat_template, messages, add_generation_prompt,
-            bos_token=self._special_text(self.bos_token_id),
-            eos_token=self._special_text(self.eos_token_id),
-        )
+    @abstractmethod
+    def id_to_token(self, token_id: int) -> str:
+        """The vocabulary's piece for `token_id` (e.g. "Ġhello" in byte-level BPE); ValueError if
+        the id is outside the vocabulary."""
 
-    def _special_text(self, token_id: int | None) -> str | None:
-        return None if token_id is None else self.decode([token_id], skip_special_tokens=False)
+    @abstractmethod
+    def token_to_id(self, token: str) -> int | None:
+        """The id of vocabulary piece `token`, None if the vocabulary has no such piece."""
+
+    def apply_chat_template(
+        self,
+        conversation: list[dict],
+        *,
+        tokenize: bool = True,
+        add_generation_prompt: bool = False,
+        chat_template: str | None = None,
+        return_dict: bool = False,
+        return_tensors: None = None,
+    ) -> str | list[int] | BatchEncoding:
+        """The prompt text for `conversation` under the model's template (ChatML when it has none),
+        as the server renders it; with `tokenize` (HF's default) its ids, encoded without adding
+        special tokens, since the template already writes BOS where the model wants it.
+
+        `chat_template` renders the caller's own template instead, in the same jinja sandbox.
+        Arguments are keyword-only: HF's second positional one is `tools`, which is not supported.
+        """
+        if return_tensors is not None:
+            raise ValueError(f"return_tensors={return_tensors!r} is not supported: token ids are python lists")
+        text = render_chat_template(
+            chat_template if chat_template is not None else self.chat_template,
+            conversation, add_generation_prompt, bos_token=self.bos_token, eos_token=self.eos_token,
+        )
+        if not tokenize:
+            return text
+        return self(text, add_special_tokens=False) if return_dict else self.encode(text, add_special_tokens=False)
+
+    def __call__(self, text: str | Sequence[str], add_special_tokens: bool = True) -> BatchEncoding:
+        """`input_ids` and an all-ones `attention_mask`: lists for one text, lists of lists for a batch."""
+        if isinstance(text, str):
+            ids = self.encode(text, add_special_tokens)
+            return BatchEncoding(input_ids=ids, attention_mask=[1] * len(ids))
+        batch = [self.encode(t, add_special_tokens) for t in text]
+        return BatchEncoding(input_ids=batch, attention_mask=[[1] * len(ids) for ids in batch])
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def batch_decode(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(ids, skip_special_tokens) for ids in sequences]
+
+    def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> str | list[str]:
+        """Vocabulary pieces: one for one id, a list for a list."""
+        if isinstance(ids, Integral):
+            return self.id_to_token(int(ids))
+        return [self.id_to_token(int(i)) for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | None | list[int | None]:
+        """Ids of vocabulary pieces: one for one piece, a list for a list. An unknown piece gives
+        None (HF gives `unk_token_id`, which is None too when the tokenizer has no unknown token)."""
+        if isinstance(tokens, str):
+            return self.token_to_id(tokens)
+        return [self.token_to_id(token) for token in tokens]
+
+    @property
+    def bos_token(self) -> str | None:
+        return None if self.bos_token_id is None else self.id_to_token(self.bos_token_id)
+
+    @property
+    def eos_token(self) -> str | None:
+        return None if self.eos_token_id is None else self.id_to_token(self.eos_token_id)
 
 
 def format_token_bytes(data: bytes) -> str:
@@ -155,11 +230,13 @@ class HFTokenizer(Tokenizer):
         eos_token: str | None,
         chat_template: str | None,
         extra_stop_token_ids: Sequence[int] = (),
+        pad_token: str | None = None,
     ):
         self.backend = backend
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
         self.bos_token_id = None if bos_token is None else backend.token_to_id(bos_token)
         self.eos_token_id = None if eos_token is None else backend.token_to_id(eos_token)
+        self.pad_token_id = None if pad_token is None else backend.token_to_id(pad_token)
         self.chat_template = chat_template
         added = backend.get_added_tokens_decoder()  # {id: AddedToken}
         self.special_token_ids = frozenset(i for i, token in added.items() if token.special)
@@ -174,8 +251,17 @@ class HFTokenizer(Tokenizer):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str:
+        piece = self.backend.id_to_token(token_id)
+        if piece is None:
+            raise ValueError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
+        return piece
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
 
     def token_text(self, token_id: int) -> str:
         text = self.decode([token_id], skip_special_tokens=False)
@@ -220,19 +306,19 @@ class HFTokenizer(Tokenizer):
             token_id = fields.get(f"tokenizer.ggml.{key}")
             return None if token_id is None else tokens[token_id]
 
-        bos, eos = token_of("bos_token_id"), token_of("eos_token_id")
-        for name in (bos, eos, token_of("unknown_token_id"), token_of("padding_token_id")):
+        bos, eos, pad = token_of("bos_token_id"), token_of("eos_token_id"), token_of("padding_token_id")
+        for name in (bos, eos, token_of("unknown_token_id"), pad):
             if name is not None:  # transformers makes the named tokens special
                 backend.add_special_tokens([AddedToken(name, special=True, normalized=False)])
         _set_bos_eos(backend, bos, eos, fields.get("tokenizer.ggml.add_bos_token", False),
                      fields.get("tokenizer.ggml.add_eos_token", False))
-        return cls(backend, bos, eos, fields.get("tokenizer.chat_template"))
+        return cls(backend, bos, eos, fields.get("tokenizer.chat_template"), pad_token=pad)
 
     @classmethod
     def from_directory(cls, path: str | Path) -> HFTokenizer:
         """Load an HF checkpoint's tokenizer.json, tokenizer_config.json and chat template.
 
-        BOS/EOS come from tokenizer_config (strings or `{"content": ...}` dicts). As in
+        BOS/EOS/PAD come from tokenizer_config (strings or `{"content": ...}` dicts). As in
         transformers, an explicit `add_bos_token`/`add_eos_token` there rewrites the
         post-processor; otherwise tokenizer.json's own post-processor decides. Extra EOS ids from
         generation_config.json also stop generation.
@@ -246,7 +332,8 @@ class HFTokenizer(Tokenizer):
                          config.get("add_eos_token", False))
         generation_eos = _read_json(path / "generation_config.json").get("eos_token_id", [])
         extra_stops = [generation_eos] if isinstance(generation_eos, int) else generation_eos
-        return cls(backend, bos, eos, _directory_chat_template(path, config), extra_stops)
+        return cls(backend, bos, eos, _directory_chat_template(path, config), extra_stops,
+                   pad_token=_token_content(config.get("pad_token")))
 
 
 def read_gguf_fields(reader: gguf.GGUFReader, prefix: str = "tokenizer.") -> dict[str, Any]:
@@ -327,13 +414,15 @@ class ByteTokenizer(Tokenizer):
     """Raw UTF-8 bytes for the seeded random test model: ids 0..255 are bytes, 256 BOS, 257 EOS.
 
     Encoding never produces special ids from text (text is only bytes). Decoding joins bytes and
-    special names, then decodes UTF-8 with errors="replace".
+    special names, then decodes UTF-8 with errors="replace". A byte's vocabulary piece is the
+    character with that code point, as in HF's ByT5 tokenizer: 0xE2 -> "â".
     """
 
     def __init__(self) -> None:
         self.vocab_size = 258
         self.bos_token_id = 256
         self.eos_token_id = 257
+        self.pad_token_id = None
         self.stop_token_ids = frozenset({257})
         self.special_token_ids = frozenset(BYTE_SPECIAL_TOKENS)
         self.chat_template = None  # render_chat_template falls back to ChatML
@@ -342,11 +431,21 @@ class ByteTokenizer(Tokenizer):
         prefix = [self.bos_token_id] if add_special_tokens else []
         return prefix + list(text.encode("utf-8"))
 
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return b"".join(self._token_bytes(i, skip_special_tokens) for i in token_ids).decode("utf-8", errors="replace")
 
     def token_text(self, token_id: int) -> str:
         return format_token_bytes(self._token_bytes(token_id, skip_special=False))
+
+    def id_to_token(self, token_id: int) -> str:
+        if 0 <= token_id < 256:
+            return chr(token_id)
+        return self._token_bytes(token_id, skip_special=False).decode("utf-8")
+
+    def token_to_id(self, token: str) -> int | None:
+        if len(token) == 1 and ord(token) < 256:
+            return ord(token)
+        return next((i for i, name in BYTE_SPECIAL_TOKENS.items() if name == token), None)
 
     def _token_bytes(self, token_id: int, skip_special: bool) -> bytes:
         if 0 <= token_id < 256:

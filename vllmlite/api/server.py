@@ -162,7 +162,8 @@ def _add_token_routes(app: FastAPI, ctx: ServingContext) -> None:
         vocab_size = ctx.engine.tokenizer.vocab_size
         if any(not 0 <= t < vocab_size for t in req.tokens):
             raise bad_request(f"tokens must be token ids in [0, {vocab_size})", "tokens")
-        return DetokenizeResponse(prompt=ctx.engine.tokenizer.decode(req.tokens)).model_dump()
+        text = ctx.engine.tokenizer.decode(req.tokens, skip_special_tokens=True)
+        return DetokenizeResponse(prompt=text).model_dump()
 
 
 def _add_generate_routes(app: FastAPI, ctx: ServingContext) -> None:

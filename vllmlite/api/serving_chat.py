@@ -75,7 +75,8 @@ def render_messages(ctx: ServingContext, messages: Sequence[ChatMessage], add_ge
         raise bad_request(f"messages are longer than this model's context of {ctx.engine.max_model_len} "
                           "tokens can hold", "messages")
     try:
-        text = ctx.engine.tokenizer.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt)
+        text = ctx.engine.tokenizer.apply_chat_template(dicts, tokenize=False,
+                                                        add_generation_prompt=add_generation_prompt)
     except ValueError as error:
         raise bad_request(str(error), "messages") from error
     return encode_prompt(ctx, text, "messages", add_special_tokens=False)
