@@ -56,13 +56,15 @@ def test_best_of_sets_num_sequences_and_max_tokens_none_is_allowed():
     assert SamplingParams(max_tokens=None, min_tokens=1000).max_tokens is None
 
 
-def test_params_are_immutable_and_replace_revalidates():
+def test_fields_are_assignable_and_clone_revalidates():
     p = SamplingParams()
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        p.temperature = 0.5
-    assert dataclasses.replace(p, max_tokens=100).max_tokens == 100
+    p.temperature, p.stop = 0, "###"
+    clone = p.clone()
+    assert clone is not p and clone.stop == ["###"] and type(clone.temperature) is float
+    p.max_tokens = 0
     with pytest.raises(ValueError, match="max_tokens"):
-        dataclasses.replace(p, max_tokens=0)
+        p.clone()
+    assert dataclasses.replace(clone, max_tokens=100).max_tokens == 100
 
 
 BAD_VALUES = [

@@ -115,16 +115,23 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, *,
                     arrival_time: float | None = None, priority: int = 0,
                     cache_salt: str | None = None, client_id: str | None = None) -> None:
-        """Validate and queue a request. Raises ValueError (a client error) before allocating anything."""
+        """Validate and queue a request. Raises ValueError (a client error) before allocating anything.
+
+        The engine keeps its own validated copy of `params` (as vLLM clones them): fields assigned
+        since construction are checked here, and assigning fields later never reaches this request.
+        """
         if request_id in self._groups:
             raise ValueError(f"request id {request_id!r} is already in use")
+        params = params.clone()
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        max_tokens = self.check_request(token_ids, params)
         group = _Group(request_id, text, params)
         # Ranking needs each candidate's logprobs, asked for or not (they are not reported then).
         internal = dataclasses.replace(params, logprobs=0) if group.ranks_samples and not group.wants_logprobs \
             else params
+        internal.update_from_tokenizer(self.tokenizer)
+        max_tokens = self.check_request(token_ids, internal)
+        token_ids = _truncated_prompt(token_ids, internal)
         for i in range(params.num_sequences):
             # Sample i of a seeded request is that request alone with seed + i (as vLLM does).
             seed = int(self._seed_rng.integers(2**63)) if params.seed is None else params.seed + i
@@ -143,7 +150,8 @@ class LLMEngine:
         self.scheduler.add_request(first, forks)
 
     def check_request(self, token_ids: list[int], params: SamplingParams) -> int:
-        """Check a prompt against the vocabulary and context length; return the resolved max_tokens.
+        """Check a prompt against the vocabulary and context length (after `truncate_prompt_tokens`);
+        return the resolved max_tokens.
 
         Pure (changes no state), so the HTTP thread may call it to answer 400 before queueing.
         Raises ValueError with a message fit for the client."""
@@ -153,6 +161,7 @@ class LLMEngine:
         if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         params.verify(vocab)
+        token_ids = _truncated_prompt(token_ids, params)
         if len(token_ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(token_ids)} tokens but this model's maximum context "
                              f"length is {self.max_model_len} tokens (prompt plus output)")
@@ -243,6 +252,8 @@ class LLMEngine:
 
     def _detokenize(self, sample: _Sample) -> None:
         request = sample.request
+        if not request.sampling_params.detokenize:
+            return  # token ids only: the text stays "" (stop strings need text, so there are none)
         first = sample.num_detokenized
         new_ids = request.output_token_ids[first:]
         sample.num_detokenized = request.num_output_tokens
@@ -300,3 +311,8 @@ class LLMEngine:
             delta_logprobs=logprobs[start:] if logprobs is not None else None,
         )
 
+
+def _truncated_prompt(token_ids: list[int], params: SamplingParams) -> list[int]:
+    """The last `truncate_prompt_tokens` tokens of the prompt, or all of it if that is None."""
+    k = params.truncate_prompt_tokens
+    return token_ids if k is None else token_ids[-k:]

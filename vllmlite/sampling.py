@@ -11,8 +11,12 @@ Order of operations, per row (float64 throughout; the input logits are never mod
      b. frequency/presence  over output tokens only (OpenAI):
                             logit -= frequency * count_out + presence * (count_out > 0)
      c. logit_bias          logit += bias[token]
-     d. min_tokens          while len(output) < min_tokens: params.stop_token_ids and the batch's
+     d. allowed_token_ids   every other token -> -inf
+     e. bad_words           the last token of each tokenized bad word whose other tokens end the
+                            output so far -> -inf (a one-token bad word always)
+     f. min_tokens          while len(output) < min_tokens: params.stop_token_ids and the batch's
                             stop_token_ids (EOS/end-of-turn; skipped if ignore_eos) -> -inf
+     e and f never mask a row's last finite logit, so every row keeps a distribution.
   2. greedy rows (temperature < 1e-5): argmax of the processed logits; no random draw.
   3. random rows, probs():  logits / temperature
                             top-k: keep logits >= the k-th largest (ties at the k-th are kept)
@@ -149,12 +153,14 @@ class Sampler:
         return SamplerOutput(token_ids, self._logprobs(logits, token_ids, batch))
 
     def processed_logits(self, logits: np.ndarray, batch: SamplingBatch) -> np.ndarray:
-        """Penalties, then logit_bias, then min_tokens masking. Returns a new [batch, vocab]
-        float64 array; rows that need none of them are the input logits unchanged."""
+        """Penalties, logit_bias, then allowed_token_ids, bad_words and min_tokens masking. Returns a
+        new [batch, vocab] float64 array; rows that need none of them are the input logits unchanged."""
         self._check_shape(logits, batch)
         processed = np.array(logits, dtype=np.float64, order="C")  # [batch, vocab], a copy
         self._apply_penalties(processed, batch)
         self._apply_logit_bias(processed, batch)
+        self._apply_allowed_token_ids(processed, batch)
+        self._apply_bad_words(processed, batch)
         self._apply_min_tokens(processed, batch)
         return processed
 
@@ -209,9 +215,34 @@ class Sampler:
         logits[row_ids, token_ids] += np.array([b for _, _, b in pairs])  # keys are unique
 
     @staticmethod
+    def _apply_allowed_token_ids(logits: np.ndarray, batch: SamplingBatch) -> None:
+        rows = batch.rows_where(lambda p: p.allowed_token_ids is not None)
+        if rows.size == 0:
+            return
+        pairs = [(i, t) for i in rows for t in batch.params[i].allowed_token_ids]
+        row_ids = np.array([r for r, _ in pairs], dtype=np.int64)  # [num_allowed]
+        token_ids = np.array([t for _, t in pairs], dtype=np.int64)  # [num_allowed]
+        _check_ids("allowed_token_ids", token_ids, logits.shape[1])
+        masked = np.zeros(logits.shape, dtype=bool)  # [batch, vocab]
+        masked[rows] = True
+        masked[row_ids, token_ids] = False
+        logits[masked] = -np.inf
+
+    @staticmethod
+    def _apply_bad_words(logits: np.ndarray, batch: SamplingBatch) -> None:
+        """Bad word [5, 7, 9]: token 9 -> -inf when the output so far ends with [5, 7]."""
+        pairs = []
+        for i in batch.rows_where(lambda p: p.bad_words_token_ids is not None):
+            output = batch.output_token_ids[i]
+            for word in batch.params[i].bad_words_token_ids:
+                prefix = word[:-1]
+                if len(prefix) <= len(output) and list(output[len(output) - len(prefix):]) == prefix:
+                    pairs.append((i, word[-1]))
+        _mask_tokens(logits, pairs, "bad_words token ids")
+
+    @staticmethod
     def _apply_min_tokens(logits: np.ndarray, batch: SamplingBatch) -> None:
-        """Mask stop ids to -inf while a row has fewer than min_tokens outputs. A row whose
-        every token would be masked is left alone, so it still has a distribution."""
+        """Mask stop ids to -inf while a row has fewer than min_tokens outputs."""
         pairs = []
         for i in batch.rows_where(lambda p: p.min_tokens > 0):
             params = batch.params[i]
@@ -219,15 +250,7 @@ class Sampler:
                 stops = set(params.stop_token_ids)
                 stops |= set() if params.ignore_eos else batch.stop_token_ids
                 pairs.extend((i, t) for t in stops)
-        if not pairs:
-            return
-        row_ids = np.array([r for r, _ in pairs], dtype=np.int64)  # [num_masked]
-        token_ids = np.array([t for _, t in pairs], dtype=np.int64)  # [num_masked]
-        _check_ids("stop token ids", token_ids, logits.shape[1])
-        mask = np.zeros(logits.shape, dtype=bool)  # [batch, vocab]
-        mask[row_ids, token_ids] = True
-        nothing_left = (mask | ~np.isfinite(logits)).all(axis=1)  # [batch]
-        logits[mask & ~nothing_left[:, None]] = -np.inf
+        _mask_tokens(logits, pairs, "stop token ids")
 
     @staticmethod
     def _filtered_probs(logits: np.ndarray, batch: SamplingBatch,
@@ -257,6 +280,20 @@ class Sampler:
                                                               num_top)):
                 out[i] = row_logprobs
         return out
+
+
+def _mask_tokens(logits: np.ndarray, pairs: list[tuple[int, int]], name: str) -> None:
+    """In place: logits[row, token] -> -inf for each (row, token) pair. A row whose every token
+    would then be -inf is left alone, so it still has a distribution. logits [batch, vocab]."""
+    if not pairs:
+        return
+    row_ids = np.array([r for r, _ in pairs], dtype=np.int64)  # [num_masked]
+    token_ids = np.array([t for _, t in pairs], dtype=np.int64)  # [num_masked]
+    _check_ids(name, token_ids, logits.shape[1])
+    mask = np.zeros(logits.shape, dtype=bool)  # [batch, vocab]
+    mask[row_ids, token_ids] = True
+    nothing_left = (mask | ~np.isfinite(logits)).all(axis=1)  # [batch]
+    logits[mask & ~nothing_left[:, None]] = -np.inf
 
 
 def _apply_top_k(logits: np.ndarray, top_k: np.ndarray) -> None:

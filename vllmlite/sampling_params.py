@@ -1,13 +1,15 @@
-"""SamplingParams: how one request wants its tokens chosen, validated at construction.
+"""SamplingParams: how one request wants its tokens chosen, validated at construction and on clone().
 
-Owns the OpenAI/vLLM sampling knobs, their defaults and their bounds. Knows nothing of models,
-tokenizers or numpy; `verify(vocab_size)` is the only check that needs the model.
+Owns the OpenAI/vLLM sampling knobs, their defaults and their bounds. Knows nothing of models or
+numpy; `verify(vocab_size)` is the only check that needs the model, and `update_from_tokenizer()`
+the only code that calls a tokenizer (its `encode`, to find the token ids of `bad_words`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MAX_N = 128  # n and best_of: each one forks a sequence, so hostile input must not fork millions
@@ -17,6 +19,14 @@ PENALTY_BOUND = 2.0  # presence_penalty and frequency_penalty live in [-2, 2]
 LOGIT_BIAS_BOUND = 100.0
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (vLLM's _SAMPLING_EPS)
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+# Fields of vLLM's SamplingParams that vllmlite does not implement: passing one is an error, so a
+# script written for vLLM is told instead of silently getting different behaviour.
+UNSUPPORTED_VLLM_FIELDS = frozenset({
+    "guided_decoding", "structured_outputs", "logits_processors", "output_kind", "extra_args",
+    "spaces_between_special_tokens", "skip_clone", "flat_logprobs", "skip_reading_prefix_cache",
+    "output_text_buffer_length", "use_beam_search", "length_penalty", "early_stopping",
+})
 
 
 def _int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -83,6 +93,31 @@ def _token_id_list(name: str, value: Any) -> list[int]:
     return [_int(name, token_id, lo=0) for token_id in value]
 
 
+def _allowed_token_ids(value: Any) -> list[int] | None:
+    """None (every token allowed) or a non-empty list of non-negative ints."""
+    if value is None:
+        return None
+    token_ids = _token_id_list("allowed_token_ids", value)
+    if not token_ids:
+        raise ValueError("allowed_token_ids must not be empty (None allows every token)")
+    return token_ids
+
+
+def _bad_words(value: Any) -> list[str] | None:
+    """None, a str, or a list/tuple of str -> None or a list of str with some non-space character."""
+    if value is None:
+        return None
+    words = [value] if isinstance(value, str) else value
+    if not isinstance(words, (list, tuple)):
+        raise ValueError(f"bad_words must be a list of strings, got {type(value).__name__}")
+    for word in words:
+        if not isinstance(word, str):
+            raise ValueError(f"bad_words must contain only strings, got {word!r}")
+        if not word.strip():
+            raise ValueError(f"bad_words must not contain empty or blank strings, got {word!r}")
+    return list(words)
+
+
 def _logit_bias_key(key: Any) -> int:
     """JSON object keys arrive as strings: "42" -> 42. Only plain non-negative digits pass."""
     if isinstance(key, str):
@@ -106,13 +141,16 @@ def _logit_bias(value: Any) -> dict[int, float] | None:
     return bias
 
 
-@dataclass(frozen=True)
+@dataclass
 class SamplingParams:
-    """Validated, normalized sampling knobs with vLLM's defaults; immutable.
+    """Validated, normalized sampling knobs with vLLM's names and defaults.
 
-    To change a field, use `dataclasses.replace(params, max_tokens=...)`, which validates again.
-    After construction: `stop` and `stop_token_ids` are lists (possibly empty), `top_k` is None
-    or >= 1, `logit_bias` is None or a dict with int keys, every float field is a finite float.
+    Fields may be assigned after construction, as in vLLM (`params.max_tokens = 64`); the engine
+    takes its own copy with `clone()`, which validates and normalizes again, so a bad assignment is
+    rejected when the request is added and later assignments never reach a running request.
+    After validation: `stop` and `stop_token_ids` are lists (possibly empty), `top_k` is None (off:
+    vLLM's 0 and -1 both mean that) or >= 1, `logit_bias` is None or a dict with int keys,
+    `allowed_token_ids` and `bad_words` are None or non-empty lists, every float field is a float.
     """
 
     n: int = 1
@@ -135,6 +173,22 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
+    detokenize: bool = True
+    # Set by update_from_tokenizer(), never by the caller.
+    _bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
+        # Runs before the generated __init__, so an unknown keyword gets a message that names it.
+        init_fields = {f.name for f in dataclasses.fields(cls) if f.init}
+        for name in kwargs:
+            if name in UNSUPPORTED_VLLM_FIELDS:
+                raise TypeError(f"SamplingParams: {name} is a vLLM field that vllmlite does not support")
+            if name not in init_fields:
+                raise TypeError(f"SamplingParams got an unexpected keyword argument {name!r}")
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         self._validate_counts()
@@ -143,69 +197,89 @@ class SamplingParams:
         self._validate_stops()
         self._validate_outputs()
 
-    def _set(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)  # normalization inside a frozen dataclass
-
     def _validate_counts(self) -> None:
-        self._set("n", _int("n", self.n, 1, MAX_N))
-        best_of = _optional_int("best_of", self.best_of, 1, MAX_N)
-        if best_of is not None and best_of < self.n:
-            raise ValueError(f"best_of must be >= n, got best_of={best_of} and n={self.n}")
-        self._set("best_of", best_of)
-        self._set("seed", _optional_int("seed", self.seed, SEED_MIN, SEED_MAX))
+        self.n = _int("n", self.n, 1, MAX_N)
+        self.best_of = _optional_int("best_of", self.best_of, 1, MAX_N)
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of must be >= n, got best_of={self.best_of} and n={self.n}")
+        self.seed = _optional_int("seed", self.seed, SEED_MIN, SEED_MAX)
 
     def _validate_penalties(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
-            self._set(name, _float_in(name, getattr(self, name), -PENALTY_BOUND, PENALTY_BOUND))
-        repetition = _float("repetition_penalty", self.repetition_penalty)
-        if repetition <= 0.0:
-            raise ValueError(f"repetition_penalty must be > 0, got {repetition}")
-        self._set("repetition_penalty", repetition)
-        self._set("logit_bias", _logit_bias(self.logit_bias))
+            setattr(self, name, _float_in(name, getattr(self, name), -PENALTY_BOUND, PENALTY_BOUND))
+        self.repetition_penalty = _float("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        self.logit_bias = _logit_bias(self.logit_bias)
 
     def _validate_filters(self) -> None:
-        self._set("temperature", _float_in("temperature", self.temperature, 0.0, 2.0))
-        top_p = _float("top_p", self.top_p)
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        self._set("top_p", top_p)
-        self._set("min_p", _float_in("min_p", self.min_p, 0.0, 1.0))
-        top_k = self.top_k
-        if top_k is not None:
-            top_k = _int("top_k", top_k)
+        self.temperature = _float_in("temperature", self.temperature, 0.0, 2.0)
+        self.top_p = _float("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        self.min_p = _float_in("min_p", self.min_p, 0.0, 1.0)
+        if self.top_k is not None:
+            top_k = _int("top_k", self.top_k)
             if top_k < -1:
                 raise ValueError(f"top_k must be None, -1, 0 or >= 1, got {top_k}")
-            top_k = None if top_k in (0, -1) else top_k  # vLLM spells "off" as 0 or -1
-        self._set("top_k", top_k)
+            self.top_k = None if top_k in (0, -1) else top_k  # vLLM spells "off" as 0 or -1
+        self.allowed_token_ids = _allowed_token_ids(self.allowed_token_ids)
+        self.bad_words = _bad_words(self.bad_words)
 
     def _validate_stops(self) -> None:
-        self._set("stop", _stop_strings(self.stop))
-        self._set("stop_token_ids", _token_id_list("stop_token_ids", self.stop_token_ids))
-        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
-            self._set(name, _bool(name, getattr(self, name)))
+        self.stop = _stop_strings(self.stop)
+        self.stop_token_ids = _token_id_list("stop_token_ids", self.stop_token_ids)
+        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "detokenize"):
+            setattr(self, name, _bool(name, getattr(self, name)))
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings are only supported when detokenize is True; set detokenize=True "
+                             "to use stop")
 
     def _validate_outputs(self) -> None:
-        max_tokens = _optional_int("max_tokens", self.max_tokens, 1)
-        min_tokens = _int("min_tokens", self.min_tokens, 0)
-        if max_tokens is not None and min_tokens > max_tokens:
-            raise ValueError(f"min_tokens must be <= max_tokens ({max_tokens}), got {min_tokens}")
-        self._set("max_tokens", max_tokens)
-        self._set("min_tokens", min_tokens)
-        self._set("logprobs", _optional_int("logprobs", self.logprobs, 0, MAX_LOGPROBS))
-        prompt_logprobs = _optional_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
-        self._set("prompt_logprobs", prompt_logprobs)
+        self.max_tokens = _optional_int("max_tokens", self.max_tokens, 1)
+        self.min_tokens = _int("min_tokens", self.min_tokens, 0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        self.logprobs = _optional_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        self.prompt_logprobs = _optional_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
+        self.truncate_prompt_tokens = _optional_int("truncate_prompt_tokens", self.truncate_prompt_tokens, 1)
+
+    def clone(self) -> SamplingParams:
+        """An independent copy, validated and normalized again (fields may have been assigned since
+        construction); raises ValueError naming the first bad field. Bad words are not tokenized."""
+        return dataclasses.replace(self)
+
+    def update_from_tokenizer(self, tokenizer: Any) -> None:
+        """Find the token ids of `bad_words` with `tokenizer.encode`, by vLLM's rule.
+
+        Each word is encoded as written (leading spaces stripped) and with one leading space; the
+        spaced form counts only if it starts with a different token and has as many tokens (a word
+        in mid-text). Byte tokenizer: "ab" -> [[97, 98]] ([32, 97, 98] is longer, so dropped).
+        """
+        token_ids: list[list[int]] = []
+        for word in self.bad_words or ():
+            plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            token_ids.append(plain)
+            if spaced[0] != plain[0] and len(spaced) == len(plain):
+                token_ids.append(spaced)
+        self._bad_words_token_ids = token_ids or None
+
+    @property
+    def bad_words_token_ids(self) -> list[list[int]] | None:
+        """One token id sequence per forbidden form of a bad word; None until update_from_tokenizer()."""
+        return self._bad_words_token_ids
 
     def verify(self, vocab_size: int) -> None:
-        """Raise ValueError if a token id (logit_bias key, stop_token_ids) is outside the vocab."""
+        """Raise ValueError if a token id (stop_token_ids, logit_bias key, allowed_token_ids, or a
+        tokenized bad word) is outside the vocab."""
         vocab_size = _int("vocab_size", vocab_size, 1)
-        for token_id in self.stop_token_ids:
-            if not 0 <= token_id < vocab_size:
-                raise ValueError(f"stop_token_ids: token id {token_id} is outside the vocabulary "
-                                 f"[0, {vocab_size})")
-        for token_id in self.logit_bias or {}:
-            if not 0 <= token_id < vocab_size:
-                raise ValueError(f"logit_bias: token id {token_id} is outside the vocabulary "
-                                 f"[0, {vocab_size})")
+        bad_word_ids = [t for ids in self._bad_words_token_ids or () for t in ids]
+        for name, token_ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", self.logit_bias or {}),
+                                ("allowed_token_ids", self.allowed_token_ids or ()), ("bad_words", bad_word_ids)):
+            for token_id in token_ids:
+                if not 0 <= token_id < vocab_size:
+                    raise ValueError(f"{name}: token id {token_id} is outside the vocabulary [0, {vocab_size})")
 
     @property
     def is_greedy(self) -> bool:

@@ -21,6 +21,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS = 300
+MAX_BAD_WORDS = 64
 MAX_TOKENS_BOUND = 1 << 20     # the engine then checks prompt + max_tokens against the context
 MAX_NAME_CHARS = 256           # model, user, cache_salt, message name
 MAX_COMPLETION_LOGPROBS = 5
@@ -105,6 +106,9 @@ class SamplingFields(_Request):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=MAX_TOKENS_BOUND)
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    allowed_token_ids: list[int] | None = Field(None, max_length=MAX_PROMPT_TOKEN_IDS)
+    bad_words: list[str] | None = Field(None, max_length=MAX_BAD_WORDS)
+    truncate_prompt_tokens: int | None = Field(None, ge=1, le=MAX_PROMPT_TOKEN_IDS)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: int = Field(0, ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)
@@ -122,11 +126,18 @@ class SamplingFields(_Request):
             raise ValueError(f"each stop string must have 1 to {MAX_STOP_CHARS} characters")
         return strings
 
-    @field_validator("stop_token_ids")
+    @field_validator("stop_token_ids", "allowed_token_ids")
     @classmethod
-    def _non_negative_ids(cls, value: list[int] | None) -> list[int] | None:
+    def _non_negative_ids(cls, value: list[int] | None, info: ValidationInfo) -> list[int] | None:
         if value is not None and any(t < 0 for t in value):
-            raise ValueError("stop_token_ids must be non-negative token ids")
+            raise ValueError(f"{info.field_name} must be non-negative token ids")
+        return value
+
+    @field_validator("bad_words")
+    @classmethod
+    def _bounded_bad_words(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(not s.strip() or len(s) > MAX_STOP_CHARS for s in value):
+            raise ValueError(f"each bad word must have 1 to {MAX_STOP_CHARS} characters, not all blank")
         return value
 
     @field_validator("logit_bias")

@@ -77,7 +77,8 @@ def sampling_params(req: SamplingFields, **fields: Any) -> SamplingParams:
         repetition_penalty=_default(req.repetition_penalty, 1.0), seed=req.seed, stop=req.stop,
         stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
         skip_special_tokens=req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output,
-        logit_bias=req.logit_bias, max_tokens=req.max_tokens,
+        logit_bias=req.logit_bias, max_tokens=req.max_tokens, allowed_token_ids=req.allowed_token_ids,
+        bad_words=req.bad_words, truncate_prompt_tokens=req.truncate_prompt_tokens,
     )
     values.update(fields)
     try:
