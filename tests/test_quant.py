@@ -155,3 +155,14 @@ def test_symmetric_and_affine_int8_stack_into_one_matrix():
     stacked = BlockRows.concat([stored, rounded])
     np.testing.assert_array_equal(dequantize_block_rows(stacked),
                                   np.concatenate([dequantize_block_rows(stored), dequantize_block_rows(rounded)]))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_rounding_in_row_chunks_gives_what_one_pass_gives(monkeypatch, fmt):
+    """Large matrices are rounded ROUNDING_ROWS rows at a time (bounded temporaries): same blocks."""
+    w = weights(11, 64, seed=7)
+    whole = quantize_rows(w, fmt)
+    monkeypatch.setattr("vllmlite.quant.ROUNDING_ROWS", 4)
+    chunked = quantize_rows(w, fmt)
+    for a, b in ((chunked.qs, whole.qs), (chunked.scales, whole.scales), (chunked.mins, whole.mins)):
+        np.testing.assert_array_equal(a, b)

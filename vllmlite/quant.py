@@ -43,6 +43,7 @@ import numpy as np
 BLOCK = 32
 TILE = 64  # rows per tile of a QuantizedMatrix
 FORMATS = ("int8", "int4")
+ROUNDING_ROWS = 4096  # rows rounded at a time by `quantize_rows`
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ def quantize_rows(weight: np.ndarray, fmt: str) -> BlockRows:
     rows, cols = weight.shape
     if cols % BLOCK:
         raise ValueError(f"quantization needs the input dimension to be a multiple of {BLOCK}, got {cols}")
+    if rows > ROUNDING_ROWS:   # a few float32 temporaries of this size each, not of the whole matrix
+        return BlockRows.concat([quantize_rows(weight[i:i + ROUNDING_ROWS], fmt) for i in range(0, rows, ROUNDING_ROWS)])
     blocks = weight.astype(np.float32).reshape(rows, cols // BLOCK, BLOCK)
     levels = 255 if fmt == "int8" else 15
     low, high = blocks.min(axis=-1), blocks.max(axis=-1)
@@ -127,7 +130,7 @@ def quantize_rows(weight: np.ndarray, fmt: str) -> BlockRows:
 
 
 def _nonzero(scales: np.ndarray) -> np.ndarray:
-    """Scales to divide by: an all-equal block has scale 0 (every q then rounds to the bottom level)."""
+    """Scales to divide by: an all-equal block has scale 0 (its weight is then all in the min, or 0)."""
     return np.where(scales == 0, 1, scales)
 
 
