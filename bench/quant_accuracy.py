@@ -91,7 +91,8 @@ def perplexity(llm: LLM, token_ids: list[int]) -> float:
     """exp(-mean logprob) of tokens 1..N-1, each given the ones before it, in one prompt."""
     out = llm.generate([{"prompt_token_ids": token_ids}],
                        SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
-    logprobs = np.array([entry.logprob for entry in out.prompt_logprobs[1:]])  # [N - 1]
+    logprobs = np.array([position[token_id].logprob  # [N - 1]
+                         for token_id, position in zip(token_ids[1:], out.prompt_logprobs[1:])])
     assert len(logprobs) == len(token_ids) - 1
     return float(np.exp(-logprobs.mean()))
 
@@ -105,7 +106,9 @@ def perplexity_in_chunks(llm: LLM, token_ids: list[int], n_ctx: int) -> float:
         chunk = token_ids[start:start + n_ctx]
         out = llm.generate([{"prompt_token_ids": chunk}],
                            SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
-        nll += [-entry.logprob for entry in out.prompt_logprobs[n_ctx // 2 + 1:]]
+        start = n_ctx // 2 + 1
+        nll += [-position[token_id].logprob
+                for token_id, position in zip(chunk[start:], out.prompt_logprobs[start:])]
     return float(np.exp(np.mean(nll)))
 
 

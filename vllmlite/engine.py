@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,10 +21,10 @@ from vllmlite.detokenizer import IncrementalDetokenizer
 from vllmlite.kernels import get_kernels, resolve_backend
 from vllmlite.loader import LoadedModel, load_model
 from vllmlite.model import LlamaModel
-from vllmlite.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from vllmlite.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
 from vllmlite.request import FinishReason, Request
 from vllmlite.runner import ModelRunner
-from vllmlite.sampling import make_generator
+from vllmlite.sampling import TokenLogprobs, make_generator
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.scheduler import Scheduler
 from vllmlite.speculative import make_proposer
@@ -41,6 +42,7 @@ class _Sample:
     num_detokenized: int = 0     # output tokens fed to the detokenizer
     num_reported: int = 0        # output tokens already in a returned CompletionOutput
     reported_text: str = ""      # text already in a returned CompletionOutput
+    logprobs: list[PositionLogprobs] = field(default_factory=list)  # request.logprobs in vLLM's shape
 
 
 @dataclass
@@ -51,6 +53,7 @@ class _Group:
     prompt: str | None
     params: SamplingParams
     samples: list[_Sample] = field(default_factory=list)
+    prompt_logprobs: list[PositionLogprobs] = field(default_factory=list)  # of prompt tokens 1.., vLLM's shape
 
     @property
     def wants_logprobs(self) -> bool:
@@ -287,7 +290,8 @@ class LLMEngine:
                                  sum(s.request.num_accepted_tokens for s in group.samples))
         prompt_logprobs = None
         if group.params.prompt_logprobs is not None:
-            prompt_logprobs = [None] + first.prompt_logprobs  # the first token has no context
+            converted = _sync_logprobs(group.prompt_logprobs, first.prompt_logprobs, self.tokenizer.token_text)
+            prompt_logprobs = [None, *converted]  # the first token has no context
         return RequestOutput(group.request_id, group.prompt, first.prompt_token_ids, completions,
                              group.finished, first.num_cached_tokens, errors[0] if errors else None, metrics,
                              prompt_logprobs)
@@ -297,7 +301,9 @@ class LLMEngine:
         start, previous_text = sample.num_reported, sample.reported_text
         text = sample.detokenizer.output_text
         sample.num_reported, sample.reported_text = request.num_output_tokens, text
-        logprobs = request.logprobs if group.wants_logprobs else None
+        logprobs = None
+        if group.wants_logprobs:
+            logprobs = _sync_logprobs(sample.logprobs, request.logprobs, self.tokenizer.token_text)
         return CompletionOutput(
             index=request.sample_index,
             text=text,
@@ -310,6 +316,27 @@ class LLMEngine:
             delta_token_ids=request.output_token_ids[start:],
             delta_logprobs=logprobs[start:] if logprobs is not None else None,
         )
+
+
+def _sync_logprobs(converted: list[PositionLogprobs], entries: Sequence[TokenLogprobs],
+                   token_text: Callable[[int], str]) -> list[PositionLogprobs]:
+    """Bring `converted` in line with the internal `entries`, converting each position once.
+
+    Entries only grow, or lose their tail when a stop string drops tokens sampled after it.
+    """
+    del converted[len(entries):]
+    converted.extend(_position_logprobs(entry, token_text) for entry in entries[len(converted):])
+    return converted
+
+
+def _position_logprobs(entry: TokenLogprobs, token_text: Callable[[int], str]) -> PositionLogprobs:
+    """vLLM's dict for one position: the top candidates best first (ranks 1..k), then the sampled
+    token if it is not among them; the sampled token keeps its own rank (ties share the better one)."""
+    logprobs = {token_id: Logprob(logprob, i + 1, token_text(token_id))
+                for i, (token_id, logprob) in enumerate(entry.top)}
+    # Assigning an existing key keeps its place, so the top candidates stay in order.
+    logprobs[entry.token_id] = Logprob(entry.logprob, entry.rank, token_text(entry.token_id))
+    return logprobs
 
 
 def _truncated_prompt(token_ids: list[int], params: SamplingParams) -> list[int]:

@@ -6,19 +6,37 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Logprob:
+    """One token's logprob at one position, as vLLM's `vllm.sequence.Logprob`.
+
+    `rank` is 1-based among the whole vocabulary; `decoded_token` is the token's text as the
+    server shows it in logprobs.
+    """
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# One generated (or prompt) position: token id -> Logprob. With SamplingParams(logprobs=k) it holds
+# the k most likely tokens, best first, then the sampled token when it is not among them (k or k + 1
+# entries; logprobs=0 gives the sampled token alone). The API's top_logprobs rely on that order.
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None = None
-    logprobs: list | None = None          # TokenLogprobs per token, when asked for
+    logprobs: list[PositionLogprobs] | None = None  # one per generated token, when asked for
     finish_reason: str | None = None      # "stop" | "length" | "abort" | "error", None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
     delta_text: str = ""                     # text new since this sample's previous output
     delta_token_ids: list[int] = field(default_factory=list)
-    delta_logprobs: list | None = None
+    delta_logprobs: list[PositionLogprobs] | None = None
 
-    @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
@@ -43,4 +61,4 @@ class RequestOutput:
     num_cached_tokens: int = 0               # prompt tokens served from the prefix cache
     error: str | None = None
     metrics: RequestMetrics | None = None
-    prompt_logprobs: list | None = None
+    prompt_logprobs: list[PositionLogprobs | None] | None = None  # [None, dict, ...] when asked for

@@ -42,9 +42,9 @@ from vllmlite.api.serving import (
     sse_event,
     sse_stream,
     token_bytes,
+    top_candidates,
 )
-from vllmlite.outputs import CompletionOutput, RequestOutput
-from vllmlite.sampling import TokenLogprobs
+from vllmlite.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import Tokenizer
 
@@ -169,7 +169,7 @@ def _delta_choice(ctx: ServingContext, req: ChatCompletionRequest, completion: C
                             finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
 
 
-def _logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs] | None,
+def _logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence[PositionLogprobs] | None,
               num_top: int) -> ChatLogprobs:
     """OpenAI's chat logprobs: one entry per token with its bytes and its `num_top` best alternatives."""
     def entry(token_id: int, logprob: float) -> TopLogprob:
@@ -177,8 +177,8 @@ def _logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence
         return TopLogprob(token=text, logprob=clamp_logprob(logprob), bytes=token_bytes(text))
 
     content = []
-    for token_id, lp in zip(token_ids, logprobs or ()):
-        sampled = entry(token_id, lp.logprob)
-        top = [entry(t, value) for t, value in lp.top[:num_top]]
+    for token_id, position in zip(token_ids, logprobs or ()):
+        sampled = entry(token_id, position[token_id].logprob)
+        top = [entry(t, value) for t, value in top_candidates(position, num_top)]
         content.append(ChatTokenLogprob(**sampled.model_dump(), top_logprobs=top))
     return ChatLogprobs(content=content)

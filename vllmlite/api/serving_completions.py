@@ -28,9 +28,9 @@ from vllmlite.api.serving import (
     sampling_params,
     sse_event,
     sse_stream,
+    top_candidates,
 )
-from vllmlite.outputs import CompletionOutput, RequestOutput
-from vllmlite.sampling import TokenLogprobs
+from vllmlite.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import Tokenizer
 
@@ -160,7 +160,7 @@ def _delta_choice(ctx: ServingContext, prepared: PreparedCompletion, prompt_inde
                             finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
 
 
-def _logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs] | None,
+def _logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence[PositionLogprobs] | None,
               num_top: int | None, offset: int) -> CompletionLogprobs | None:
     """OpenAI's completions logprobs for `token_ids`; `offset` is the first token's text offset.
 
@@ -188,7 +188,7 @@ def _with_prompt(tokenizer: Tokenizer, output: RequestOutput, num_top: int | Non
     return result
 
 
-def _append(result: CompletionLogprobs, tokenizer: Tokenizer, token_id: int, entry: TokenLogprobs | None,
+def _append(result: CompletionLogprobs, tokenizer: Tokenizer, token_id: int, entry: PositionLogprobs | None,
             num_top: int, offset: int) -> int:
     """Add one token (its logprob None when `entry` is); return the next token's text offset."""
     text = tokenizer.token_text(token_id)
@@ -198,8 +198,9 @@ def _append(result: CompletionLogprobs, tokenizer: Tokenizer, token_id: int, ent
         result.token_logprobs.append(None)
         result.top_logprobs.append(None)
     else:
-        top = {tokenizer.token_text(t): clamp_logprob(lp) for t, lp in entry.top[:num_top]}
-        top.setdefault(text, clamp_logprob(entry.logprob))
-        result.token_logprobs.append(clamp_logprob(entry.logprob))
+        logprob = clamp_logprob(entry[token_id].logprob)
+        top = {tokenizer.token_text(t): clamp_logprob(lp) for t, lp in top_candidates(entry, num_top)}
+        top.setdefault(text, logprob)
+        result.token_logprobs.append(logprob)
         result.top_logprobs.append(top)
     return offset + (0 if text.startswith("bytes:") else len(text))  # part of a character: no text yet
