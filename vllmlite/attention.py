@@ -59,6 +59,9 @@ class AttentionMetadata:
         self.block_size = block_size
         self._short_group: list[AttentionGroup] | None = None
         self._long_groups: list[AttentionGroup] | None = None
+        # What a kernel backend derives from these arrays, built by the first layer of the step
+        # and reused by the others.
+        self.kernel_cache: dict[str, object] = {}
 
     @property
     def groups(self) -> list[AttentionGroup]:

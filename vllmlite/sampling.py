@@ -216,17 +216,14 @@ class Sampler:
 
     @staticmethod
     def _apply_allowed_token_ids(logits: np.ndarray, batch: SamplingBatch) -> None:
-        rows = batch.rows_where(lambda p: p.allowed_token_ids is not None)
-        if rows.size == 0:
-            return
-        pairs = [(i, t) for i in rows for t in batch.params[i].allowed_token_ids]
-        row_ids = np.array([r for r, _ in pairs], dtype=np.int64)  # [num_allowed]
-        token_ids = np.array([t for _, t in pairs], dtype=np.int64)  # [num_allowed]
-        _check_ids("allowed_token_ids", token_ids, logits.shape[1])
-        masked = np.zeros(logits.shape, dtype=bool)  # [batch, vocab]
-        masked[rows] = True
-        masked[row_ids, token_ids] = False
-        logits[masked] = -np.inf
+        """Every token outside a row's allowed_token_ids -> -inf (one numpy index per row: the
+        list can hold most of the vocabulary, too many for Python pairs at every step)."""
+        for i in batch.rows_where(lambda p: p.allowed_token_ids is not None):
+            allowed = np.asarray(batch.params[i].allowed_token_ids, dtype=np.int64)  # [num_allowed]
+            _check_ids("allowed_token_ids", allowed, logits.shape[1])
+            kept = logits[i, allowed]
+            logits[i] = -np.inf
+            logits[i, allowed] = kept
 
     @staticmethod
     def _apply_bad_words(logits: np.ndarray, batch: SamplingBatch) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from vllmlite.api.errors import APIError, bad_request, from_engine_error
 from vllmlite.api.protocol import PromptTokensDetails, SamplingFields, Usage
 from vllmlite.async_engine import AsyncLLMEngine, GenerateRequest, RequestStream
-from vllmlite.outputs import PositionLogprobs, RequestOutput
+from vllmlite.outputs import Logprob, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
 
 MAX_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per context token cannot fit
@@ -208,9 +208,9 @@ def clamp_logprob(value: float) -> float:
     return max(value, LOGPROB_FLOOR)
 
 
-def top_candidates(position: PositionLogprobs, num_top: int) -> list[tuple[int, float]]:
-    """The `num_top` most likely (token id, logprob) of one position, best first: they lead its dict."""
-    return [(token_id, entry.logprob) for token_id, entry in list(position.items())[:num_top]]
+def top_candidates(position: PositionLogprobs, num_top: int) -> list[Logprob]:
+    """The `num_top` most likely entries of one position, best first: they lead its dict."""
+    return list(position.values())[:num_top]
 
 
 def token_bytes(token_text: str) -> list[int]:

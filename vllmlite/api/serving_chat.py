@@ -44,9 +44,8 @@ from vllmlite.api.serving import (
     token_bytes,
     top_candidates,
 )
-from vllmlite.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from vllmlite.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
-from vllmlite.tokenizer import Tokenizer
 
 # Request fields this server does not implement: (name, the values that mean "not used").
 UNSUPPORTED_FIELDS = (
@@ -122,7 +121,7 @@ def _response(ctx: ServingContext, prepared: PreparedChat, output: RequestOutput
               request_id: str) -> ChatCompletionResponse:
     top = prepared.request.top_logprobs or 0
     choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                          logprobs=_logprobs(ctx.engine.tokenizer, c.token_ids, c.logprobs, top)
+                          logprobs=_logprobs(c.token_ids, c.logprobs, top)
                           if prepared.request.logprobs else None,
                           finish_reason=c.finish_reason, stop_reason=c.stop_reason)
                for c in sorted(output.outputs, key=lambda c: c.index)]
@@ -162,23 +161,22 @@ def _delta_choice(ctx: ServingContext, req: ChatCompletionRequest, completion: C
         return None  # e.g. a token holding half a UTF-8 character: its text comes with the next one
     if completion.finish_reason is not None:
         finished.add(completion.index)
-    logprobs = _logprobs(ctx.engine.tokenizer, completion.delta_token_ids, completion.delta_logprobs,
+    logprobs = _logprobs(completion.delta_token_ids, completion.delta_logprobs,
                          req.top_logprobs or 0) if req.logprobs else None
     delta = DeltaMessage(content=completion.delta_text) if completion.delta_text else DeltaMessage()
     return ChatStreamChoice(index=completion.index, delta=delta, logprobs=logprobs,
                             finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
 
 
-def _logprobs(tokenizer: Tokenizer, token_ids: Sequence[int], logprobs: Sequence[PositionLogprobs] | None,
-              num_top: int) -> ChatLogprobs:
+def _logprobs(token_ids: Sequence[int], logprobs: Sequence[PositionLogprobs] | None, num_top: int) -> ChatLogprobs:
     """OpenAI's chat logprobs: one entry per token with its bytes and its `num_top` best alternatives."""
-    def entry(token_id: int, logprob: float) -> TopLogprob:
-        text = tokenizer.token_text(token_id)
-        return TopLogprob(token=text, logprob=clamp_logprob(logprob), bytes=token_bytes(text))
+    def entry(logprob: Logprob) -> TopLogprob:   # decoded_token is the tokenizer's token_text
+        text = logprob.decoded_token
+        return TopLogprob(token=text, logprob=clamp_logprob(logprob.logprob), bytes=token_bytes(text))
 
     content = []
     for token_id, position in zip(token_ids, logprobs or ()):
-        sampled = entry(token_id, position[token_id].logprob)
-        top = [entry(t, value) for t, value in top_candidates(position, num_top)]
+        sampled = entry(position[token_id])
+        top = [entry(candidate) for candidate in top_candidates(position, num_top)]
         content.append(ChatTokenLogprob(**sampled.model_dump(), top_logprobs=top))
     return ChatLogprobs(content=content)

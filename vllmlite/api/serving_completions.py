@@ -199,7 +199,7 @@ def _append(result: CompletionLogprobs, tokenizer: Tokenizer, token_id: int, ent
         result.top_logprobs.append(None)
     else:
         logprob = clamp_logprob(entry[token_id].logprob)
-        top = {tokenizer.token_text(t): clamp_logprob(lp) for t, lp in top_candidates(entry, num_top)}
+        top = {c.decoded_token: clamp_logprob(c.logprob) for c in top_candidates(entry, num_top)}
         top.setdefault(text, logprob)
         result.token_logprobs.append(logprob)
         result.top_logprobs.append(top)

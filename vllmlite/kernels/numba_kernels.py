@@ -23,6 +23,7 @@ from vllmlite.quant import BLOCK, TILE, QuantizedMatrix
 FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
 
 SKINNY_MAX_ROWS = 16  # tokens up to which `linear` uses the compiled product rather than BLAS
+SERIAL_MAX_TOKENS = 8  # tokens up to which SiLU runs on one thread (waking the others costs more)
 
 _serial = njit(cache=True, nogil=True, fastmath=FASTMATH)
 _parallel = njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
@@ -143,8 +144,8 @@ def _int8_gemv(xt, qs, scales, mins, out_t):  # pragma: no cover - compiled
     num_tiles, num_blocks, block = qs.shape[0], qs.shape[1], qs.shape[2]
     lanes = TILE
     num_tokens = xt.shape[1]
-    x_sum = np.empty((num_tokens, num_blocks), dtype=F32)
-    for r in range(num_tokens):
+    x_sum = np.empty((num_tokens if mins is not None else 0, num_blocks), dtype=F32)   # for the mins term
+    for r in range(x_sum.shape[0]):
         for b in range(num_blocks):
             x_sum[r, b] = 0
             for j in range(block):
@@ -433,11 +434,10 @@ def _combine_parts(query_start, first_item, acc, best, total, out):  # pragma: n
 
 @_parallel
 def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, block_size, max_queries, scale,
-                     out):  # pragma: no cover - compiled
-    """Work items spread over threads: a decode (one query) is one item per DECODE_PART keys of
-    its context, combined afterwards; a sequence with 2 .. `max_queries` queries is one item
-    (`_attend_tile`). Sequences with more queries are left to the caller."""
-    first_item, item_seq = _decode_parts(query_start, seq_lens)
+                     first_item, item_seq, out):  # pragma: no cover - compiled
+    """Work items (`_decode_parts`) spread over threads: a decode (one query) is one item per
+    DECODE_PART keys of its context, combined afterwards; a sequence with 2 .. `max_queries`
+    queries is one item (`_attend_tile`). Sequences with more queries are left to the caller."""
     num_items = item_seq.shape[0]
     acc = np.empty((num_items, q.shape[1], q.shape[2]), dtype=k_cache.dtype)
     best = np.empty((num_items, q.shape[1]), dtype=k_cache.dtype)
@@ -534,7 +534,7 @@ def rope(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray)
 def silu_and_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
     """On one thread for a few tokens: waking the other threads cost more than the work (a lone
     decode's 1536 values: ~25-45 us in parallel)."""
-    if gate_up.shape[0] <= QUANTIZED_FEW_ROWS:
+    if gate_up.shape[0] <= SERIAL_MAX_TOKENS:
         _silu_and_mul_rows(gate_up.T, out.T, 0, out.shape[1])
     else:
         _silu_and_mul(gate_up.T, out.T)
@@ -552,7 +552,10 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     there at about half BLAS speed (48 vs 24 ms a layer for a 512-token prompt). A long chunk's
     work grows with its queries times its context, the gathered copy only with its context."""
     scale = q.dtype.type(1.0 / math.sqrt(q.shape[-1]))
+    parts = meta.kernel_cache.get("decode_parts")
+    if parts is None:   # the same for every layer of the step
+        parts = meta.kernel_cache["decode_parts"] = _decode_parts(meta.query_start, meta.seq_lens)
     _paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
-                     meta.block_size, MAX_BATCHED_QUERY_LEN, scale, out)
+                     meta.block_size, MAX_BATCHED_QUERY_LEN, scale, *parts, out)
     for group in meta.long_groups:
         reference.attend_group(q, k_cache, v_cache, group, meta.block_size, out)
