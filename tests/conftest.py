@@ -11,16 +11,12 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig
 from vllmlite.engine import LLMEngine
+from vllmlite.engine_args import EngineArgs
 from vllmlite.kernels import BACKENDS, Kernels, get_kernels
 from vllmlite.loader import LoadedModel, load_model
 from vllmlite.outputs import RequestOutput
 from vllmlite.sampling_params import SamplingParams
-
-CACHE_KEYS = {"block_size", "num_blocks", "kv_cache_memory", "enable_prefix_caching",
-              "preemption_mode", "swap_space"}
-SCHEDULER_KEYS = {"max_num_seqs", "max_num_batched_tokens", "max_model_len", "batching"}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
@@ -37,16 +33,10 @@ def tiny_model() -> LoadedModel:
 
 def engine_on(loaded: LoadedModel, dtype: str = "float64", quantization: str = "none",
               **overrides) -> LLMEngine:
-    """An engine over a model already loaded (the random one), with cache and scheduler knobs
-    given by name; 256 KV blocks unless said."""
-    cache = {k: v for k, v in overrides.items() if k in CACHE_KEYS}
-    sched = {k: v for k, v in overrides.items() if k in SCHEDULER_KEYS}
-    unknown = set(overrides) - CACHE_KEYS - SCHEDULER_KEYS
-    assert not unknown, f"unknown engine overrides {unknown}"
-    cache.setdefault("num_blocks", 256)
-    config = EngineConfig(model="random", dtype=dtype, cache=CacheConfig(**cache),
-                          scheduler=SchedulerConfig(**sched), quantization=quantization)
-    return LLMEngine(config, loaded)
+    """An engine over a model already loaded (the random one), with any EngineArgs knob given by
+    name (an unknown one is a TypeError); 256 KV blocks unless said."""
+    args = EngineArgs(model="random", dtype=dtype, quantization=quantization, **{"num_blocks": 256, **overrides})
+    return LLMEngine(args.create_engine_config(), loaded)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from vllmlite.api.cli import ServerConfig
+from vllmlite.api.cli import ServerArgs
 from vllmlite.api.server import build_app, make_async_engine
 from vllmlite.async_engine import AsyncLLMEngine
 from vllmlite.loader import LoadedModel
@@ -44,7 +44,7 @@ class ThreadServer:
     """uvicorn serving the app in a background thread; the engine stays reachable for checks."""
 
     engine: AsyncLLMEngine
-    config: ServerConfig
+    config: ServerArgs
     server: uvicorn.Server
     sock: socket.socket
     thread: threading.Thread | None = None
@@ -76,16 +76,16 @@ class ThreadServer:
                 and block_manager.num_free_blocks == block_manager.num_blocks)
 
 
-def server_config(**overrides) -> ServerConfig:
+def server_config(**overrides) -> ServerArgs:
     values = dict(model="random", dtype="float64", num_blocks=1024, port=0, shutdown_timeout=2.0,
                   log_level="warning", max_queue=64)
     values.update(overrides)
-    return ServerConfig(**values)
+    return ServerArgs(**values)
 
 
 @contextlib.contextmanager
 def running_server(loaded: LoadedModel, **overrides) -> Iterator[ThreadServer]:
-    """A live server over the random model with `overrides` of ServerConfig; stopped on exit."""
+    """A live server over the random model with `overrides` of ServerArgs; stopped on exit."""
     config = server_config(**overrides)
     engine = make_async_engine(config, loaded)
     app = build_app(engine, config)

@@ -274,8 +274,8 @@ def test_cli_flags_win_over_environment_variables(capsys):
     assert config.enable_prefix_caching is False and config.api_key == "k" and config.model_name == "random"
     assert parse_config(["--enable-prefix-caching"], environ).enable_prefix_caching is True
     assert parse_config([], {}).model_name == "SmolLM2-135M-Instruct"
-    assert parse_config([], {"VLLMLITE_KERNELS": "numpy"}).engine_config().kernels == "numpy"
-    assert parse_config(["--kernels", "numba"], {"VLLMLITE_KERNELS": "numpy"}).engine_config().kernels == "numba"
+    assert parse_config([], {"VLLMLITE_KERNELS": "numpy"}).create_engine_config().kernels == "numpy"
+    assert parse_config(["--kernels", "numba"], {"VLLMLITE_KERNELS": "numpy"}).create_engine_config().kernels == "numba"
     for argv, env in ((["--block-size", "0"], {}), ([], {"VLLMLITE_PORT": "eighty"}), (["--dtype", "int8"], {}),
                       (["--kernels", "cuda"], {})):
         with pytest.raises(SystemExit):

@@ -29,14 +29,13 @@ def test_engine_warns_only_when_numpy_was_imported_first(numpy_first):
 
 
 def test_every_entry_point_starts_from_the_engines_scheduler_defaults():
-    """The server, the LLM class and the offline benchmark get the defaults the sweep chose."""
-    import inspect
-
-    from vllmlite import LLM
-    from vllmlite.api.cli import ServerConfig
-    from vllmlite.config import SchedulerConfig
-    llm_defaults = inspect.signature(LLM.__init__).parameters
-    for name in ("max_num_seqs", "max_num_batched_tokens"):
-        expected = getattr(SchedulerConfig(), name)
-        assert getattr(ServerConfig(), name) == expected
-        assert llm_defaults[name].default == expected
+    """The server and the LLM class build EngineArgs, whose defaults are the engine's own
+    (the scheduler's were chosen by the sweep)."""
+    from vllmlite.api.cli import ServerArgs, parse_config
+    from vllmlite.config import EngineConfig, SchedulerConfig
+    from vllmlite.engine_args import EngineArgs
+    from vllmlite.llm import LLM
+    for config in (EngineArgs().create_engine_config(), ServerArgs().create_engine_config(),
+                   parse_config([], {}).create_engine_config()):
+        assert config == EngineConfig() and config.scheduler == SchedulerConfig()
+    assert LLM("random").engine.config == EngineConfig(model="random")

@@ -1,8 +1,8 @@
-"""The server's configuration: every knob is a CLI flag and an environment variable VLLMLITE_<NAME>.
+"""The server's knobs and the CLI derived from them: `ServerArgs` extends EngineArgs with the server's
+own fields; every field is a flag --<name> and an environment variable VLLMLITE_<NAME>.
 
-Owns option names, help, defaults, parsing (byte sizes such as 512M) and `ServerConfig`, which
-builds the engine's EngineConfig. A flag wins over its environment variable. Knows nothing of
-routes or of the engine loop.
+Owns the flag table (built from the dataclass fields), text parsing, and the order flag, then variable,
+then default. Knows nothing of routes or of the engine loop.
 """
 
 from __future__ import annotations
@@ -10,32 +10,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
+import typing
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from vllmlite.engine_args import EngineArgs, knob, parse_bytes
 from vllmlite.model_source import DEFAULT_ALIASES, RANDOM_MODEL
 
 ENV_PREFIX = "VLLMLITE_"
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-
-
-def parse_bytes(text: str) -> int:
-    """A byte count with an optional binary suffix.
-
-    >>> parse_bytes("4096"), parse_bytes("512M"), parse_bytes("1G"), parse_bytes("1.5KiB")
-    (4096, 536870912, 1073741824, 1536)
-    """
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a byte size (e.g. 4096, 512M, 1G)")
-    scale = 1 << (10 * " kmgt".index(match.group(2).lower() or " "))
-    return int(float(match.group(1)) * scale)
 
 
 def parse_bool(text: str) -> bool:
@@ -44,7 +30,22 @@ def parse_bool(text: str) -> bool:
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false)")
+    raise ValueError(f"{text!r} is not a boolean (true/false)")
+
+
+def parse_json_list(text: str) -> tuple[str, ...]:
+    """A JSON list of strings, as vLLM's --allowed-origins.
+
+    >>> parse_json_list('["http://localhost:3000", "*"]')
+    ('http://localhost:3000', '*')
+    """
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{text!r} is not JSON: {error}") from error
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise ValueError(f"{text!r} is not a JSON list of strings")
+    return tuple(values)
 
 
 def default_served_model_name(model: str) -> str:
@@ -58,32 +59,28 @@ def default_served_model_name(model: str) -> str:
 
 
 @dataclass(frozen=True)
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model: str = "default"
-    served_model_name: str | None = None
-    dtype: str = "float32"
-    seed: int = 0
-    block_size: int = 16
-    num_blocks: int | None = None
-    kv_cache_memory: int | None = None
-    max_num_seqs: int = SchedulerConfig.max_num_seqs                       # the engine's defaults,
-    max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens   # chosen by bench/sweep_defaults.sh
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    preemption_mode: str = "recompute"
-    swap_space: float = 1.0
-    batching: str = "continuous"
-    speculative_config: str | None = None  # JSON, as vLLM's --speculative-config
-    kernels: str | None = None
-    quantization: str | None = None
-    api_key: str | None = None
-    max_queue: int | None = 256
-    request_timeout: float | None = None
-    max_body_bytes: int = 4 << 20
-    shutdown_timeout: float = 30.0
-    log_level: str = "info"
+class ServerArgs(EngineArgs):
+    """The engine's knobs plus the server's, validated at construction (the engine's too)."""
+
+    host: str = knob("127.0.0.1", "address to listen on")
+    port: int = knob(8000, "port to listen on")
+    served_model_name: str | None = knob(None, "the name clients must send as `model` (default: "
+                                               f"{DEFAULT_SERVED_NAME} for the default model, 'random', "
+                                               "else the path's name)")
+    api_key: str | None = knob(None, "require `Authorization: Bearer <key>` on every route but /health "
+                                     "(prefer the environment variable: flags show in `ps`)")
+    max_queue: int | None = knob(256, "most requests waiting to run; beyond it requests get 503 with Retry-After")
+    request_timeout: float | None = knob(None, "seconds a request may run before it is aborted with an error "
+                                               "(default: no limit)")
+    max_body_bytes: int = knob(4 << 20, "largest request body in bytes (413 beyond it)", parse=parse_bytes)
+    shutdown_timeout: float = knob(30.0, "seconds in-flight requests get to finish after SIGINT/SIGTERM")
+    log_level: str = knob("info", f"one of {', '.join(LOG_LEVELS)}")
+    allowed_origins: tuple[str, ...] = knob(("*",), "CORS: origins browsers may call from, a JSON list",
+                                            parse=parse_json_list)
+    allowed_methods: tuple[str, ...] = knob(("*",), "CORS: allowed methods, a JSON list", parse=parse_json_list)
+    allowed_headers: tuple[str, ...] = knob(("*",), "CORS: allowed request headers, a JSON list",
+                                            parse=parse_json_list)
+    allow_credentials: bool = knob(False, "CORS: let browsers send cookies and credentials")
 
     def __post_init__(self) -> None:
         checks = [
@@ -99,82 +96,61 @@ class ServerConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-        self.engine_config()  # the engine's own validation, at start-up
+        self._engine_config()  # the engine's own validation, at start-up
 
     @property
     def model_name(self) -> str:
         return self.served_model_name or default_served_model_name(self.model)
 
-    def engine_config(self) -> EngineConfig:
-        cache = CacheConfig(block_size=self.block_size, num_blocks=self.num_blocks,
-                            kv_cache_memory=self.kv_cache_memory, enable_prefix_caching=self.enable_prefix_caching,
-                            preemption_mode=self.preemption_mode, swap_space=self.swap_space)
-        scheduler = SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                                    max_model_len=self.max_model_len, batching=self.batching)
-        speculative = None
-        if self.speculative_config:
-            try:
-                values = json.loads(self.speculative_config)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"speculative_config is not valid JSON: {error}") from error
-            if not isinstance(values, dict):
-                raise ValueError("speculative_config must be a JSON object")
-            speculative = SpeculativeConfig.from_dict(values)
-        return EngineConfig(model=self.model, dtype=self.dtype, seed=self.seed, cache=cache, scheduler=scheduler,
-                            speculative=speculative, kernels=self.kernels,
-                            quantization=self.quantization)
-
 
 @dataclass(frozen=True)
 class Option:
-    name: str                      # the flag without "--"; the field is name with "-" -> "_"
-    parse: Callable[[str], Any]
+    field: str                     # the ServerArgs field; the flag is --field with "_" -> "-"
+    parse: Callable[[str], Any]    # text (a flag's or a variable's) -> value; ValueError when it is not one
     help: str
+    default: Any
 
     @property
-    def field(self) -> str:
-        return self.name.replace("-", "_")
+    def name(self) -> str:
+        return self.field.replace("_", "-")
 
     @property
     def env(self) -> str:
         return ENV_PREFIX + self.field.upper()
 
 
-OPTIONS = (
-    Option("host", str, "address to listen on"),
-    Option("port", int, "port to listen on"),
-    Option("model", str, "'default' (SmolLM2-135M-Instruct), 'random' (tiny seeded test model), a .gguf "
-                         "file or an HF directory"),
-    Option("served-model-name", str, "the name clients must send as `model` (default: SmolLM2-135M-Instruct "
-                                     "for the default model, 'random', else the path's name)"),
-    Option("dtype", str, "weights and KV cache dtype: float32 or float64"),
-    Option("seed", int, "seed of the random model and of unseeded requests"),
-    Option("block-size", int, "tokens per KV cache block"),
-    Option("num-blocks", int, "KV cache blocks (overrides --kv-cache-memory)"),
-    Option("kv-cache-memory", parse_bytes, "KV cache budget in bytes; suffixes K/M/G (binary) accepted, "
-                                           "e.g. 512M (default when unset: 1G)"),
-    Option("max-num-seqs", int, "most sequences in one step"),
-    Option("max-num-batched-tokens", int, "token budget of one step (the chunked-prefill chunk)"),
-    Option("max-model-len", int, "context length (default: the model's)"),
-    Option("enable-prefix-caching", parse_bool, "reuse cached KV blocks of shared prompt prefixes"),
-    Option("preemption-mode", str, "under memory pressure: recompute or swap"),
-    Option("swap-space", float, "GiB of host memory for swapped-out blocks (preemption-mode swap)"),
-    Option("batching", str, "continuous (default), or static: admit a new batch of up to max-num-seqs only "
-                            "when the running batch has finished (a baseline for benchmarks)"),
-    Option("speculative-config", str, "speculative decoding as JSON, e.g. '{\"method\": \"ngram\", "
-                                      "\"num_speculative_tokens\": 4}' (methods: ngram, draft_model, self_draft)"),
-    Option("kernels", str, "hot-path kernels: numba (compiled, the default) or numpy (the readable references)"),
-    Option("quantization", str, "weights: none (float32), int8 or int4, in blocks of 32; GGUF Q8_0/Q4_0/Q4_1 "
-                                "tensors are kept as stored, float ones rounded at load"),
-    Option("api-key", str, "require `Authorization: Bearer <key>` on every route but /health "
-                           "(prefer the environment variable: flags show in `ps`)"),
-    Option("max-queue", int, "most requests waiting to run; beyond it requests get 503 with Retry-After"),
-    Option("request-timeout", float, "seconds a request may run before it is aborted with an error "
-                                     "(default: no limit)"),
-    Option("max-body-bytes", parse_bytes, "largest request body in bytes (413 beyond it)"),
-    Option("shutdown-timeout", float, "seconds in-flight requests get to finish after SIGINT/SIGTERM"),
-    Option("log-level", str, f"one of {', '.join(LOG_LEVELS)}"),
-)
+def _parser_for(hint: Any) -> Callable[[str], Any]:
+    """int, float, str or bool from a field's type (`X | None` counts as X)."""
+    kinds = [arg for arg in typing.get_args(hint) if arg is not type(None)] or [hint]
+    kind = kinds[0]
+    if len(kinds) != 1 or kind not in (int, float, str, bool):
+        raise TypeError(f"no text parser for {hint}: give the knob a parse=")
+    return parse_bool if kind is bool else kind
+
+
+def options_of(args_class: type) -> tuple[Option, ...]:
+    hints = typing.get_type_hints(args_class)
+    return tuple(Option(f.name, f.metadata["parse"] or _parser_for(hints[f.name]), f.metadata["help"], f.default)
+                 for f in fields(args_class))
+
+
+OPTIONS = options_of(ServerArgs)
+
+
+def _shown(default: Any) -> str:
+    if default is None:
+        return "unset"
+    return json.dumps(list(default)) if isinstance(default, tuple) else str(default)
+
+
+def _argparse_type(option: Option) -> Callable[[str], Any]:
+    """`option.parse` with argparse's error type, so a bad flag says why it is bad."""
+    def convert(text: str) -> Any:
+        try:
+            return option.parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
+    return convert
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,22 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m vllmlite.api.server",
         description="An OpenAI-compatible LLM server (vllmlite). Every option is also an environment "
                     f"variable {ENV_PREFIX}<NAME>; a flag wins over its variable.")
-    defaults = ServerConfig.__dataclass_fields__
     for option in OPTIONS:
-        default = defaults[option.field].default
-        shown = "unset" if default is None else default
-        text = f"{option.help} [env {option.env}; default: {shown}]"
+        text = f"{option.help} [env {option.env}; default: {_shown(option.default)}]"
         if option.parse is parse_bool:
             parser.add_argument(f"--{option.name}", action=argparse.BooleanOptionalAction, default=None,
                                 help=text)
         else:
-            parser.add_argument(f"--{option.name}", type=option.parse, default=None,
-                                metavar=option.field.upper(), help=text)
+            kind = option.parse if option.parse in (int, float, str) else _argparse_type(option)
+            parser.add_argument(f"--{option.name}", type=kind, default=None, metavar=option.field.upper(),
+                                help=text)
     return parser
 
 
-def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> ServerConfig:
-    """Flags, then VLLMLITE_* variables, then ServerConfig's defaults. Exits with a usage error on bad input."""
+def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> ServerArgs:
+    """Flags, then VLLMLITE_* variables, then ServerArgs' defaults. Exits with a usage error on bad input."""
     parser = build_parser()
     args = parser.parse_args(argv)
     values: dict[str, Any] = {}
@@ -206,12 +180,12 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] =
         if value is None and environ.get(option.env, "") != "":
             try:
                 value = option.parse(environ[option.env])
-            except (ValueError, argparse.ArgumentTypeError) as error:
+            except ValueError as error:
                 parser.error(f"{option.env}={environ[option.env]!r}: {error}")
         if value is not None:
             values[option.field] = value
     try:
-        return ServerConfig(**values)
+        return ServerArgs(**values)
     except ValueError as error:
         parser.error(str(error))
         raise  # unreachable: parser.error exits

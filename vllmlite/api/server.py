@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from vllmlite import __version__
-from vllmlite.api.cli import ServerConfig, parse_config
+from vllmlite.api.cli import ServerArgs, parse_config
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
 from vllmlite.api.middleware import RequestGuard
 from vllmlite.api.protocol import (
@@ -50,14 +50,14 @@ Model = TypeVar("Model", bound=BaseModel)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def make_async_engine(config: ServerConfig, loaded: LoadedModel | None = None) -> AsyncLLMEngine:
+def make_async_engine(config: ServerArgs, loaded: LoadedModel | None = None) -> AsyncLLMEngine:
     """Load the model and wrap its LLMEngine for serving (the thread starts with the app)."""
-    engine = LLMEngine(config.engine_config(), loaded)
+    engine = LLMEngine(config.create_engine_config(), loaded)
     return AsyncLLMEngine(engine, EngineMetrics(config.model_name), max_queue=config.max_queue,
                           request_timeout=config.request_timeout)
 
 
-def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
+def build_app(engine: AsyncLLMEngine, config: ServerArgs) -> FastAPI:
     """The OpenAI-compatible app over `engine`; its lifespan starts and drains the engine thread."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -259,10 +259,10 @@ class GracefulServer(uvicorn.Server):
         self.should_exit = True
 
 
-def _log_startup(engine: AsyncLLMEngine, config: ServerConfig) -> None:
+def _log_startup(engine: AsyncLLMEngine, config: ServerArgs) -> None:
     report = engine.engine.memory_report()
     logger.info("model %s (%s) served as %r, dtype %s, context %d tokens", config.model,
-                engine.engine.model_source, config.model_name, config.dtype, engine.max_model_len)
+                engine.engine.model_source, config.model_name, engine.engine.config.dtype, engine.max_model_len)
     logger.info("memory: weights %.1f MiB, KV cache %.1f MiB (%d blocks of %d tokens), host swap %.1f MiB",
                 report["weights"] / 2**20, report["kv_cache"] / 2**20, report["kv_blocks"],
                 report["block_size"], report["host_swap"] / 2**20)

@@ -1,0 +1,193 @@
+"""EngineArgs: every engine knob, declared once, with its default and help (as vLLM's arg_utils).
+
+The CLI flags, the VLLMLITE_<NAME> variables, `LLM(**kwargs)` and the tests' engine factory are derived
+from these fields; `create_engine_config()` turns them into the validated runtime EngineConfig. A knob
+the runtime configs also hold takes its default from them, so no default is written twice.
+Knows nothing of HTTP, requests or tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from vllmlite.config import (
+    DEFAULT_KV_CACHE_MEMORY,
+    QUANTIZATIONS,
+    CacheConfig,
+    EngineConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
+
+logger = logging.getLogger("vllmlite.engine_args")
+
+# dtype names vLLM users pass -> the dtype computed here; half precisions are computed in float32
+# (numpy has no bfloat16, and float16 matmuls on the CPU are slower than float32 ones).
+DTYPE_ALIASES = {"auto": EngineConfig.dtype, "float": "float32", "float32": "float32",
+                 "double": "float64", "float64": "float64"}
+HALF_DTYPES = ("half", "float16", "bfloat16")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count with an optional binary suffix.
+
+    >>> parse_bytes("4096"), parse_bytes("512M"), parse_bytes("1G"), parse_bytes("1.5KiB")
+    (4096, 536870912, 1073741824, 1536)
+    """
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a byte size (e.g. 4096, 512M, 1G)")
+    scale = 1 << (10 * " kmgt".index(match.group(2).lower() or " "))
+    return int(float(match.group(1)) * scale)
+
+
+def knob(default: Any, help: str, *, parse: Callable[[str], Any] | None = None,
+         ignored: str | None = None) -> Any:
+    """A field with its help text; `parse` reads it from text when its type does not say how;
+    `ignored` says why a value other than the default has no effect on this CPU build."""
+    return field(default=default, metadata={"help": help, "parse": parse, "ignored": ignored})
+
+
+def available_memory_bytes() -> int:
+    """RAM the OS can hand out now without swapping: MemAvailable from /proc/meminfo, else free pages."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """The engine's knobs as users give them; `create_engine_config()` validates them."""
+
+    model: str = knob(EngineConfig.model, "'default' (SmolLM2-135M-Instruct), 'random' (tiny seeded test model), "
+                                          "a .gguf file or an HF directory")
+    tokenizer: str | None = knob(None, "the tokenizer: unset or the model itself (the model's own tokenizer is "
+                                       "always used)")
+    dtype: str = knob("auto", f"weights and KV cache: auto (= {EngineConfig.dtype}), float32 or float64; "
+                              "half, float16 and bfloat16 compute in float32 (logged)")
+    seed: int = knob(EngineConfig.seed, "seed of the random model and of unseeded requests")
+    max_model_len: int | None = knob(SchedulerConfig.max_model_len, "context length (default: the model's)")
+    block_size: int = knob(CacheConfig.block_size, "tokens per KV cache block")
+    num_blocks: int | None = knob(CacheConfig.num_blocks, "KV cache blocks (overrides --kv-cache-memory and "
+                                                          "--gpu-memory-utilization)")
+    kv_cache_memory: int | None = knob(
+        CacheConfig.kv_cache_memory, "KV cache budget in bytes; suffixes K/M/G (binary) accepted, e.g. 512M "
+        f"(when neither this nor --gpu-memory-utilization is set: {DEFAULT_KV_CACHE_MEMORY >> 20}M)",
+        parse=parse_bytes)
+    gpu_memory_utilization: float | None = knob(
+        None, "on this CPU build: the fraction in (0, 1] of the RAM available at start-up given to the KV "
+              "cache (exclusive with --kv-cache-memory)")
+    enable_prefix_caching: bool = knob(CacheConfig.enable_prefix_caching,
+                                       "reuse cached KV blocks of shared prompt prefixes")
+    preemption_mode: str = knob(CacheConfig.preemption_mode, "under memory pressure: recompute or swap")
+    swap_space: float = knob(CacheConfig.swap_space, "GiB of host memory for swapped-out blocks "
+                                                     "(preemption-mode swap)")
+    max_num_seqs: int = knob(SchedulerConfig.max_num_seqs, "most sequences in one step")
+    max_num_batched_tokens: int = knob(SchedulerConfig.max_num_batched_tokens,
+                                       "token budget of one step (the chunked-prefill chunk)")
+    batching: str = knob(SchedulerConfig.batching, "continuous, or static: admit a new batch of up to "
+                                                   "max-num-seqs only when the running batch has finished "
+                                                   "(a baseline for benchmarks)")
+    speculative_config: dict | str | None = knob(
+        None, "speculative decoding as JSON (a dict in LLM()), e.g. "
+              "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' (methods: ngram, draft_model, self_draft)",
+        parse=str)
+    kernels: str | None = knob(EngineConfig.kernels, "hot-path kernels: numba (compiled; the default unless "
+                                                     "$VLLMLITE_KERNELS says) or numpy (the readable references)")
+    quantization: str | None = knob(EngineConfig.quantization, f"weights: {', '.join(QUANTIZATIONS)}, in blocks "
+                                                               "of 32; GGUF Q8_0/Q4_0/Q4_1 tensors are kept as "
+                                                               "stored, float ones rounded at load")
+    tensor_parallel_size: int = knob(1, "must be 1: the engine is one CPU process")
+    kv_cache_dtype: str = knob("auto", "must be auto: the KV cache has the model's dtype")
+    trust_remote_code: bool = knob(False, "accepted for vLLM's scripts; no model code is ever run",
+                                   ignored="vllmlite never runs model code")
+    enforce_eager: bool = knob(False, "GPU-only (CUDA graphs); ignored", ignored="GPU-only")
+    disable_custom_all_reduce: bool = knob(False, "GPU-only; ignored", ignored="GPU-only")
+    cpu_offload_gb: float = knob(0.0, "GPU-only (weights already live in RAM); ignored", ignored="GPU-only")
+    disable_log_stats: bool = knob(False, "accepted for vLLM's scripts; ignored",
+                                   ignored="the engine logs no periodic stats")
+
+    def create_engine_config(self) -> EngineConfig:
+        """The validated runtime config (a ValueError names the bad knob); logs what has no effect here."""
+        config = self._engine_config()
+        for level, message in self._notes():
+            logger.log(level, message)
+        return config
+
+    def _engine_config(self) -> EngineConfig:
+        _require(self.tensor_parallel_size == 1,
+                 f"tensor_parallel_size must be 1 (one CPU process), got {self.tensor_parallel_size!r}")
+        _require(self.kv_cache_dtype == "auto",
+                 f"kv_cache_dtype must be 'auto' (the model's dtype), got {self.kv_cache_dtype!r}")
+        _require(self.cpu_offload_gb >= 0, f"cpu_offload_gb must be >= 0, got {self.cpu_offload_gb!r}")
+        _require(self.tokenizer in (None, self.model) or Path(self.tokenizer).resolve() == Path(self.model).resolve(),
+                 f"tokenizer must be unset or the model ({self.model!r}): a separate tokenizer is not "
+                 f"supported, got {self.tokenizer!r}")
+        return EngineConfig(model=self.model, dtype=self.resolved_dtype, seed=self.seed,
+                            cache=CacheConfig(**self._values_for(CacheConfig, kv_cache_memory=self._kv_budget())),
+                            scheduler=SchedulerConfig(**self._values_for(SchedulerConfig)),
+                            speculative=self._speculative(), kernels=self.kernels, quantization=self.quantization)
+
+    @property
+    def resolved_dtype(self) -> str:
+        """The dtype computed in: vLLM's names mapped; an unknown name passes on to EngineConfig's check."""
+        if self.dtype in HALF_DTYPES:
+            return "float32"
+        return DTYPE_ALIASES.get(self.dtype, self.dtype)
+
+    def _values_for(self, config_class: type, **replaced: Any) -> dict[str, Any]:
+        """This object's values for every field of `config_class` (same names), with `replaced` on top."""
+        return {f.name: getattr(self, f.name) for f in fields(config_class)} | replaced
+
+    def _kv_budget(self) -> int | None:
+        """kv_cache_memory, or gpu_memory_utilization of the RAM available now, in bytes."""
+        fraction = self.gpu_memory_utilization
+        if fraction is None:
+            return self.kv_cache_memory
+        _require(isinstance(fraction, (int, float)) and 0 < fraction <= 1,
+                 f"gpu_memory_utilization must be in (0, 1], got {fraction!r}")
+        _require(self.kv_cache_memory is None,
+                 "kv_cache_memory and gpu_memory_utilization both size the KV cache: give one")
+        return max(1, int(fraction * available_memory_bytes()))
+
+    def _speculative(self) -> SpeculativeConfig | None:
+        values = self.speculative_config
+        if not values:
+            return None
+        if isinstance(values, str):
+            try:
+                values = json.loads(values)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"speculative_config is not valid JSON: {error}") from error
+        _require(isinstance(values, dict), "speculative_config must be a JSON object")
+        return SpeculativeConfig.from_dict(values)
+
+    def _notes(self) -> Iterator[tuple[int, str]]:
+        """(log level, line) for each knob that was set but does not do here what it says."""
+        if self.dtype in HALF_DTYPES:
+            yield logging.WARNING, f"dtype {self.dtype!r} computes in float32 (no half-precision CPU kernels)"
+        for f in fields(EngineArgs):
+            reason = f.metadata["ignored"]
+            if reason and getattr(self, f.name) != f.default:
+                yield logging.INFO, f"ignoring {f.name}={getattr(self, f.name)!r}: {reason}"
+
+
+ENGINE_ARG_NAMES = frozenset(f.name for f in fields(EngineArgs))
