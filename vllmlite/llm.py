@@ -1,16 +1,18 @@
-"""The offline API, vLLM's surface: `LLM(model=...).generate(prompts, SamplingParams(...))`.
+"""The offline API, vLLM's surface: `LLM(model=..., **engine_args).generate(prompts, SamplingParams(...))`.
 
-A thin loop over LLMEngine.step(); outputs come back in input order.
+A thin loop over LLMEngine.step(); outputs come back in input order. The keywords are EngineArgs'
+fields, vLLM's names included.
 """
 
 from __future__ import annotations
 
-import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from tqdm import tqdm
+
 from vllmlite.engine import LLMEngine
+from vllmlite.engine_args import ENGINE_ARG_NAMES, EngineArgs
 from vllmlite.outputs import RequestOutput
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import Tokenizer
@@ -19,23 +21,13 @@ PromptInput = str | dict
 
 
 class LLM:
-    def __init__(self, model: str = "default", dtype: str = "float32", seed: int = 0, *,
-                 block_size: int = 16, num_blocks: int | None = None,
-                 kv_cache_memory: int | None = None, max_num_seqs: int = SchedulerConfig.max_num_seqs,
-                 max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens,
-                 max_model_len: int | None = None,
-                 enable_prefix_caching: bool = True, preemption_mode: str = "recompute",
-                 swap_space: float = 1.0, speculative_config: dict | None = None,
-                 kernels: str | None = None, quantization: str | None = None) -> None:
-        cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
-                            enable_prefix_caching=enable_prefix_caching, preemption_mode=preemption_mode,
-                            swap_space=swap_space)
-        scheduler = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                    max_model_len=max_model_len)
-        speculative = SpeculativeConfig.from_dict(speculative_config) if speculative_config else None
-        self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, seed=seed, cache=cache,
-                                             scheduler=scheduler, speculative=speculative, kernels=kernels,
-                                             quantization=quantization))
+    def __init__(self, model: str = EngineArgs.model, **engine_args: Any) -> None:
+        """Load `model` and start an engine; `engine_args` are EngineArgs' fields (ValueError names a
+        bad value, TypeError an unknown keyword)."""
+        unknown = sorted(set(engine_args) - ENGINE_ARG_NAMES)
+        if unknown:
+            raise TypeError(f"LLM() got an unexpected keyword argument {unknown[0]!r}")
+        self.engine = LLMEngine(EngineArgs(model=model, **engine_args).create_engine_config())
         self._next_id = 0
 
     def get_tokenizer(self) -> Tokenizer:
@@ -43,10 +35,11 @@ class LLM:
 
     def generate(self, prompts: PromptInput | Sequence[PromptInput],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool | Callable[..., tqdm] = True) -> list[RequestOutput]:
         """Run every prompt to completion; one RequestOutput per prompt, in input order.
 
-        A prompt is a string or {"prompt_token_ids": [...]} (optionally with "prompt").
+        A prompt is a string or {"prompt_token_ids": [...]} (optionally with "prompt"). `use_tqdm`
+        shows a progress bar on stderr; a callable is used in place of `tqdm` to make it.
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
@@ -57,11 +50,12 @@ class LLM:
             self._next_id += 1
             self.engine.add_request(request_id, _prompt_value(prompt), p)
             ids.append(request_id)
-        return self._run(ids, use_tqdm and len(ids) >= 8)
+        return self._run(ids, use_tqdm)
 
     def chat(self, messages: list[dict] | Sequence[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             add_generation_prompt: bool = True, use_tqdm: bool = True) -> list[RequestOutput]:
+             add_generation_prompt: bool = True,
+             use_tqdm: bool | Callable[..., tqdm] = True) -> list[RequestOutput]:
         """Render each conversation through the model's chat template, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.engine.tokenizer
@@ -84,16 +78,15 @@ class LLM:
             raise ValueError(f"got {len(params)} SamplingParams for {count} prompts")
         return params
 
-    def _run(self, request_ids: list[str], show_progress: bool) -> list[RequestOutput]:
+    def _run(self, request_ids: list[str], use_tqdm: bool | Callable[..., tqdm]) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
-        progress = _Progress(len(request_ids)) if show_progress else None
+        progress = _Progress(len(request_ids), use_tqdm if callable(use_tqdm) else tqdm) if use_tqdm else None
         while self.engine.has_unfinished_requests():
             for output in self.engine.step():
                 if output.finished:
                     finished[output.request_id] = output
                     if progress is not None:
-                        progress.update(len(finished), sum(len(c.token_ids) for o in finished.values()
-                                                           for c in o.outputs))
+                        progress.update(output)
         if progress is not None:
             progress.close()
         return [finished[i] for i in request_ids]
@@ -110,19 +103,21 @@ def _prompt_value(prompt: PromptInput) -> str | list[int]:
 
 
 class _Progress:
-    """A one-line progress bar on stderr: requests done, output tokens and tokens/s."""
+    """vLLM's bar: prompts processed, with the input and output tokens/s so far."""
 
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.start = time.perf_counter()
+    def __init__(self, total: int, make_bar: Callable[..., tqdm]) -> None:
+        self.bar = make_bar(total=total, desc="Processed prompts", dynamic_ncols=True,
+                            postfix="est. speed input: 0.00 toks/s, output: 0.00 toks/s")
+        self.num_input_tokens = 0
+        self.num_output_tokens = 0
 
-    def update(self, done: int, tokens: int) -> None:
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
-        filled = 30 * done // self.total
-        sys.stderr.write(f"\rgenerate [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total} "
-                         f"{tokens} tokens {tokens / elapsed:.1f} tok/s ")
-        sys.stderr.flush()
+    def update(self, output: RequestOutput) -> None:
+        self.num_input_tokens += len(output.prompt_token_ids) * len(output.outputs)
+        self.num_output_tokens += sum(len(c.token_ids) for c in output.outputs)
+        elapsed = max(self.bar.format_dict["elapsed"], 1e-9)
+        self.bar.postfix = (f"est. speed input: {self.num_input_tokens / elapsed:.2f} toks/s, "
+                            f"output: {self.num_output_tokens / elapsed:.2f} toks/s")
+        self.bar.update(1)
 
     def close(self) -> None:
-        sys.stderr.write("\n")
-        sys.stderr.flush()
+        self.bar.close()
