@@ -1,6 +1,7 @@
 """Configuration dataclasses: the model's shape, the KV cache, the scheduler and the engine.
 
-Every knob is validated at construction so a bad value fails at start-up, not mid-request.
+Every knob is validated at construction so a bad value fails at start-up, not mid-request. Users
+set them through EngineArgs (engine_args.py), which takes its defaults from these classes.
 This module knows nothing of requests, tensors or HTTP.
 """
 
