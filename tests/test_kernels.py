@@ -16,7 +16,7 @@ import pytest
 from gguf import GGMLQuantizationType, quants
 
 from vllmlite.attention import build_metadata
-from vllmlite.kernels import BACKENDS, get_kernels, resolve_backend
+from vllmlite.kernels import BACKENDS, blas, get_kernels, resolve_backend
 from vllmlite.kernels.numba_kernels import DECODE_PART
 from vllmlite.quant import dequantize, from_gguf, quantize, tile
 
@@ -96,6 +96,39 @@ def test_quantized_linear_matches_the_dequantized_product(kernels, fmt, num_toke
     if layout == "feature_major":
         x, out = feature_major(x), feature_major(out)
     kernels.linear(x, weight, out)
+    expected = x.astype(np.float64) @ dequantize(weight).astype(np.float64).T
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_numpys_openblas_is_called_from_compiled_code_where_numpy_ships_it():
+    """With numpy's PyPI wheels (scipy-openblas) the many-token quantized product must take the
+    one-region sgemm route, not silently the slower np.matmul one."""
+    blas_name = np.__config__.CONFIG["Build Dependencies"]["blas"]["name"]
+    assert blas.AVAILABLE == (blas_name == "scipy-openblas"), blas_name
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int8_symmetric", "int4"])
+@pytest.mark.parametrize("sgemm", [True, False])   # compiled code calling OpenBLAS, or np.matmul per batch of tiles
+@pytest.mark.parametrize("shape", [(17, 32), (130, 96), (600, 64)])
+@pytest.mark.parametrize("layout", ["token_major", "feature_major", "column_slice"])
+def test_both_routes_of_the_many_token_quantized_product(monkeypatch, fmt, sgemm, shape, layout):
+    if sgemm and not blas.AVAILABLE:
+        pytest.skip(f"numpy's BLAS here is {np.__config__.CONFIG['Build Dependencies']['blas']['name']}")
+    monkeypatch.setattr(blas, "AVAILABLE", sgemm)
+    rng = np.random.default_rng(shape[0])
+    w = rng.standard_normal(shape).astype(np.float32)
+    if fmt == "int8_symmetric":
+        weight = tile(from_gguf(quants.quantize(w, GGMLQuantizationType.Q8_0), "Q8_0", shape))
+    else:
+        weight = quantize(w, fmt)
+    x = rng.standard_normal((20, shape[1])).astype(np.float32)
+    if layout == "feature_major":
+        x, out = feature_major(x), feature_major(np.full((20, shape[0]), np.nan, np.float32))
+    elif layout == "column_slice":      # rows of the output further apart than its width
+        out = np.full((20, shape[0] + 5), np.nan, np.float32)[:, 2:shape[0] + 2]
+    else:
+        out = np.full((20, shape[0]), np.nan, np.float32)
+    get_kernels("numba").linear(x, weight, out)
     expected = x.astype(np.float64) @ dequantize(weight).astype(np.float64).T
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 import threading
 
+import numba
 import numpy as np
 from numba import njit, prange
 
 from vllmlite.attention import MAX_BATCHED_QUERY_LEN, AttentionMetadata
-from vllmlite.kernels import reference
+from vllmlite.kernels import blas, reference
 from vllmlite.quant import BLOCK, TILE, QuantizedMatrix
 
 # Floating-point reassociation lets LLVM vectorize the dot products and sums; no "ninf"/"nnan",
@@ -179,18 +180,18 @@ def _dequantize_int4_tile(qs, scales, mins, t, out, first_row):  # pragma: no co
     with the columns permuted: out[p * blocks + b, row] is element p of block b (so every store
     runs along the tile's rows). One loop per nibble (with both in one, the extra memory streams
     stopped LLVM from vectorizing it); q_hi = (q - q_lo) / 16, exact in float32, needs no shift.
-    Its own function, called per tile from the parallel loop: inlined there, the same loops ran at
+    Indexed directly: a row slice per (b, j) cost a quarter of the time in its bounds checks. Its
+    own function, called per tile from the parallel loop: inlined there, the same loops ran at
     half the speed."""
     num_blocks, num_bytes, lanes = qs.shape[1], qs.shape[2], TILE
     for b in range(num_blocks):
         for j in range(num_bytes):
-            row = out[j * num_blocks + b, first_row:first_row + lanes]
+            low, high = j * num_blocks + b, (j + num_bytes) * num_blocks + b
             for i in range(lanes):
-                row[i] = scales[t, b, i] * F32(I32(qs[t, b, j, i]) & I32(15)) + mins[t, b, i]
-            row = out[(j + num_bytes) * num_blocks + b, first_row:first_row + lanes]
+                out[low, first_row + i] = scales[t, b, i] * F32(I32(qs[t, b, j, i]) & I32(15)) + mins[t, b, i]
             for i in range(lanes):
                 q = I32(qs[t, b, j, i])
-                row[i] = scales[t, b, i] * (F32(q - (q & I32(15))) * F32(0.0625)) + mins[t, b, i]
+                out[high, first_row + i] = scales[t, b, i] * (F32(q - (q & I32(15))) * F32(0.0625)) + mins[t, b, i]
 
 
 @_serial
@@ -199,27 +200,61 @@ def _dequantize_int8_tile(qs, scales, mins, t, out, first_row):  # pragma: no co
     num_blocks, block, lanes = qs.shape[1], qs.shape[2], TILE
     for b in range(num_blocks):
         for j in range(block):
-            row = out[j * num_blocks + b, first_row:first_row + lanes]
+            row = j * num_blocks + b
             if mins is None:
                 for i in range(lanes):
-                    row[i] = scales[t, b, i] * F32(I32(qs[t, b, j, i]))
+                    out[row, first_row + i] = scales[t, b, i] * F32(I32(qs[t, b, j, i]))
             else:
                 for i in range(lanes):
-                    row[i] = scales[t, b, i] * F32(I32(qs[t, b, j, i])) + mins[t, b, i]
+                    out[row, first_row + i] = scales[t, b, i] * F32(I32(qs[t, b, j, i])) + mins[t, b, i]
+
+
+@_serial
+def _dequantize_tile(qs, scales, mins, t, out, first_row):  # pragma: no cover - compiled
+    """Either format: int4 bytes hold two of a block's values. (numba compiles only the branches
+    that fit: none with an int4 tile when `mins` is None.)"""
+    if mins is None:
+        _dequantize_int8_tile(qs, scales, mins, t, out, first_row)
+    elif qs.shape[2] * 2 == BLOCK:
+        _dequantize_int4_tile(qs, scales, mins, t, out, first_row)
+    else:
+        _dequantize_int8_tile(qs, scales, mins, t, out, first_row)
 
 
 @_parallel
-def _dequantize_int4(qs, scales, mins, first_tile, out):  # pragma: no cover - compiled
-    """Tiles first_tile .. of an int4 matrix into out [cols, n * TILE] (`_dequantize_int4_tile`)."""
+def _dequantize_tiles(qs, scales, mins, first_tile, out):  # pragma: no cover - compiled
+    """Tiles first_tile .. of a quantized matrix into out [cols, n * TILE] (`_dequantize_tile`)."""
     for k in prange(out.shape[1] // TILE):
-        _dequantize_int4_tile(qs, scales, mins, first_tile + k, out, k * TILE)
+        _dequantize_tile(qs, scales, mins, first_tile + k, out, k * TILE)
+
+
+@_serial
+def _gemm_tiles(qs, scales, mins, xp, buffer, first, last, gemm):  # pragma: no cover - compiled
+    """Output rows of tiles first .. last - 1 of a quantized matrix, on this thread: as many tiles as `buffer` holds are dequantized into
+    it, then multiplied by the activations xp [cols, tokens] (permuted as the tiles' columns) with
+    a one-thread sgemm. `gemm` says where the output goes (`_quantized_gemm`)."""
+    c_address, row_bytes, num_rows, order, trans_a, trans_b, ldc = gemm
+    cols, tokens = xp.shape
+    chunk = buffer.shape[0] // (cols * TILE)
+    width = chunk * TILE
+    tiles = buffer[:cols * width].reshape(cols, width)
+    for start in range(first, last, chunk):
+        count = min(chunk, last - start)
+        for k in range(count):
+            _dequantize_tile(qs, scales, mins, start + k, tiles, k * TILE)
+        lo = start * TILE
+        blas.sgemm(order, trans_a, trans_b, min(count * TILE, num_rows - lo), tokens, cols, F32(1),
+                   tiles.ctypes.data, width, xp.ctypes.data, tokens, F32(0), c_address + lo * row_bytes, ldc)
 
 
 @_parallel
-def _dequantize_int8(qs, scales, mins, first_tile, out):  # pragma: no cover - compiled
-    """The same for int8."""
-    for k in prange(out.shape[1] // TILE):
-        _dequantize_int8_tile(qs, scales, mins, first_tile + k, out, k * TILE)
+def _quantized_gemm(qs, scales, mins, xp, buffers, gemm):  # pragma: no cover - compiled
+    """A quantized matrix times many tokens in one parallel region: each worker takes a contiguous
+    share of the tiles (`_gemm_tiles`), so no thread waits on another pool between tiles."""
+    num_tiles, workers = qs.shape[0], buffers.shape[0]
+    for w in prange(workers):
+        _gemm_tiles(qs, scales, mins, xp, buffers[w], w * num_tiles // workers, (w + 1) * num_tiles // workers,
+                    gemm)
 
 
 @_serial
@@ -463,7 +498,8 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
 # few-token kernel) and 1.24x at 64: every dequantized float is written to memory and read back
 # by BLAS, and each call wakes numba's threads, then OpenBLAS's.
 QUANTIZED_FEW_ROWS = 8
-DEQUANTIZE_TILES = 8  # tiles of a quantized matrix turned into float32 at a time for BLAS (~1-3 MB)
+GEMM_TILES = 2  # tiles each worker dequantizes before its sgemm
+DEQUANTIZE_TILES = 8  # tiles dequantized at a time for np.matmul, when numpy's BLAS is not OpenBLAS (~1-3 MB)
 _scratch = threading.local()  # per thread: the float32 buffer those tiles go to, reused across calls
 
 
@@ -482,8 +518,8 @@ def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray)
 
 
 def _quantized_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray) -> None:
-    """A few tokens: straight from the packed bytes. More: DEQUANTIZE_TILES tiles at a time into
-    a cache-sized float32 buffer, each handed to BLAS; no float copy of the whole matrix."""
+    """A few tokens: straight from the packed bytes. More: tiles dequantized into a cache-sized
+    float32 buffer and multiplied there by BLAS; no float copy of the whole matrix."""
     xt = np.ascontiguousarray(x.T, dtype=np.float32)     # [in, tokens]; a view for workspace rows
     out_t = out.T
     num_tokens = x.shape[0]
@@ -494,20 +530,41 @@ def _quantized_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray) -
             _int8_gemv(xt, weight.qs, weight.scales, weight.mins, out_t)
         return
     rows, cols = weight.shape
-    num_tiles, lanes = weight.qs.shape[0], TILE
     # The activations with their rows in the order of the dequantized columns (element p of block b
     # at p * blocks + b).
     permuted = np.ascontiguousarray(xt.reshape(-1, BLOCK, num_tokens).transpose(1, 0, 2)).reshape(cols, num_tokens)
+    gemm = _gemm_output(out_t) if blas.AVAILABLE else None
+    if gemm is not None:
+        workers = numba.get_num_threads()
+        buffers = _tile_buffer(workers * cols * GEMM_TILES * TILE).reshape(workers, -1)
+        with blas.one_thread():
+            _quantized_gemm(weight.qs, weight.scales, weight.mins, permuted, buffers, gemm)
+        return
+    num_tiles, lanes = weight.qs.shape[0], TILE   # another BLAS: tiles handed to np.matmul
     buffer = _tile_buffer(cols * DEQUANTIZE_TILES * lanes)
     for first in range(0, num_tiles, DEQUANTIZE_TILES):
         count = min(DEQUANTIZE_TILES, num_tiles - first)
         tiles = buffer[:cols * count * lanes].reshape(cols, count * lanes)   # C-contiguous, as compiled for
-        if weight.format == "int4":
-            _dequantize_int4(weight.qs, weight.scales, weight.mins, first, tiles)
-        else:
-            _dequantize_int8(weight.qs, weight.scales, weight.mins, first, tiles)
+        _dequantize_tiles(weight.qs, weight.scales, weight.mins, first, tiles)
         lo, hi = first * lanes, min(rows, (first + count) * lanes)
         np.matmul(tiles[:, :hi - lo].T, permuted, out=out_t[lo:hi])
+
+
+def _gemm_output(out_t: np.ndarray) -> tuple[int, ...] | None:
+    """Where `_quantized_gemm` writes out_t [rows, tokens]: its address, the bytes from one row to
+    the next, its rows, and the sgemm layout that writes it in place (rows or tokens contiguous;
+    the leading dimension is at least the contiguous extent, whatever the strides of a single row
+    or column say); None for any other layout."""
+    step = out_t.itemsize
+    if out_t.dtype != np.float32:
+        return None
+    if out_t.strides[1] == step:     # the workspace's feature-major buffers
+        layout = (blas.ROW_MAJOR, blas.TRANS, blas.NO_TRANS, max(out_t.strides[0] // step, out_t.shape[1]))
+    elif out_t.strides[0] == step:   # token-major, as the logits are
+        layout = (blas.COL_MAJOR, blas.NO_TRANS, blas.TRANS, max(out_t.strides[1] // step, out_t.shape[0]))
+    else:
+        return None
+    return (out_t.ctypes.data, out_t.strides[0], out_t.shape[0], *layout)
 
 
 def _tile_buffer(size: int) -> np.ndarray:
