@@ -1,7 +1,7 @@
 """Regenerate README.md's benchmark section from the raw JSON in results/.
 
-    python bench/update_readme.py             # rewrite README.md's section
-    python bench/update_readme.py --print     # print it instead
+    python -m bench.update_readme             # rewrite README.md's section
+    python -m bench.update_readme --print     # print it instead
 
 Everything between `<!-- bench:start -->` and `<!-- bench:end -->` is rewritten; the numbers come
 only from results/*.json, with the machine, command and date each file records.
@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-from serve_readme import side_by_side, sweep_claims
+from bench.report import REPO_ROOT, side_by_side, sweep_claims
 
-ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 
@@ -202,7 +200,7 @@ SECTIONS = [("bench_offline.json", offline_section), ("bench_spec.json", spec_se
 def main() -> None:
     blocks = []
     for name, render in SECTIONS:
-        path = ROOT / "results" / name
+        path = REPO_ROOT / "results" / name
         if path.is_file():
             blocks += render(json.loads(path.read_text())) + [""]
         else:
@@ -210,7 +208,7 @@ def main() -> None:
     if "--print" in sys.argv[1:]:  # show the section without touching README.md
         print("\n".join(blocks))
         return
-    readme = ROOT / "README.md"
+    readme = REPO_ROOT / "README.md"
     text = readme.read_text()
     if START not in text or END not in text:
         sys.exit(f"README.md lacks the {START} / {END} markers")
