@@ -92,10 +92,10 @@ def step_section(report: dict) -> list[str]:
 
 def serve_sweep_section(report: dict) -> list[str]:
     lines = side_by_side(report, _machine_line, "### Serving: our server at its defaults vs llama.cpp's "
-                         "llama-server, burst and Poisson arrivals (`bench/serve.py`)")
+                         "llama-server, burst and Poisson arrivals (`python -m bench.serve`)")
     lines += ["", "Our server against llama-server's best `--parallel` at each arrival, from the table above:",
               ""] + sweep_claims(report)
-    lines += ["", "Plots from the same JSON (`python bench/serve_plot.py`): "
+    lines += ["", "Plots from the same JSON (`python -m bench.serve.plot`): "
               "[latency vs throughput](results/serve_sweep_pareto.png), "
               "[TTFT vs arrival rate](results/serve_sweep_ttft_vs_rate.png)."]
     return lines
@@ -103,12 +103,12 @@ def serve_sweep_section(report: dict) -> list[str]:
 
 def serve_shared_prefix_section(report: dict) -> list[str]:
     return side_by_side(report, _machine_line, "### Serving a shared system prompt: prefix caching off vs on "
-                        "(`bench/serve.py --workload shared_prefix`)")
+                        "(`python -m bench.serve --workload shared_prefix`)")
 
 
 def serve_single_stream_section(report: dict) -> list[str]:
     return side_by_side(report, _machine_line, "### Serving one user at a time: our server vs llama-server "
-                        "`--parallel 1` (`bench/serve.py --arrivals concurrency:1`)")
+                        "`--parallel 1` (`python -m bench.serve --arrivals concurrency:1`)")
 
 
 def serve_burst_repeat_section(report: dict) -> list[str]:
