@@ -3,43 +3,50 @@ with prefix caching on vs off. Every row uses the same weights, sampling and KV 
 
     python bench/bench.py                      # the full run (minutes), JSON in results/
     python bench/bench.py --quick --model random   # a smoke test in seconds
+    python -m bench.bench --quick --model random   # the same, as a module of the bench package
 
 See bench/README.md for what each row and metric means.
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:
+    # The one sys.path edit in bench/, a shim so that `python bench/bench.py` (the documented command)
+    # keeps working: run as a file, Python puts bench/ first on sys.path, where `import bench` would
+    # find this file instead of the package, so the repository root takes its place. `python -m
+    # bench.bench` and every other benchmark (`python -m bench.<name>`) need nothing of the kind.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
 import argparse
 import gc
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
 
 # isort: split
-from measure import CpuMeter, KVTrace, RowSummary, kv_occupancy, request_record, ttft_tpot_stats
-from report import REPO_ROOT, check_targets, command_line, format_table, machine_info, write_json
-from static_batching import run_batches
-from workload import (
-    BenchRequest,
-    LengthRange,
-    WorkloadSpec,
-    make_requests,
-    max_model_len,
-    system_prompt_tokens,
-    with_system_prompt,
+from bench.measure import CpuMeter, KVTrace, RowSummary, kv_occupancy, request_record, ttft_tpot_stats
+from bench.report import (
+    REPO_ROOT,
+    check_targets,
+    command_line,
+    format_table,
+    machine_info,
+    module_command,
+    write_json,
 )
-
+from bench.static_batching import run_batches
+from bench.workload import BASE, FULL, QUICK, SHARED_PREFIX, BenchRequest, Workload, build_workload
 from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig
 from vllmlite.engine import LLMEngine
 from vllmlite.loader import LoadedModel, load_model
 
 BLOCK_SIZE = 16
-BASE, SHARED_PREFIX = "base", "shared_prefix"
 
 
 @dataclass(frozen=True)
@@ -62,16 +69,9 @@ ROWS = [
 MAX_STATIC_BATCH = max(r.batch_size for r in ROWS if r.batch_size)  # the KV budget is sized for it
 
 
-@dataclass
-class Workload:
-    name: str
-    requests: list[BenchRequest]
-    max_model_len: int
-
-    @property
-    def kv_budget_tokens(self) -> int:
-        """What static batching at its largest B reserves: B * max_model_len."""
-        return MAX_STATIC_BATCH * self.max_model_len
+def kv_budget_tokens(workload: Workload) -> int:
+    """What static batching at its largest B reserves: B * max_model_len."""
+    return MAX_STATIC_BATCH * workload.max_model_len
 
 
 class Progress:
@@ -103,16 +103,13 @@ class Progress:
 
 
 def build_workloads(loaded: LoadedModel, args: argparse.Namespace) -> dict[str, Workload]:
-    spec = WorkloadSpec(args.num_requests, LengthRange(*args.prompt_lens), LengthRange(*args.output_lens),
-                        args.system_prompt_len, args.seed)
-    base = make_requests(loaded.tokenizer, spec)
-    shared = with_system_prompt(base, system_prompt_tokens(loaded.tokenizer, spec.system_prompt_len))
-    return {BASE: Workload(BASE, base, max_model_len(spec, False, BLOCK_SIZE)),
-            SHARED_PREFIX: Workload(SHARED_PREFIX, shared, max_model_len(spec, True, BLOCK_SIZE))}
+    """The base requests, and the same requests behind the shared system prompt."""
+    return {name: build_workload(name, loaded.tokenizer, args.num_requests, args.lengths, args.seed)
+            for name in (BASE, SHARED_PREFIX)}
 
 
 def make_engine(loaded: LoadedModel, row: Row, workload: Workload, args: argparse.Namespace) -> LLMEngine:
-    cache = CacheConfig(block_size=BLOCK_SIZE, num_blocks=workload.kv_budget_tokens // BLOCK_SIZE,
+    cache = CacheConfig(block_size=BLOCK_SIZE, num_blocks=kv_budget_tokens(workload) // BLOCK_SIZE,
                         enable_prefix_caching=row.prefix_caching)
     scheduler = SchedulerConfig(max_num_seqs=row.batch_size or args.max_num_seqs,
                                 max_num_batched_tokens=args.max_num_batched_tokens,
@@ -155,7 +152,7 @@ def run_row(loaded: LoadedModel, row: Row, workload: Workload, args: argparse.Na
         num_preemptions=engine.scheduler.num_preemptions,
         all_complete=all(r["output_tokens"] == r["max_tokens"] for r in records),
         **ttft_tpot_stats(records))
-    return dict(summary.to_dict(), kv_budget_tokens=workload.kv_budget_tokens,
+    return dict(summary.to_dict(), kv_budget_tokens=kv_budget_tokens(workload),
                 max_model_len=workload.max_model_len, **meter.other_load(wall), requests=records)
 
 
@@ -192,9 +189,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     quick = args.quick
     args.num_requests = args.num_requests or (12 if quick else 48)
-    args.prompt_lens = (8, 48) if quick else (17, 251)
-    args.output_lens = (8, 24) if quick else (20, 192)
-    args.system_prompt_len = 32 if quick else 256
+    args.lengths = QUICK if quick else FULL
+    args.prompt_lens = (args.lengths.prompts.low, args.lengths.prompts.high)
+    args.output_lens = (args.lengths.outputs.low, args.lengths.outputs.high)
+    args.system_prompt_len = args.lengths.system_prompt_len
     args.out = args.out or REPO_ROOT / "results" / ("bench_offline_quick.json" if quick else "bench_offline.json")
     names = [r.name for r in ROWS]
     args.rows = names if args.rows == "all" else [n.strip() for n in args.rows.split(",")]
@@ -226,7 +224,8 @@ def main(argv: list[str] | None = None) -> dict:
     targets = check_targets({r["name"]: r for r in results})
     machine["loadavg_end"] = list(os.getloadavg())
     report = {
-        "benchmark": "offline", "command": command_line(sys.argv if argv is None else ["bench/bench.py", *argv]),
+        "benchmark": "offline", "command": command_line(sys.argv) if argv is None and not __package__
+        else module_command("bench.bench", argv),
         "total_wall_time_s": time.perf_counter() - progress.run_start, "machine": machine,
         "settings": {"model": loaded.source, "dtype": "float32", "seed": args.seed, "block_size": BLOCK_SIZE,
                      "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -234,8 +233,8 @@ def main(argv: list[str] | None = None) -> dict:
                      "num_requests": args.num_requests, "prompt_lens": args.prompt_lens,
                      "output_lens": args.output_lens, "system_prompt_len": args.system_prompt_len,
                      "lengths": "lognormal, median = sqrt(low * high), sigma = ln(high / low) / 4, clipped",
-                     "workloads": {w.name: {"max_model_len": w.max_model_len, "kv_budget_tokens": w.kv_budget_tokens,
-                                            "num_blocks": w.kv_budget_tokens // BLOCK_SIZE}
+                     "workloads": {w.name: {"max_model_len": w.max_model_len, "kv_budget_tokens": kv_budget_tokens(w),
+                                            "num_blocks": kv_budget_tokens(w) // BLOCK_SIZE}
                                    for w in workloads.values()}},
         "rows": results, "targets": targets,
     }

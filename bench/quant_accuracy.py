@@ -1,7 +1,7 @@
 """What weight quantization costs in accuracy on the default model, against its float32 form.
 
-    python bench/quant_accuracy.py           # 5 models; several minutes on 2 cores
-    python bench/quant_accuracy.py --quick   # "none" and "int4 rounded from float32", 3 prompts, 512 tokens
+    python -m bench.quant_accuracy           # 5 models; several minutes on 2 cores
+    python -m bench.quant_accuracy --quick   # "none" and "int4 rounded from float32", 3 prompts, 512 tokens
 
 Rows: "none", the GGUF's blocks dequantized to float32 (the reference for every other row); "int8"
 and "int4" as `load_model(quantization=...)` serves them (this GGUF's blocks kept as stored, so the
@@ -35,8 +35,8 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 # isort: split
 import gguf
 import numpy as np
-from report import REPO_ROOT, command_line, machine_info, write_json
 
+from bench.report import REPO_ROOT, machine_info, module_command, write_json
 from vllmlite import LLM, SamplingParams
 from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, ceil_div
 from vllmlite.engine import LLMEngine
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
           + ", ".join(f"{r['name']} {r['perplexity_llama_cpp_protocol']:.3f}" for r in rows)
           + (f"; llama.cpp itself on the Q4_1 GGUF: {llama['perplexity']:.3f} +/- {llama['plus_minus']:.3f}" if llama
              else f"; llama.cpp's own figure: not measured ({LLAMA_PERPLEXITY.name} not built)"))
-    report = {"command": command_line(sys.argv), "machine": machine,
+    report = {"command": module_command("bench.quant_accuracy", argv), "machine": machine,
               "text": {"path": str(TEXT.relative_to(REPO_ROOT)), "tokens": len(text_ids)},
               "rows": rows, "targets": targets, "llama_cpp": llama, "seconds": time.perf_counter() - start}
     write_json(args.out, report)

@@ -1,7 +1,7 @@
 """Quantized linear layers against float32, on the default model's own matrices.
 
-    python bench/quant_bench.py            # about 1 minute on 2 cores
-    python bench/quant_bench.py --quick    # 1 and 17 tokens, one repetition (tests/test_quant_bench.py)
+    python -m bench.quant_bench            # about 1 minute on 2 cores
+    python -m bench.quant_bench --quick    # 1 and 17 tokens, one repetition (tests/test_quant_bench.py)
 
 Every matrix of the model (30 layers' Q, K, V, output, gate, up, down, and the LM head) as the GGUF
 stores it (Q4_1 layers, Q8_0 LM head) and dequantized to float32, multiplied by 1-64 tokens through
@@ -14,24 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import vllmlite  # noqa: E402, F401  (first: it sets the thread pools' environment before numpy loads)
+import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
 
 # isort: split
-import gguf  # noqa: E402
-import numpy as np  # noqa: E402
-from report import command_line, machine_info  # noqa: E402
+import gguf
+import numpy as np
 
-from vllmlite.kernels import get_kernels  # noqa: E402
-from vllmlite.model_source import resolve_model  # noqa: E402
-from vllmlite.quant import dequantize, from_gguf, tile  # noqa: E402
+from bench.report import REPO_ROOT, machine_info, module_command
+from vllmlite.kernels import get_kernels
+from vllmlite.model_source import resolve_model
+from vllmlite.quant import dequantize, from_gguf, tile
 
 MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -47,7 +42,7 @@ def timed(fn, reps: int = 3) -> float:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_quant.json")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "bench_quant.json")
     args = parser.parse_args(argv)
     token_counts, reps = ((1, 17), 1) if args.quick else ((1, 2, 4, 8, 16, 64), 3)
     reader = gguf.GGUFReader(resolve_model("default"))
@@ -76,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append(row)
         print(f"{num_tokens:3d} tokens: quantized {row['quantized_s'] * 1e3:7.1f} ms, "
               f"float32 {row['float32_s'] * 1e3:7.1f} ms, ratio {row['ratio']:.2f}")
-    report = {"command": command_line(sys.argv), "machine": machine_info(), "rows": rows}
+    report = {"command": module_command("bench.quant_bench", argv), "machine": machine_info(), "rows": rows}
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")
     return report

@@ -1,9 +1,9 @@
 """Quantized serving speed next to float32 and llama-server: one user alone, and a burst.
 
-    python bench/quant_speed.py            # about 12 minutes on 2 cores
-    python bench/quant_speed.py --quick    # a smoke test (tests/test_quant_speed.py)
+    python -m bench.quant_speed            # about 12 minutes on 2 cores
+    python -m bench.quant_speed --quick    # a smoke test (tests/test_quant_speed.py)
 
-Every target is a fresh server on this machine, one after another in one run (bench/serve.py):
+Every target is a fresh server on this machine, one after another in one run (bench/serve/):
 
     none            float32: the GGUF's Q4_1/Q8_0 blocks dequantized at load (the default)
     int4            --quantization int4: the GGUF's Q4_1 layers and Q8_0 embedding as stored
@@ -25,24 +25,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import vllmlite  # noqa: E402, F401  (first: it sets the thread pools' environment before numpy loads)
+import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
 
 # isort: split
-import numpy as np  # noqa: E402
-import serve  # noqa: E402
-from report import command_line, machine_info  # noqa: E402
+import numpy as np
 
-from vllmlite.model_source import resolve_model  # noqa: E402
+from bench.report import REPO_ROOT, machine_info, module_command
+from bench.serve import benchmark as serve_benchmark
+from vllmlite.model_source import resolve_model
 
-F32_COPY = ROOT / "bench" / "data" / "SmolLM2-135M-Instruct.F32.gguf"  # git-ignored (*.gguf)
+F32_COPY = REPO_ROOT / "bench" / "data" / "SmolLM2-135M-Instruct.F32.gguf"  # git-ignored (*.gguf)
 LONG_PROMPT = 512  # prompts at least this long count for prefill tok/s
 
 
@@ -85,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-llama", action="store_true", help="leave llama-server out")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "results")
+    parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "results")
     args = parser.parse_args(argv)
     source = resolve_model("default")
     if not F32_COPY.exists():
@@ -99,11 +94,11 @@ def main(argv: list[str] | None = None) -> dict:
     llama = [] if args.no_llama else ["--launch-llama", "llama.cpp_np1=-np 1"]
     quick = ["--quick"] if args.quick else []
     prefix = "quant_quick_" if args.quick else "quant_"
-    single = serve.main([*ours, *llama, "--workload", "long_mix", "--num-requests", "4" if args.quick else "12",
+    single = serve_benchmark.main([*ours, *llama, "--workload", "long_mix", "--num-requests", "4" if args.quick else "12",
                          "--arrivals", "concurrency:1", *quick, "--out", str(args.out_dir / f"{prefix}single_stream.json")])
-    burst = serve.main([*ours, "--workload", "base", "--arrivals", "burst", *quick,
+    burst = serve_benchmark.main([*ours, "--workload", "base", "--arrivals", "burst", *quick,
                         "--out", str(args.out_dir / f"{prefix}burst.json")])
-    report = {"command": command_line(sys.argv if argv is None else ["bench/quant_speed.py", *argv]),
+    report = {"command": module_command("bench.quant_speed", argv),
               "machine": machine_info(),
               "single_stream": [summarize_run(r) for r in single["runs"]],
               "burst": [summarize_run(r) for r in burst["runs"]]}

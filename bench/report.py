@@ -1,6 +1,8 @@
-"""The offline benchmark's report: machine facts, target checks, the stdout table and the raw JSON.
+"""What the benchmarks record and print: provenance (machine, command, date, commit) and the raw JSON;
+the offline benchmark's targets and table; the serving benchmark's progress bar, run lines and
+side-by-side table; and the serving tables update_readme.py puts in the README.
 
-Knows row summaries as plain dicts; runs nothing but read-only `git` queries.
+Formats plain dicts only; runs nothing but read-only `git` queries.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import platform
 import shlex
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,12 +23,21 @@ import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE")
+BUSY_LOADAVG = 2.5  # a 1-minute load average above this on 2 cores: something else was running too
+OURS_DEFAULT = "vllmlite"  # the label of our server, at its defaults, in the sweep
+LLAMA_PREFIX = "llama.cpp"  # llama-server's labels in the sweep, one per --parallel setting
 
 
 def command_line(argv: list[str]) -> str:
     """The command as typed, with the BLAS environment variables that were set in front of it."""
     env = [f"{k}={os.environ[k]}" for k in BLAS_ENV if k in os.environ]
     return " ".join(env + ["python", shlex.join(argv)])
+
+
+def module_command(module: str, args: list[str] | None = None) -> str:
+    """`python -m MODULE ARGS` as command_line() gives it; ARGS default to this process's arguments.
+    (Run with -m, sys.argv[0] is the module's absolute path, not what was typed.)"""
+    return command_line(["-m", module, *(sys.argv[1:] if args is None else args)])
 
 
 def _git(*args: str) -> str | None:
@@ -95,7 +108,7 @@ def check_targets(rows: dict[str, dict]) -> list[dict]:
     return targets
 
 
-COLUMNS = [  # (header, key, width, format spec)
+OFFLINE_COLUMNS = [  # (header, key, width, format spec)
     ("row", "name", 11, ""), ("tok out", "output_tokens", 7, "d"), ("wall s", "wall_time_s", 7, ".1f"),
     ("tok/s", "output_tokens_per_s", 7, ".1f"), ("x base", "speedup", 6, ".2f"),
     ("TTFT mean", "ttft_mean_s", 9, ".2f"), ("p50", "ttft_p50_s", 6, ".2f"), ("p99", "ttft_p99_s", 6, ".2f"),
@@ -117,11 +130,11 @@ def format_table(rows: list[dict]) -> str:
     `same` counts requests whose greedy tokens equal that row's."""
     baseline: dict[str, float] = {}
     lines = ["  ".join(title.ljust(width) if not spec else title.rjust(width)
-                       for title, _, width, spec in COLUMNS)]
+                       for title, _, width, spec in OFFLINE_COLUMNS)]
     for row in rows:
         base = baseline.setdefault(row["workload"], row["output_tokens_per_s"])
         view = dict(row, speedup=row["output_tokens_per_s"] / base, tpot_ms=row["tpot_mean_s"] * 1000)
-        lines.append("  ".join(_cell(view.get(key), width, spec) for _, key, width, spec in COLUMNS))
+        lines.append("  ".join(_cell(view.get(key), width, spec) for _, key, width, spec in OFFLINE_COLUMNS))
     return "\n".join(lines)
 
 
@@ -139,3 +152,178 @@ def _finite(value):
 def write_json(path: Path, report: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(_finite(report), indent=1, default=str) + "\n")
+
+
+# The serving benchmark's console output.
+
+
+class ProgressBar:
+    """`label [#####.....] 24/48 done, 0 errors, 12.3 s` on stderr: redrawn in place on a terminal,
+    a line per tenth of the requests otherwise (logs)."""
+
+    WIDTH = 30
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.label = total, label
+        self.done = self.errors = 0
+        self.start = time.perf_counter()
+        self.is_tty = sys.stderr.isatty()
+        self._last_tenth = 0
+
+    def advance(self, is_error: bool) -> None:
+        self.done += 1
+        self.errors += is_error
+        tenth = 10 * self.done // self.total
+        if self.is_tty or tenth > self._last_tenth or self.done == self.total:
+            self._last_tenth = tenth
+            self._draw()
+
+    def _draw(self) -> None:
+        filled = self.WIDTH * self.done // self.total
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        text = (f"{self.label} [{bar}] {self.done}/{self.total} done, {self.errors} errors, "
+                f"{time.perf_counter() - self.start:.1f} s")
+        sys.stderr.write(("\r" + text) if self.is_tty else (text + "\n"))
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.is_tty:
+            sys.stderr.write("\n")
+
+
+def _num(value, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def format_summary_line(run: dict) -> str:
+    s = run["summary"]
+    return (f"{run['target']} {run['arrival']}: {s['completed']}/{s['num_requests']} ok, "
+            f"{s['output_throughput']:.1f} out tok/s, TTFT p50 {s['ttft_ms']['p50'] / 1000:.2f} s "
+            f"p99 {s['ttft_ms']['p99'] / 1000:.2f} s, TPOT p50 {s['tpot_ms']['p50']:.0f} ms, "
+            f"exact max_tokens {s['num_exact_max_tokens']}/{s['num_requests']}{_cpu_text(run.get('server_cpu'))}")
+
+
+def _cpu_text(cpu: dict | None) -> str:
+    """The server's CPU per output token: all threads, and the main thread (our event loop) alone."""
+    if not cpu:
+        return ""
+    return (f", server CPU {cpu['process_us_per_token'] / 1000:.1f} ms/token "
+            f"(main thread {cpu['main_thread_us_per_token']:.0f} us)")
+
+
+SERVE_COLUMNS = [  # (header, width, function of (summary, ratio) -> text)
+    ("req/s", 6, lambda s, r: _num(s["request_throughput"], ".2f")),
+    ("out tok/s", 9, lambda s, r: _num(s["output_throughput"], ".1f")),
+    ("x first", 7, lambda s, r: _num(r, ".2f")),
+    ("TTFT p50 s", 10, lambda s, r: _num(s["ttft_ms"]["p50"] / 1000, ".2f")),
+    ("p90", 6, lambda s, r: _num(s["ttft_ms"]["p90"] / 1000, ".2f")),
+    ("p99", 6, lambda s, r: _num(s["ttft_ms"]["p99"] / 1000, ".2f")),
+    ("TPOT mean ms", 12, lambda s, r: _num(s["tpot_ms"]["mean"], ".1f")),
+    ("p50", 6, lambda s, r: _num(s["tpot_ms"]["p50"], ".1f")),
+    ("p99", 6, lambda s, r: _num(s["tpot_ms"]["p99"], ".1f")),
+    ("ITL p50 ms", 10, lambda s, r: _num(s["itl_ms"]["p50"], ".1f")),
+    ("e2e p50 s", 9, lambda s, r: _num(s["e2e_ms"]["p50"] / 1000, ".2f")),
+    ("err", 3, lambda s, r: str(s["errors"])),
+    ("exact", 5, lambda s, r: f"{s['num_exact_max_tokens']}/{s['num_requests']}"),
+]
+
+
+def format_side_by_side(runs: list[dict]) -> str:
+    """Per arrival, one line per target; `x first` is output tok/s over the first target's."""
+    arrivals = list(dict.fromkeys(run["arrival"] for run in runs))
+    width = max([len(run["target"]) for run in runs] + [6])
+    blocks = []
+    for arrival in arrivals:
+        group = [run for run in runs if run["arrival"] == arrival]
+        base = group[0]["summary"]["output_throughput"]
+        header = "target".ljust(width) + "  " + "  ".join(title.rjust(w) for title, w, _ in SERVE_COLUMNS)
+        lines = [f"arrival {arrival}", header]
+        for run in group:
+            ratio = run["summary"]["output_throughput"] / base if base else math.nan
+            cells = [fn(run["summary"], ratio).rjust(w) for _, w, fn in SERVE_COLUMNS]
+            lines.append(run["target"].ljust(width) + "  " + "  ".join(cells))
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+# The serving benchmark's README tables (update_readme.py renders them from results/serve_*.json).
+
+
+def _run(report: dict, target: str, arrival: str) -> dict | None:
+    return next((r for r in report["runs"] if r["target"] == target and r["arrival"] == arrival), None)
+
+
+def _arrivals(report: dict) -> list[str]:
+    return list(dict.fromkeys(r["arrival"] for r in report["runs"]))
+
+
+def _about(report: dict, machine_line: Callable[[dict], str]) -> list[str]:
+    s = report["settings"]
+    lines = [machine_line(report), "",
+             f"Workload: {s['num_requests']} requests, {s['workload_description']}; {s['sampling']}. "
+             f"Total {report.get('total_wall_time_s', math.nan):.0f} s. Targets as launched (ports vary):", ""]
+    lines += [f"- `{t['label']}`: `{(t['command'] or t['url']).replace(str(REPO_ROOT) + '/', '')}`"
+              for t in report["targets"]]
+    lines += [f"- Note: {note}" for note in report.get("notes", [])]
+    return lines + [""]
+
+
+def side_by_side(report: dict, machine_line: Callable[[dict], str], title: str) -> list[str]:
+    """Per arrival, every target with its output tok/s, the ratio to the first target, TTFT, TPOT."""
+    lines = [title, ""] + _about(report, machine_line)
+    first = report["targets"][0]["label"]
+    lines += [f"| arrival | target | output tok/s | x {first} | TTFT p50 / p99 (s) | TPOT mean / p99 (ms) "
+              "| ITL p50 (ms) | e2e p50 / p99 (s) | errors | exactly max_tokens |",
+              "|---|---|---:|---:|---|---|---:|---|---:|---:|"]
+    for arrival in _arrivals(report):
+        base = _run(report, first, arrival)
+        for run in (r for r in report["runs"] if r["arrival"] == arrival):
+            s = run["summary"]
+            ratio = s["output_throughput"] / base["summary"]["output_throughput"] if base else math.nan
+            busy = " (busy*)" if _is_busy(run) else ""
+            lines.append(
+                f"| {arrival} | {run['target']}{busy} | {s['output_throughput']:.1f} | {_num(ratio, '.2f')} | "
+                f"{s['ttft_ms']['p50'] / 1000:.2f} / {s['ttft_ms']['p99'] / 1000:.2f} | "
+                f"{s['tpot_ms']['mean']:.0f} / {s['tpot_ms']['p99']:.0f} | {s['itl_ms']['p50']:.0f} | "
+                f"{s['e2e_ms']['p50'] / 1000:.1f} / {s['e2e_ms']['p99'] / 1000:.1f} | {s['errors']} | "
+                f"{s['num_exact_max_tokens']}/{s['num_requests']} |")
+    if not any(_is_busy(run) for run in report["runs"]):
+        return lines
+    return lines + ["", f"`(busy*)`: the run ended with a 1-minute load average above {BUSY_LOADAVG} on this "
+                    "2-core machine (`loadavg_end` in the JSON), so another process shared the CPU; treat it "
+                    "with suspicion."]
+
+
+def _is_busy(run: dict) -> bool:
+    return (run.get("loadavg_end") or [0.0])[0] > BUSY_LOADAVG
+
+
+def sweep_claims(report: dict) -> list[str]:
+    """Per arrival: our server against llama-server's best --parallel at that arrival (the most
+    output tok/s), each ratio computed from two runs of the same JSON, with the issue's targets."""
+    claims = []
+    for arrival in _arrivals(report):
+        ours = _run(report, OURS_DEFAULT, arrival)
+        llamas = [r for r in report["runs"] if r["arrival"] == arrival and r["target"].startswith(LLAMA_PREFIX)]
+        if ours is None or not llamas:
+            continue
+        best = max(llamas, key=lambda r: r["summary"]["output_throughput"])
+        s, b = ours["summary"], best["summary"]
+        tput = s["output_throughput"] / b["output_throughput"]
+        p50, p99 = (s["ttft_ms"][p] / b["ttft_ms"][p] for p in ("p50", "p99"))
+        if arrival == "burst":
+            verdict = (f"targets >= 2.0x throughput {'met' if tput >= 2.0 else '**missed**'}, "
+                       f"TTFT p50 <= 0.5x {'met' if p50 <= 0.5 else '**missed**'}")
+        else:
+            verdict = (f"targets throughput >= 1x {'met' if tput >= 1.0 else '**missed**'}, "
+                       f"TTFT p99 lower {'met' if p99 < 1.0 else '**missed**'}")
+        busy = " (busy*)" if _is_busy(best) or _is_busy(ours) else ""
+        cpu = ours.get("server_cpu") or {}
+        http = (f"; our event-loop thread (HTTP, SSE, JSON) used {cpu['main_thread_us_per_token']:.0f} us of CPU "
+                "per output token" if cpu else "")
+        claims.append(f"- {arrival}{busy}: {s['output_throughput']:.1f} output tok/s against `{best['target']}`'s "
+                      f"{b['output_throughput']:.1f}: **{tput:.2f}x**; TTFT p50 {p50:.2f}x, p99 {p99:.2f}x its; "
+                      f"{verdict}{http}.")
+    return claims

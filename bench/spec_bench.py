@@ -1,7 +1,7 @@
 """Speculative decoding benchmark: forward passes, wall time and acceptance, with and without it.
 
-    OPENBLAS_NUM_THREADS=1 python bench/spec_bench.py   # default model, about 2 minutes on 2 cores
-    python bench/spec_bench.py --quick --model random
+    OPENBLAS_NUM_THREADS=1 python -m bench.spec_bench   # default model, about 2 minutes on 2 cores
+    python -m bench.spec_bench --quick --model random
 
 Each prompt kind (repetitive, code-like, plain text) runs greedily, one request at a time (where
 speculation matters most: decoding is latency-bound), under every configuration in --configs.
@@ -17,19 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import vllmlite  # noqa: E402, F401  (first: it sets the thread pools' environment before numpy loads)
+import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
 
 # isort: split
-from report import command_line, machine_info  # noqa: E402
-
-from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig  # noqa: E402
-from vllmlite.engine import LLMEngine  # noqa: E402
-from vllmlite.loader import load_model  # noqa: E402
-from vllmlite.sampling_params import SamplingParams  # noqa: E402
+from bench.report import REPO_ROOT, machine_info, module_command
+from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from vllmlite.engine import LLMEngine
+from vllmlite.loader import load_model
+from vllmlite.sampling_params import SamplingParams
 
 PROMPTS = {
     "repetitive": "Repeat this list exactly three times: apple, banana, cherry, date, elderberry, fig, "
@@ -78,7 +73,7 @@ def main() -> None:
     parser.add_argument("--model", default="default")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--quick", action="store_true", help="16 tokens per run, for a smoke test")
-    parser.add_argument("--out", default=str(ROOT / "results" / "bench_spec.json"))
+    parser.add_argument("--out", default=str(REPO_ROOT / "results" / "bench_spec.json"))
     args = parser.parse_args()
     max_tokens = 16 if args.quick else args.max_tokens
     loaded = load_model(args.model)
@@ -97,7 +92,7 @@ def main() -> None:
                   f"same output: {row['identical_to_off']}")
             rows.append(row)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    report = {"command": command_line(sys.argv), "machine": machine_info(),
+    report = {"command": module_command("bench.spec_bench"), "machine": machine_info(),
               "model": args.model, "max_tokens": max_tokens, "rows": rows}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")

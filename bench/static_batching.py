@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workload import BenchRequest
-
+from bench.workload import BenchRequest
 from vllmlite.engine import LLMEngine
 from vllmlite.outputs import RequestOutput
 from vllmlite.sampling_params import SamplingParams

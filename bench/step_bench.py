@@ -1,8 +1,8 @@
 """Step microbenchmark: one forward pass of the model next to its GEMM-only bound.
 
-    python bench/step_bench.py                           # default model, about 3 minutes on 2 cores
-    python bench/step_bench.py --quick --model random    # smoke test
-    python bench/step_bench.py --kernels numba,numpy     # both backends in one run, side by side
+    python -m bench.step_bench                           # default model, about 3 minutes on 2 cores
+    python -m bench.step_bench --quick --model random    # smoke test
+    python -m bench.step_bench --kernels numba,numpy     # both backends in one run, side by side
 
 Decode: for 8/32/64 running sequences at contexts 128/512/2048, the time of one decode forward
 pass (every sequence one token; KV for the whole context present, each sequence in its own
@@ -20,21 +20,17 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import vllmlite  # noqa: E402, F401  (first: it sets the thread pools' environment before numpy loads)
+import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
 
 # isort: split
-import numpy as np  # noqa: E402
-from report import command_line, machine_info  # noqa: E402
+import numpy as np
 
-from vllmlite.attention import build_metadata  # noqa: E402
-from vllmlite.kernels import get_kernels, resolve_backend  # noqa: E402
-from vllmlite.kernels.reference import linear  # noqa: E402  (BLAS: the GEMM-only bound)
-from vllmlite.loader import load_model  # noqa: E402
-from vllmlite.model import LlamaModel  # noqa: E402
+from bench.report import REPO_ROOT, machine_info, module_command
+from vllmlite.attention import build_metadata
+from vllmlite.kernels import get_kernels, resolve_backend
+from vllmlite.kernels.reference import linear  # BLAS: the GEMM-only bound
+from vllmlite.loader import load_model
+from vllmlite.model import LlamaModel
 
 BLOCK_SIZE = 16
 
@@ -112,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     loaded = load_model(args.model)
     backends = [resolve_backend(name) for name in args.kernels.split(",")] if args.kernels else [resolve_backend()]
     rng = np.random.default_rng(0)
-    result = {"machine": machine_info(), "command": command_line(sys.argv), "model": args.model,
+    result = {"machine": machine_info(), "command": module_command("bench.step_bench", argv), "model": args.model,
               "kernels": backends, "kernel_warm_up_s": {}, "decode": [], "prefill": []}
     for kernels in backends:
         model = LlamaModel(loaded.config, loaded.weights, max(contexts) + 1, get_kernels(kernels))
@@ -129,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["prefill"].append(row)
         print(f"prefill {prompt_len} tokens: {row['tokens_per_s']:.0f} tok/s, GEMM-only "
               f"{row['gemm_only_tokens_per_s']:.0f} tok/s ({row['fraction_of_gemm_rate']:.0%})", file=sys.stderr)
-    out = args.out or ROOT / "results" / ("bench_step_quick.json" if args.quick else "bench_step.json")
+    out = args.out or REPO_ROOT / "results" / ("bench_step_quick.json" if args.quick else "bench_step.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}", file=sys.stderr)

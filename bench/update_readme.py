@@ -1,7 +1,7 @@
 """Regenerate README.md's benchmark section from the raw JSON in results/.
 
-    python bench/update_readme.py             # rewrite README.md's section
-    python bench/update_readme.py --print     # print it instead
+    python -m bench.update_readme             # rewrite README.md's section
+    python -m bench.update_readme --print     # print it instead
 
 Everything between `<!-- bench:start -->` and `<!-- bench:end -->` is rewritten; the numbers come
 only from results/*.json, with the machine, command and date each file records.
@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-from serve_readme import side_by_side, sweep_claims
+from bench.report import REPO_ROOT, side_by_side, sweep_claims
 
-ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 
@@ -94,10 +92,10 @@ def step_section(report: dict) -> list[str]:
 
 def serve_sweep_section(report: dict) -> list[str]:
     lines = side_by_side(report, _machine_line, "### Serving: our server at its defaults vs llama.cpp's "
-                         "llama-server, burst and Poisson arrivals (`bench/serve.py`)")
+                         "llama-server, burst and Poisson arrivals (`python -m bench.serve`)")
     lines += ["", "Our server against llama-server's best `--parallel` at each arrival, from the table above:",
               ""] + sweep_claims(report)
-    lines += ["", "Plots from the same JSON (`python bench/serve_plot.py`): "
+    lines += ["", "Plots from the same JSON (`python -m bench.serve.plot`): "
               "[latency vs throughput](results/serve_sweep_pareto.png), "
               "[TTFT vs arrival rate](results/serve_sweep_ttft_vs_rate.png)."]
     return lines
@@ -105,12 +103,12 @@ def serve_sweep_section(report: dict) -> list[str]:
 
 def serve_shared_prefix_section(report: dict) -> list[str]:
     return side_by_side(report, _machine_line, "### Serving a shared system prompt: prefix caching off vs on "
-                        "(`bench/serve.py --workload shared_prefix`)")
+                        "(`python -m bench.serve --workload shared_prefix`)")
 
 
 def serve_single_stream_section(report: dict) -> list[str]:
     return side_by_side(report, _machine_line, "### Serving one user at a time: our server vs llama-server "
-                        "`--parallel 1` (`bench/serve.py --arrivals concurrency:1`)")
+                        "`--parallel 1` (`python -m bench.serve --arrivals concurrency:1`)")
 
 
 def serve_burst_repeat_section(report: dict) -> list[str]:
@@ -202,7 +200,7 @@ SECTIONS = [("bench_offline.json", offline_section), ("bench_spec.json", spec_se
 def main() -> None:
     blocks = []
     for name, render in SECTIONS:
-        path = ROOT / "results" / name
+        path = REPO_ROOT / "results" / name
         if path.is_file():
             blocks += render(json.loads(path.read_text())) + [""]
         else:
@@ -210,7 +208,7 @@ def main() -> None:
     if "--print" in sys.argv[1:]:  # show the section without touching README.md
         print("\n".join(blocks))
         return
-    readme = ROOT / "README.md"
+    readme = REPO_ROOT / "README.md"
     text = readme.read_text()
     if START not in text or END not in text:
         sys.exit(f"README.md lacks the {START} / {END} markers")

@@ -1,16 +1,25 @@
-"""The offline benchmark's workload: seeded lognormal lengths and prompts cut from real text.
+"""Every benchmark's workloads: seeded lognormal lengths, prompts cut from real text as token ids,
+and the three shapes (`base`, `shared_prefix`, `long_mix`) the offline and serving benchmarks run.
 
-Owns the text, the length distribution and the shared system prompt; knows nothing of engines.
+Owns the text, the length distributions, the shared system prompt and the tokenizer lookup; loads no
+weights, knows nothing of engines or servers.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from vllmlite.tokenizer import Tokenizer
+from vllmlite.config import ceil_div
+from vllmlite.model_source import RANDOM_MODEL, resolve_model
+from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, read_gguf_fields
+
+BASE, SHARED_PREFIX, LONG_MIX = "base", "shared_prefix", "long_mix"
+WORKLOADS = (BASE, SHARED_PREFIX, LONG_MIX)
+LONG_EVERY = 3  # in the long-prompt mix, every third request gets a long prompt
 
 # Original prose written for this benchmark (free to use). Prompts are spans of its tokens, so the
 # model reads real language rather than random ids.
@@ -160,7 +169,64 @@ def with_system_prompt(requests: list[BenchRequest], system: list[int]) -> list[
     return [BenchRequest(r.request_id, system + r.prompt_token_ids, r.max_tokens) for r in requests]
 
 
-def max_model_len(spec: WorkloadSpec, with_system: bool, block_size: int) -> int:
-    """The longest request the ranges allow, rounded up to whole blocks: 251 + 192 -> 448 (bs 16)."""
-    longest = spec.prompt_lens.high + spec.output_lens.high + (spec.system_prompt_len if with_system else 0)
-    return -(-longest // block_size) * block_size
+@dataclass(frozen=True)
+class Lengths:
+    """Length ranges of one benchmark size (full or --quick)."""
+
+    prompts: LengthRange
+    outputs: LengthRange
+    long_prompts: LengthRange
+    system_prompt_len: int
+
+
+FULL = Lengths(LengthRange(17, 251), LengthRange(20, 192), LengthRange(512, 1536), 256)
+QUICK = Lengths(LengthRange(8, 48), LengthRange(8, 24), LengthRange(64, 128), 32)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    requests: list[BenchRequest]
+    max_model_len: int  # the longest request the ranges allow (prompt + output), in whole 16-token blocks
+
+    @property
+    def description(self) -> str:
+        return {BASE: "the offline benchmark's lognormal set (bench/bench.py)",
+                SHARED_PREFIX: "the same prompts behind one shared system prompt",
+                LONG_MIX: f"the base set with every {LONG_EVERY}rd prompt replaced by a long one"}[self.name]
+
+
+def load_tokenizer(model: str) -> tuple[Tokenizer, str]:
+    """The tokenizer of `model` without its weights, and the resolved source (a GGUF path, a
+    directory or "random")."""
+    source = resolve_model(model)
+    if source == RANDOM_MODEL:
+        return ByteTokenizer(), source
+    if Path(source).is_dir():
+        return HFTokenizer.from_directory(source), source
+    import gguf
+    return HFTokenizer.from_gguf_fields(read_gguf_fields(gguf.GGUFReader(source), prefix="")), source
+
+
+def _round_to_blocks(num_tokens: int, block_size: int = 16) -> int:
+    """Up to whole blocks: 251 + 192 -> 448."""
+    return ceil_div(num_tokens, block_size) * block_size
+
+
+def build_workload(name: str, tokenizer: Tokenizer, num_requests: int, lengths: Lengths, seed: int) -> Workload:
+    """`base`: `num_requests` seeded lognormal requests (the same for every benchmark given the same
+    seed and lengths); `shared_prefix`: those behind one system prompt; `long_mix`: every third prompt long."""
+    spec = WorkloadSpec(num_requests, lengths.prompts, lengths.outputs, lengths.system_prompt_len, seed)
+    base = make_requests(tokenizer, spec)
+    longest_prompt = lengths.prompts.high
+    if name == SHARED_PREFIX:
+        base = with_system_prompt(base, system_prompt_tokens(tokenizer, lengths.system_prompt_len))
+        longest_prompt += lengths.system_prompt_len
+    elif name == LONG_MIX:
+        longs = make_requests(tokenizer, WorkloadSpec(num_requests, lengths.long_prompts, lengths.outputs, 0, seed + 1))
+        base = [BenchRequest(r.request_id, (longs[i] if i % LONG_EVERY == LONG_EVERY - 1 else r).prompt_token_ids,
+                             r.max_tokens) for i, r in enumerate(base)]
+        longest_prompt = lengths.long_prompts.high
+    elif name != BASE:
+        raise ValueError(f"unknown workload {name!r}; choose from {WORKLOADS}")
+    return Workload(name, base, _round_to_blocks(longest_prompt + lengths.outputs.high))

@@ -1,4 +1,4 @@
-"""bench/quant_accuracy.py --quick on the default model: float32 is its own reference (and matches
+"""`python -m bench.quant_accuracy --quick` on the default model: float32 is its own reference (and matches
 transformers), int4 rounded from float32 is a different function with a sane perplexity."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.real_model
 def test_quick_run_measures_int4_rounding_against_float32(tmp_path):
     out = tmp_path / "quant_accuracy.json"
-    result = subprocess.run([sys.executable, "bench/quant_accuracy.py", "--quick", "--out", str(out)],
+    result = subprocess.run([sys.executable, "-m", "bench.quant_accuracy", "--quick", "--out", str(out)],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "perplexity within 5% of float32" in result.stdout  # the table and the target line were printed

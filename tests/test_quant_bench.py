@@ -1,4 +1,4 @@
-"""bench/quant_bench.py runs on the default model's stored matrices and reports what it measured."""
+"""`python -m bench.quant_bench` runs on the default model's stored matrices and reports what it measured."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.real_model
 def test_quick_run_times_both_paths_for_each_token_count(tmp_path):
     out = tmp_path / "bench_quant.json"
-    result = subprocess.run([sys.executable, "bench/quant_bench.py", "--quick", "--out", str(out)], cwd=REPO_ROOT,
+    result = subprocess.run([sys.executable, "-m", "bench.quant_bench", "--quick", "--out", str(out)], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())["rows"]

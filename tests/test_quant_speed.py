@@ -1,4 +1,4 @@
-"""bench/quant_speed.py serves the default model as float32, int4 and int8 (rounded from an F32 copy)
+"""`python -m bench.quant_speed` serves the default model as float32, int4 and int8 (rounded from an F32 copy)
 and reports what it measured (llama-server left out: CI does not build it)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.real_model
 def test_quick_run_serves_every_format_and_records_speed_and_memory(tmp_path):
-    result = subprocess.run([sys.executable, "bench/quant_speed.py", "--quick", "--no-llama", "--out-dir", str(tmp_path)],
+    result = subprocess.run([sys.executable, "-m", "bench.quant_speed", "--quick", "--no-llama", "--out-dir", str(tmp_path)],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "quant_quick_speed.json").read_text())

@@ -1,4 +1,4 @@
-"""The serving benchmark (`bench/serve.py`): an end-to-end smoke run against our server launched with
+"""The serving benchmark (`python -m bench.serve`): an end-to-end smoke run against our server launched with
 the random model, and unit tests of its SSE parsing, arrivals and percentile summaries.
 """
 
@@ -14,12 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "bench"))
+from bench.serve.client import RequestResult, SSEParser, apply_chunk, sse_events
+from bench.serve.metrics import Arrival, distribution, summarize
+from bench.serve.targets import LLAMA, OURS, URL, Target, launch_command
 
-from serve_client import RequestResult, SSEParser, apply_chunk, sse_events  # noqa: E402
-from serve_metrics import Arrival, distribution, summarize  # noqa: E402
-from serve_targets import LLAMA, OURS, URL, Target, launch_command  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 STATS = ("mean", "p50", "p90", "p99")
@@ -28,7 +27,7 @@ STATS = ("mean", "p50", "p90", "p99")
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("serve") / "serve_quick.json"
-    command = [sys.executable, "bench/serve.py", "--launch", "",
+    command = [sys.executable, "-m", "bench.serve", "--launch", "",
                "--launch", "static=--batching static --max-num-seqs 4", "--quick", "--model", "random",
                "--arrivals", "burst,poisson:50,concurrency:3", "--out", str(out)]
     result = subprocess.run(command, cwd=REPO_ROOT, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"),
@@ -152,20 +151,19 @@ def test_target_specs_and_llama_context_per_slot(monkeypatch, tmp_path):
     assert Target.parse(URL, "peer=http://h:1/v1/").url == "http://h:1"
     binary = tmp_path / "llama-server"
     binary.touch()
-    monkeypatch.setattr("serve_targets.LLAMA_SERVER_BIN", binary)
+    monkeypatch.setattr("bench.serve.targets.LLAMA_SERVER_BIN", binary)
     argv, _ = launch_command(Target.parse(LLAMA, "-np 8"), "default", "m.gguf", 448, 1234)
     assert argv[argv.index("-c") + 1] == str(8 * 448) and argv[argv.index("-t") + 1] == "2"
 
 
 def test_workloads_share_a_prefix_or_mix_in_long_prompts():
-    from serve_workloads import LONG_MIX, QUICK, SHARED_PREFIX, build_workload
-
+    from bench.workload import LONG_MIX, QUICK, SHARED_PREFIX, build_workload
     from vllmlite.tokenizer import ByteTokenizer
     tokenizer = ByteTokenizer()
-    shared = build_workload(SHARED_PREFIX, tokenizer, 6, QUICK, seed=0).prompts
+    shared = build_workload(SHARED_PREFIX, tokenizer, 6, QUICK, seed=0).requests
     prefix = shared[0].prompt_token_ids[:QUICK.system_prompt_len]
     assert all(p.prompt_token_ids[:len(prefix)] == prefix for p in shared)
-    mixed = build_workload(LONG_MIX, tokenizer, 6, QUICK, seed=0).prompts
+    mixed = build_workload(LONG_MIX, tokenizer, 6, QUICK, seed=0).requests
     lengths = [len(p.prompt_token_ids) for p in mixed]
     assert all(n >= QUICK.long_prompts.low for n in lengths[2::3])
     assert all(n <= QUICK.prompts.high for i, n in enumerate(lengths) if i % 3 != 2)
@@ -178,7 +176,7 @@ def _run(target: str, arrival: str, tok_s: float, ttft_p50_s: float, ttft_p99_s:
 
 
 def test_readme_claims_compare_with_the_best_llama_setting_and_judge_each_target():
-    from serve_readme import sweep_claims
+    from bench.report import sweep_claims
     report = {"runs": [
         _run("vllmlite", "burst", 90.0, 5.0, 12.0),
         _run("llama.cpp_np8", "burst", 60.0, 25.0, 50.0),

@@ -1,4 +1,4 @@
-"""Smoke test of the step microbenchmark: `bench/step_bench.py --quick --model random` end to end.
+"""Smoke test of the step microbenchmark: `python -m bench.step_bench --quick --model random` end to end.
 
 Checks that every decode shape and the prefill row ran and that the reported figures agree with
 each other, not how fast anything is.
@@ -18,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def test_step_bench_reports_every_shape_for_each_backend(tmp_path):
     out = tmp_path / "bench_step.json"
-    result = subprocess.run([sys.executable, "bench/step_bench.py", "--quick", "--model", "random",
+    result = subprocess.run([sys.executable, "-m", "bench.step_bench", "--quick", "--model", "random",
                              "--kernels", "numba,numpy", "--out", str(out)],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -34,4 +34,4 @@ def test_step_bench_reports_every_shape_for_each_backend(tmp_path):
     for prefill in report["prefill"]:
         assert prefill["prompt_len"] == 32
         assert prefill["fraction_of_gemm_rate"] == pytest.approx(prefill["gemm_only_s"] / prefill["forward_s"])
-    assert report["machine"]["cpu_count"] >= 1 and "step_bench.py" in report["command"]
+    assert report["machine"]["cpu_count"] >= 1 and "-m bench.step_bench" in report["command"]

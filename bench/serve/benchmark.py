@@ -1,12 +1,12 @@
 """Serving benchmark, in the manner of `vllm bench serve`: stream completions from OpenAI-compatible
 servers under a workload and an arrival process, several servers back to back, side by side.
 
-    python bench/serve.py --launch ""                                   # our server, 48-request burst
-    python bench/serve.py --launch "static=--batching static --max-num-seqs 16" \\
+    python -m bench.serve --launch ""                                   # our server, 48-request burst
+    python -m bench.serve --launch "static=--batching static --max-num-seqs 16" \\
         --launch "continuous=--no-enable-prefix-caching" --launch-llama "llama.cpp=-np 8" \\
         --arrivals burst,poisson:1,poisson:2,poisson:4,poisson:8 --out results/serve_sweep.json
-    python bench/serve.py --url mine=http://127.0.0.1:8000 --workload shared_prefix
-    python bench/serve.py --launch "" --quick --model random            # a smoke test in seconds
+    python -m bench.serve --url mine=http://127.0.0.1:8000 --workload shared_prefix
+    python -m bench.serve --launch "" --quick --model random            # a smoke test in seconds
 
 See bench/README.md for the metrics, the targets and the recorded runs.
 """
@@ -16,16 +16,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import time
 from pathlib import Path
 
 import httpx
-from report import REPO_ROOT, command_line, machine_info, write_json
-from serve_client import BenchPrompt, RequestResult, send_request
-from serve_metrics import Arrival, summarize
-from serve_table import ProgressBar, format_side_by_side, format_summary_line
-from serve_targets import (
+
+from bench.report import (
+    REPO_ROOT,
+    ProgressBar,
+    format_side_by_side,
+    format_summary_line,
+    machine_info,
+    module_command,
+    write_json,
+)
+from bench.serve.client import RequestResult, send_request
+from bench.serve.metrics import Arrival, summarize
+from bench.serve.targets import (
     LLAMA,
     OURS,
     URL,
@@ -37,13 +44,13 @@ from serve_targets import (
     start,
     stop,
 )
-from serve_workloads import FULL, QUICK, WORKLOADS, Workload, build_workload, load_tokenizer
+from bench.workload import FULL, QUICK, WORKLOADS, BenchRequest, Workload, build_workload, load_tokenizer
 
 LOG_DIR = REPO_ROOT / "bench" / "serve-logs"
 WARMUP_TOKENS = 4
 
 
-async def run_arrival(target: Target, model_name: str, prompts: list[BenchPrompt], arrival: Arrival,
+async def run_arrival(target: Target, model_name: str, prompts: list[BenchRequest], arrival: Arrival,
                       seed: int, progress: ProgressBar | None) -> list[RequestResult]:
     """Release `prompts` on `arrival`'s schedule against `target`; every request's result, in order."""
     schedule = arrival.schedule(len(prompts), seed)
@@ -53,7 +60,7 @@ async def run_arrival(target: Target, model_name: str, prompts: list[BenchPrompt
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         run_start = time.perf_counter()
 
-        async def one(prompt: BenchPrompt, release_s: float) -> RequestResult:
+        async def one(prompt: BenchRequest, release_s: float) -> RequestResult:
             result = RequestResult(prompt.request_id, len(prompt.prompt_token_ids), prompt.max_tokens, release_s)
             await asyncio.sleep(max(0.0, run_start + release_s - time.perf_counter()))
             if limit is None:
@@ -71,8 +78,8 @@ async def run_arrival(target: Target, model_name: str, prompts: list[BenchPrompt
 def warm_up(target: Target, model_name: str, workload: Workload) -> None:
     """Two short requests, untimed, so first-call costs (threads, allocation) are paid. Their prompts
     are workload prompts reversed, so they leave nothing in a prefix cache that a timed request could hit."""
-    prompts = [BenchPrompt(f"warmup-{i}", p.prompt_token_ids[::-1], WARMUP_TOKENS)
-               for i, p in enumerate(workload.prompts[:2])]
+    prompts = [BenchRequest(f"warmup-{i}", p.prompt_token_ids[::-1], WARMUP_TOKENS)
+               for i, p in enumerate(workload.requests[:2])]
     results = asyncio.run(run_arrival(target, model_name, prompts, Arrival("burst"), 0, None))
     failed = [r.error for r in results if r.error is not None]
     if failed:
@@ -87,9 +94,9 @@ def bench_arrival(target: Target, workload: Workload, arrival: Arrival, args: ar
     try:
         model_name = served_model_name(target)
         warm_up(target, model_name, workload)
-        progress = ProgressBar(len(workload.prompts), f"{target.label} {arrival.label}")
+        progress = ProgressBar(len(workload.requests), f"{target.label} {arrival.label}")
         cpu_before, started = cpu_seconds(target), time.perf_counter()
-        results = asyncio.run(run_arrival(target, model_name, workload.prompts, arrival, args.seed, progress))
+        results = asyncio.run(run_arrival(target, model_name, workload.requests, arrival, args.seed, progress))
         cpu_after, memory = cpu_seconds(target), memory_mib(target)
         progress.close()
     finally:
@@ -125,7 +132,7 @@ def bench_target(target: Target, workload: Workload, args: argparse.Namespace, r
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--launch", action="append", default=[], metavar="[LABEL=]ARGS",
                         help="start our server with these extra flags ('' for defaults); repeatable")
     parser.add_argument("--launch-llama", action="append", default=[], metavar="[LABEL=]ARGS",
@@ -164,14 +171,14 @@ def main(argv: list[str] | None = None) -> dict:
     lengths = QUICK if args.quick else FULL
     workload = build_workload(args.workload, tokenizer, args.num_requests, lengths, args.seed)
     report = {
-        "benchmark": "serve", "command": command_line(sys.argv if argv is None else ["bench/serve.py", *argv]),
+        "benchmark": "serve", "command": module_command("bench.serve", argv),
         "machine": machine_info(),
         "settings": {"model": source, "workload": workload.name, "workload_description": workload.description,
-                     "num_requests": len(workload.prompts), "seed": args.seed, "quick": args.quick,
+                     "num_requests": len(workload.requests), "seed": args.seed, "quick": args.quick,
                      "arrivals": [a.label for a in args.arrivals], "max_model_len": workload.max_model_len,
                      "sampling": "greedy (temperature 0), ignore_eos, max_tokens = drawn output length, stream",
-                     "prompt_tokens": [len(p.prompt_token_ids) for p in workload.prompts],
-                     "max_tokens": [p.max_tokens for p in workload.prompts]},
+                     "prompt_tokens": [len(p.prompt_token_ids) for p in workload.requests],
+                     "max_tokens": [p.max_tokens for p in workload.requests]},
         "targets": [], "runs": [],
     }
     started = time.perf_counter()
@@ -185,6 +192,3 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nraw JSON: {args.out}")
     return report
 
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,7 @@
 """The serving benchmark's client: one streamed completion against an OpenAI-compatible server.
 
-Owns SSE parsing and per-request timing; knows nothing of workloads, arrivals or summaries.
+Owns SSE parsing and per-request timing; sends one `BenchRequest` (bench/workload.py) and knows nothing of
+how workloads are built, of arrivals or of summaries.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 
 import httpx
+
+from bench.workload import BenchRequest
 
 DONE = "[DONE]"
 
@@ -61,15 +64,6 @@ def sse_events(lines: Iterable[str]) -> Iterator[str]:
         yield data
 
 
-@dataclass(frozen=True)
-class BenchPrompt:
-    """What a request sends: token ids (so every server sees exactly the same prompt) and a length."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    max_tokens: int
-
-
 @dataclass
 class RequestResult:
     """One request as the client saw it; times in seconds, relative to the run's start."""
@@ -114,7 +108,7 @@ class RequestResult:
                     itl_s=[round(x, 6) for x in self.itl_s])
 
 
-def request_body(model: str, prompt: BenchPrompt) -> dict:
+def request_body(model: str, prompt: BenchRequest) -> dict:
     """Greedy, EOS ignored, exactly max_tokens; usage in the last chunk."""
     return {"model": model, "prompt": prompt.prompt_token_ids, "max_tokens": prompt.max_tokens,
             "temperature": 0.0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
@@ -141,7 +135,7 @@ def apply_chunk(result: RequestResult, chunk: dict, elapsed: float) -> None:
         result.cached_tokens = details.get("cached_tokens")
 
 
-async def send_request(client: httpx.AsyncClient, url: str, model: str, prompt: BenchPrompt,
+async def send_request(client: httpx.AsyncClient, url: str, model: str, prompt: BenchRequest,
                        result: RequestResult, run_start: float) -> RequestResult:
     """POST one streamed completion to `url` (.../v1/completions) and time it into `result`."""
     sent = time.perf_counter()

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from report import REPO_ROOT
+
+from bench.report import REPO_ROOT
 
 OURS, LLAMA, URL = "vllmlite", "llama-server", "url"
 LLAMA_SERVER_BIN = REPO_ROOT / "bench" / "llama.cpp-build" / "build" / "bin" / "llama-server"

@@ -1,8 +1,8 @@
-"""Plots of a serving sweep (`bench/serve.py ... --arrivals poisson:1,...`): latency against throughput
-(one line per target through its Poisson rates) and TTFT against the offered rate.
+"""Plots of a serving sweep (`python -m bench.serve ... --arrivals poisson:1,...`): latency against
+throughput (one line per target through its Poisson rates) and TTFT against the offered rate.
 
-    python bench/serve_plot.py                              # results/serve_sweep.json -> results/*.png
-    python bench/serve_plot.py results/serve_sweep.json --prefix results/serve_sweep
+    python -m bench.serve.plot                              # results/serve_sweep.json -> results/*.png
+    python -m bench.serve.plot results/serve_sweep.json --prefix results/serve_sweep
 
 Needs matplotlib (`pip install -e .[bench]`). Reads JSON only.
 """
@@ -13,8 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from report import REPO_ROOT
-from serve_readme import BUSY_LOADAVG
+from bench.report import BUSY_LOADAVG, REPO_ROOT
 
 
 def poisson_series(report: dict) -> dict[str, list[dict]]:

@@ -1,7 +1,7 @@
 """Replace one target's runs in a serving-benchmark JSON with the runs of a later file, keeping
 a note of where they came from (the README renders the note next to the table).
 
-    python bench/serve_merge.py results/serve_sweep.json results/serve_static_rerun.json --target static \
+    python -m bench.serve.merge results/serve_sweep.json results/serve_static_rerun.json --target static \
         --reason "static batching re-measured after the scheduler fix in commit <sha>"
 """
 

@@ -9,8 +9,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from measure import percentile
-from serve_client import RequestResult
+
+from bench.measure import percentile
+from bench.serve.client import RequestResult
 
 BURST, POISSON, CONCURRENCY = "burst", "poisson", "concurrency"
 STAT_QUANTILES = (50, 90, 99)
