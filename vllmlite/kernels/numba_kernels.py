@@ -175,27 +175,27 @@ def _int8_gemv(xt, qs, scales, mins, out_t):  # pragma: no cover - compiled
 
 
 @_serial
-def _dequantize_int4_tile(qs, scales, mins, t, out, first_row):  # pragma: no cover - compiled
-    """Tile t of an int4 matrix as float32 into out[:, first_row:first_row + TILE], transposed and
-    with the columns permuted: out[p * blocks + b, row] is element p of block b (so every store
-    runs along the tile's rows). One loop per nibble (with both in one, the extra memory streams
-    stopped LLVM from vectorizing it); q_hi = (q - q_lo) / 16, exact in float32, needs no shift.
-    Indexed directly: a row slice per (b, j) cost a quarter of the time in its bounds checks. Its
-    own function, called per tile from the parallel loop: inlined there, the same loops ran at
-    half the speed."""
+def _dequantize_int4_tile(qs, scales, mins, t, out):  # pragma: no cover - compiled
+    """Tile t of an int4 matrix as float32 into out [cols, TILE], transposed and with the columns
+    permuted: out[p * blocks + b, row] is element p of block b (so every store runs along the
+    tile's rows). One loop per nibble (with both in one, the extra memory streams stopped LLVM
+    from vectorizing it); q_hi = (q - q_lo) / 16, exact in float32, needs no shift. A whole array
+    of its own, indexed from 0: writing at a column offset into a wider buffer, the offset's
+    possible negative wrap-around kept LLVM from vectorizing the stores (1 G weights/s instead of
+    4-5 on one core)."""
     num_blocks, num_bytes, lanes = qs.shape[1], qs.shape[2], TILE
     for b in range(num_blocks):
         for j in range(num_bytes):
             low, high = j * num_blocks + b, (j + num_bytes) * num_blocks + b
             for i in range(lanes):
-                out[low, first_row + i] = scales[t, b, i] * F32(I32(qs[t, b, j, i]) & I32(15)) + mins[t, b, i]
+                out[low, i] = scales[t, b, i] * F32(I32(qs[t, b, j, i]) & I32(15)) + mins[t, b, i]
             for i in range(lanes):
                 q = I32(qs[t, b, j, i])
-                out[high, first_row + i] = scales[t, b, i] * (F32(q - (q & I32(15))) * F32(0.0625)) + mins[t, b, i]
+                out[high, i] = scales[t, b, i] * (F32(q - (q & I32(15))) * F32(0.0625)) + mins[t, b, i]
 
 
 @_serial
-def _dequantize_int8_tile(qs, scales, mins, t, out, first_row):  # pragma: no cover - compiled
+def _dequantize_int8_tile(qs, scales, mins, t, out):  # pragma: no cover - compiled
     """The same for int8 (mins None: symmetric)."""
     num_blocks, block, lanes = qs.shape[1], qs.shape[2], TILE
     for b in range(num_blocks):
@@ -203,58 +203,54 @@ def _dequantize_int8_tile(qs, scales, mins, t, out, first_row):  # pragma: no co
             row = j * num_blocks + b
             if mins is None:
                 for i in range(lanes):
-                    out[row, first_row + i] = scales[t, b, i] * F32(I32(qs[t, b, j, i]))
+                    out[row, i] = scales[t, b, i] * F32(I32(qs[t, b, j, i]))
             else:
                 for i in range(lanes):
-                    out[row, first_row + i] = scales[t, b, i] * F32(I32(qs[t, b, j, i])) + mins[t, b, i]
+                    out[row, i] = scales[t, b, i] * F32(I32(qs[t, b, j, i])) + mins[t, b, i]
 
 
 @_serial
-def _dequantize_tile(qs, scales, mins, t, out, first_row):  # pragma: no cover - compiled
+def _dequantize_tile(qs, scales, mins, t, out):  # pragma: no cover - compiled
     """Either format: int4 bytes hold two of a block's values. (numba compiles only the branches
     that fit: none with an int4 tile when `mins` is None.)"""
     if mins is None:
-        _dequantize_int8_tile(qs, scales, mins, t, out, first_row)
+        _dequantize_int8_tile(qs, scales, mins, t, out)
     elif qs.shape[2] * 2 == BLOCK:
-        _dequantize_int4_tile(qs, scales, mins, t, out, first_row)
+        _dequantize_int4_tile(qs, scales, mins, t, out)
     else:
-        _dequantize_int8_tile(qs, scales, mins, t, out, first_row)
+        _dequantize_int8_tile(qs, scales, mins, t, out)
 
 
 @_parallel
 def _dequantize_tiles(qs, scales, mins, first_tile, out):  # pragma: no cover - compiled
-    """Tiles first_tile .. of a quantized matrix into out [cols, n * TILE] (`_dequantize_tile`)."""
-    for k in prange(out.shape[1] // TILE):
-        _dequantize_tile(qs, scales, mins, first_tile + k, out, k * TILE)
+    """Tiles first_tile .. of a quantized matrix into out [n, cols, TILE] (`_dequantize_tile`)."""
+    for k in prange(out.shape[0]):
+        _dequantize_tile(qs, scales, mins, first_tile + k, out[k])
 
 
 @_serial
-def _gemm_tiles(qs, scales, mins, xp, buffer, first, last, gemm):  # pragma: no cover - compiled
-    """Output rows of tiles first .. last - 1 of a quantized matrix, on this thread: as many tiles as `buffer` holds are dequantized into
-    it, then multiplied by the activations xp [cols, tokens] (permuted as the tiles' columns) with
-    a one-thread sgemm. `gemm` says where the output goes (`_quantized_gemm`)."""
+def _gemm_tiles(qs, scales, mins, xp, tile, first, last, gemm):  # pragma: no cover - compiled
+    """Output rows of tiles first .. last - 1 of a quantized matrix, on this thread: each tile
+    dequantized into `tile` [cols, TILE], then multiplied by the activations xp [cols, tokens]
+    (permuted as the tile's columns) with a one-thread sgemm. `gemm` says where the output goes
+    (`_quantized_gemm`)."""
     c_address, row_bytes, num_rows, order, trans_a, trans_b, ldc = gemm
     cols, tokens = xp.shape
-    chunk = buffer.shape[0] // (cols * TILE)
-    width = chunk * TILE
-    tiles = buffer[:cols * width].reshape(cols, width)
-    for start in range(first, last, chunk):
-        count = min(chunk, last - start)
-        for k in range(count):
-            _dequantize_tile(qs, scales, mins, start + k, tiles, k * TILE)
-        lo = start * TILE
-        blas.sgemm(order, trans_a, trans_b, min(count * TILE, num_rows - lo), tokens, cols, F32(1),
-                   tiles.ctypes.data, width, xp.ctypes.data, tokens, F32(0), c_address + lo * row_bytes, ldc)
+    for t in range(first, last):
+        _dequantize_tile(qs, scales, mins, t, tile)
+        lo = t * TILE
+        blas.sgemm(order, trans_a, trans_b, min(TILE, num_rows - lo), tokens, cols, F32(1), tile.ctypes.data, TILE,
+                   xp.ctypes.data, tokens, F32(0), c_address + lo * row_bytes, ldc)
 
 
 @_parallel
-def _quantized_gemm(qs, scales, mins, xp, buffers, gemm):  # pragma: no cover - compiled
+def _quantized_gemm(qs, scales, mins, xp, tiles, gemm):  # pragma: no cover - compiled
     """A quantized matrix times many tokens in one parallel region: each worker takes a contiguous
-    share of the tiles (`_gemm_tiles`), so no thread waits on another pool between tiles."""
-    num_tiles, workers = qs.shape[0], buffers.shape[0]
+    share of the tiles (`_gemm_tiles`, into its own tiles[w]), so no thread waits on another pool
+    between tiles."""
+    num_tiles, workers = qs.shape[0], tiles.shape[0]
     for w in prange(workers):
-        _gemm_tiles(qs, scales, mins, xp, buffers[w], w * num_tiles // workers, (w + 1) * num_tiles // workers,
-                    gemm)
+        _gemm_tiles(qs, scales, mins, xp, tiles[w], w * num_tiles // workers, (w + 1) * num_tiles // workers, gemm)
 
 
 @_serial
@@ -498,9 +494,8 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
 # few-token kernel) and 1.24x at 64: every dequantized float is written to memory and read back
 # by BLAS, and each call wakes numba's threads, then OpenBLAS's.
 QUANTIZED_FEW_ROWS = 8
-GEMM_TILES = 2  # tiles each worker dequantizes before its sgemm
-DEQUANTIZE_TILES = 8  # tiles dequantized at a time for np.matmul, when numpy's BLAS is not OpenBLAS (~1-3 MB)
-_scratch = threading.local()  # per thread: the float32 buffer those tiles go to, reused across calls
+DEQUANTIZE_TILES = 8  # tiles dequantized at a time for np.matmul, when numpy's BLAS is not OpenBLAS
+_scratch = threading.local()  # per thread: the float32 tiles dequantized into, reused across calls
 
 
 def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray) -> None:
@@ -536,18 +531,15 @@ def _quantized_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray) -
     gemm = _gemm_output(out_t) if blas.AVAILABLE else None
     if gemm is not None:
         workers = numba.get_num_threads()
-        buffers = _tile_buffer(workers * cols * GEMM_TILES * TILE).reshape(workers, -1)
         with blas.one_thread():
-            _quantized_gemm(weight.qs, weight.scales, weight.mins, permuted, buffers, gemm)
+            _quantized_gemm(weight.qs, weight.scales, weight.mins, permuted, _tiles(workers, cols), gemm)
         return
-    num_tiles, lanes = weight.qs.shape[0], TILE   # another BLAS: tiles handed to np.matmul
-    buffer = _tile_buffer(cols * DEQUANTIZE_TILES * lanes)
+    num_tiles = weight.qs.shape[0]   # another BLAS: batches of tiles, each batch one np.matmul
     for first in range(0, num_tiles, DEQUANTIZE_TILES):
-        count = min(DEQUANTIZE_TILES, num_tiles - first)
-        tiles = buffer[:cols * count * lanes].reshape(cols, count * lanes)   # C-contiguous, as compiled for
+        tiles = _tiles(min(DEQUANTIZE_TILES, num_tiles - first), cols)
         _dequantize_tiles(weight.qs, weight.scales, weight.mins, first, tiles)
-        lo, hi = first * lanes, min(rows, (first + count) * lanes)
-        np.matmul(tiles[:, :hi - lo].T, permuted, out=out_t[lo:hi])
+        lo, hi = first * TILE, min(rows, (first + len(tiles)) * TILE)
+        out_t[lo:hi] = np.matmul(tiles.transpose(0, 2, 1), permuted).reshape(-1, num_tokens)[:hi - lo]
 
 
 def _gemm_output(out_t: np.ndarray) -> tuple[int, ...] | None:
@@ -567,13 +559,14 @@ def _gemm_output(out_t: np.ndarray) -> tuple[int, ...] | None:
     return (out_t.ctypes.data, out_t.strides[0], out_t.shape[0], *layout)
 
 
-def _tile_buffer(size: int) -> np.ndarray:
-    """This thread's scratch of at least `size` float32s: allocated once, so a step does not
-    page-fault megabytes of fresh memory in for every matrix."""
+def _tiles(count: int, cols: int) -> np.ndarray:
+    """`count` float32 tiles [cols, TILE] in this thread's scratch, allocated once, so a step does
+    not page-fault fresh memory in for every matrix."""
+    size = count * cols * TILE
     buffer = getattr(_scratch, "buffer", None)
     if buffer is None or buffer.size < size:
         buffer = _scratch.buffer = np.empty(size, dtype=np.float32)
-    return buffer[:size]
+    return buffer[:size].reshape(count, cols, TILE)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
