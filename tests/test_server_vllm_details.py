@@ -326,6 +326,51 @@ def test_tokenize_messages_honours_add_special_tokens(server):
     assert special == [BOS, *plain] and plain[0] != BOS
 
 
+UNUSED_VLLM_FIELDS = [
+    ("guided_json", {"type": "object"}), ("guided_regex", "a+"), ("guided_choice", ["a", "b"]),
+    ("guided_grammar", "root ::= 'a'"), ("structured_outputs", {"json": {}}), ("use_beam_search", True),
+    ("logits_processors", ["my.module:proc"]), ("return_token_ids", True), ("spaces_between_special_tokens", False),
+    ("response_format", {"type": "json_object"}),
+]
+UNUSED_CHAT_FIELDS = [("echo", True), ("continue_final_message", True), ("documents", [{"text": "d"}])]
+
+
+@pytest.mark.parametrize("name,value", UNUSED_VLLM_FIELDS)
+def test_vllm_fields_we_do_not_serve_are_a_400_on_both_endpoints(client, name, value):
+    for create, kwargs in ((client.completions.create, {"prompt": "x"}),
+                           (client.chat.completions.create, {"messages": USER})):
+        with pytest.raises(openai.BadRequestError) as raised:
+            create(model=MODEL, max_tokens=1, extra_body={name: value}, **kwargs)
+        assert raised.value.body["param"] == name and name in raised.value.body["message"]
+
+
+@pytest.mark.parametrize("name,value", UNUSED_CHAT_FIELDS)
+def test_chat_fields_we_do_not_serve_are_a_400(client, name, value):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=MODEL, messages=USER, max_tokens=1, extra_body={name: value})
+    assert raised.value.body["param"] == name
+
+
+def test_unused_values_of_those_fields_are_accepted(client):
+    defaults = {"use_beam_search": False, "spaces_between_special_tokens": True, "return_token_ids": False,
+                "response_format": {"type": "text"}, "logits_processors": []}
+    assert client.completions.create(model=MODEL, prompt="x", max_tokens=1, extra_body=defaults).choices
+    chat_defaults = {**defaults, "echo": False, "continue_final_message": False, "documents": []}
+    assert client.chat.completions.create(model=MODEL, messages=USER, max_tokens=1, extra_body=chat_defaults).choices
+
+
+def test_add_special_tokens_decides_the_bos_on_both_endpoints(client):
+    def prompt_tokens(create, **kwargs) -> int:
+        return create(model=MODEL, max_tokens=1, **kwargs).usage.prompt_tokens
+
+    completion = client.completions.create
+    assert prompt_tokens(completion, prompt="abc") == 4  # vLLM's default for a prompt: with the BOS
+    assert prompt_tokens(completion, prompt="abc", extra_body={"add_special_tokens": False}) == 3
+    chat = client.chat.completions.create
+    plain = prompt_tokens(chat, messages=USER)  # vLLM's default for messages: the template's tokens only
+    assert prompt_tokens(chat, messages=USER, extra_body={"add_special_tokens": True}) == plain + 1
+
+
 # --- the real model ----------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -115,6 +115,18 @@ class SamplingFields(_Request):
     cache_salt: str | None = _name_field()
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     return_tokens_as_token_ids: bool = False  # logprob tokens read "token_id:123"
+    add_special_tokens: bool | None = None    # None: vLLM's default, True for a prompt, False for messages
+    # vLLM extensions not implemented here: declared only to be rejected (serving.UNSUPPORTED_FIELDS).
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    response_format: Any = None
+    use_beam_search: Any = None
+    logits_processors: Any = None
+    return_token_ids: Any = None
+    spaces_between_special_tokens: Any = None
 
     @field_validator("stop")
     @classmethod
@@ -221,15 +233,17 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
-    # Accepted only to be rejected with a clear message (see serving_chat).
+    add_generation_prompt: bool = True
+    # Accepted only to be rejected with a clear message (serving.UNSUPPORTED_FIELDS, serving_chat).
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     chat_template: Any = None
     chat_template_kwargs: Any = None
-    add_generation_prompt: bool = True
+    echo: Any = None
+    continue_final_message: Any = None
+    documents: Any = None
 
 
 class TokenizeRequest(_Request):

@@ -66,6 +66,29 @@ def encode_prompt(ctx: ServingContext, text: str, param: str, add_special_tokens
 
 _LEADING_NAME = re.compile(r"^([a-z_]+)\b")
 
+NO_TOOLS = "no tool calling or structured output"
+# Request fields of both endpoints (OpenAI's or vLLM's) this server does not implement: (name, the
+# values that mean "not used", why). Any other value is a 400 naming the field, never ignored.
+UNSUPPORTED_FIELDS = (
+    ("response_format", (None, {"type": "text"}), NO_TOOLS),
+    ("guided_json", (None,), NO_TOOLS),
+    ("guided_regex", (None,), NO_TOOLS),
+    ("guided_choice", (None,), NO_TOOLS),
+    ("guided_grammar", (None,), NO_TOOLS),
+    ("structured_outputs", (None,), NO_TOOLS),
+    ("use_beam_search", (None, False), "no beam search"),
+    ("logits_processors", (None, []), "no custom logits processors"),
+    ("return_token_ids", (None, False), "logprobs with return_tokens_as_token_ids give the ids"),
+    ("spaces_between_special_tokens", (None, True), "detokenization is the tokenizer's own"),
+)
+
+
+def reject_unsupported(req: SamplingFields, fields: Sequence[tuple[str, tuple, str]] = UNSUPPORTED_FIELDS) -> None:
+    """A 400 naming the first of `fields` that `req` uses."""
+    for name, unused, why in fields:
+        if getattr(req, name) not in unused:
+            raise bad_request(f"{name} is not supported by this server ({why})", name)
+
 
 def sampling_params(req: SamplingFields, **fields: Any) -> SamplingParams:
     """SamplingParams from the shared request fields plus endpoint-specific `fields`; 400 if invalid."""

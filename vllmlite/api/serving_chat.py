@@ -29,6 +29,7 @@ from vllmlite.api.protocol import (
 )
 from vllmlite.api.serving import (
     MAX_CHARS_PER_TOKEN,
+    NO_TOOLS,
     Admission,
     ServingContext,
     StreamUsage,
@@ -44,6 +45,7 @@ from vllmlite.api.serving import (
     num_prompt_tokens,
     prompt_logprobs_payload,
     raise_if_failed,
+    reject_unsupported,
     sampling_params,
     sse_event,
     sse_stream,
@@ -53,14 +55,17 @@ from vllmlite.api.serving import (
 from vllmlite.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
 
-# Request fields this server does not implement: (name, the values that mean "not used").
-UNSUPPORTED_FIELDS = (
-    ("tools", (None, [])),
-    ("tool_choice", (None, "none")),
-    ("functions", (None, [])),
-    ("function_call", (None, "none")),
-    ("response_format", (None, {"type": "text"})),
-    ("chat_template_kwargs", (None, {})),
+TEMPLATE_AS_IS = "the model's chat template is rendered as it is"
+# Chat fields this server does not implement, checked after serving.UNSUPPORTED_FIELDS.
+CHAT_UNSUPPORTED_FIELDS = (
+    ("tools", (None, []), NO_TOOLS),
+    ("tool_choice", (None, "none"), NO_TOOLS),
+    ("functions", (None, []), NO_TOOLS),
+    ("function_call", (None, "none"), NO_TOOLS),
+    ("chat_template_kwargs", (None, {}), TEMPLATE_AS_IS),
+    ("continue_final_message", (None, False), TEMPLATE_AS_IS),
+    ("documents", (None, []), TEMPLATE_AS_IS),
+    ("echo", (None, False), "echo is served by /v1/completions"),
 )
 
 
@@ -97,7 +102,7 @@ def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedCha
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = sampling_params(req, max_tokens=max_tokens, prompt_logprobs=req.prompt_logprobs,
                              logprobs=(req.top_logprobs or 0) if req.logprobs else None)
-    token_ids = render_messages(ctx, req.messages, req.add_generation_prompt)
+    token_ids = render_messages(ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens))
     check_request(ctx, req, token_ids, params, "messages")
     return PreparedChat(req, token_ids, params)
 
@@ -106,10 +111,8 @@ def _reject_unsupported(req: ChatCompletionRequest) -> None:
     if req.chat_template is not None:
         raise bad_request("chat_template: request-supplied chat templates are never rendered; the model's "
                           "own template is used", "chat_template")
-    for name, allowed in UNSUPPORTED_FIELDS:
-        if getattr(req, name) not in allowed:
-            raise bad_request(f"{name} is not supported by this server (no tool calling or structured "
-                              "output)", name)
+    reject_unsupported(req)
+    reject_unsupported(req, CHAT_UNSUPPORTED_FIELDS)
     check_stream_fields(req)
 
 

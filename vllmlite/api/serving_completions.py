@@ -33,6 +33,7 @@ from vllmlite.api.serving import (
     num_prompt_tokens,
     prompt_logprobs_payload,
     raise_if_failed,
+    reject_unsupported,
     sampling_params,
     sse_event,
     sse_stream,
@@ -115,6 +116,7 @@ def prepare_completion(ctx: ServingContext, req: CompletionRequest) -> PreparedC
     check_model(ctx, req.model)
     if req.suffix is not None:
         raise bad_request("suffix is not supported by this server", "suffix")
+    reject_unsupported(req)
     check_stream_fields(req)
     num_choices = len(req.prompt) * max(req.n, req.best_of or 1)
     if num_choices > MAX_CHOICES:
@@ -128,7 +130,7 @@ def prepare_completion(ctx: ServingContext, req: CompletionRequest) -> PreparedC
     for i, prompt in enumerate(req.prompt):
         param = "prompt" if len(req.prompt) == 1 else f"prompt.{i}"
         if isinstance(prompt, str):
-            token_ids = encode_prompt(ctx, prompt, param)
+            token_ids = encode_prompt(ctx, prompt, param, add_special_tokens=req.add_special_tokens is not False)
         else:
             token_ids = prompt
         check_request(ctx, req, token_ids, params, param)
