@@ -13,6 +13,7 @@ import pytest
 from conftest import engine_on, greedy, run_to_completion
 from server_util import running_server
 
+from vllmlite.api.serving_completions import TextOffsets
 from vllmlite.tokenizer import ByteTokenizer
 
 MODEL = "random"
@@ -272,6 +273,22 @@ def test_generated_offsets_follow_split_characters(client):
     offsets, tokens = choice.logprobs.text_offset, choice.logprobs.tokens
     assert tokens[1:3] == [tokenizer.token_text(0xC3), tokenizer.token_text(0xA9)] and offsets[:4] == [0, 0, 0, 1]
     assert_offsets_match_text(choice.text, tokens, offsets)
+
+
+@pytest.mark.parametrize("token_ids,skip_special,expected", [
+    ([BOS, 97, 0xC3, 0xA9, 98], True, [0, 0, 1, 1, 2]),   # "aéb": the BOS has width 0
+    ([BOS, 97, 98], False, [0, 7, 8]),                    # "<|bos|>ab": spelled, it counts
+    ([97, 0xE2, 98, 99], True, [0, 1, 2, 3]),             # "a\ufffdbc": an invalid byte owns its U+FFFD
+    ([0xF0, 0x9F, 0x98, 0x80, 97], True, [0, 0, 0, 0, 1]),  # a 4-byte character, then "a"
+])
+def test_text_offsets_follow_the_decoded_text(token_ids, skip_special, expected):
+    offsets = TextOffsets(ByteTokenizer(), (), skip_special)
+    assert [offsets.next(t) for t in token_ids] == expected
+
+
+def test_text_offsets_continue_after_the_prompt_context():
+    offsets = TextOffsets(ByteTokenizer(), [BOS, *b"prompt"], skip_special_tokens=True, start=6)
+    assert [offsets.next(t) for t in [*b"abcdefgh", 0xC3, 0xA9, 0x21]] == [6, 7, 8, 9, 10, 11, 12, 13, 14, 14, 15]
 
 
 def test_streamed_echo_logprobs_equal_the_whole_response(client):

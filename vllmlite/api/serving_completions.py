@@ -68,8 +68,9 @@ class TextOffsets:
     """Where each token starts in detokenized text (OpenAI's `text_offset`); feed tokens in order.
 
     A token starts where the text before it and the text with it stop agreeing, so a special
-    token the text leaves out (the BOS a tokenizer adds) has width 0, a byte that continues a UTF-8
-    character starts where that character does, and a byte that turns out invalid owns its U+FFFD.
+    token the text leaves out (the BOS a tokenizer adds) has width 0, and a byte that turns out
+    invalid owns its U+FFFD. A token inside a character still open (its bytes split over tokens)
+    starts where the run of pending bytes does.
     The text is decoded over a short window as the engine's detokenizer does (the last prompt
     tokens as left context), so this costs two small decodes per token. Offsets never decrease.
 
@@ -91,8 +92,10 @@ class TextOffsets:
         before = self._decode(self._window)
         self._window.append(int(token_id))
         after = self._decode(self._window)
-        self._last = max(self._last, self._origin + len(os.path.commonprefix([before, after])))
-        if not after.endswith(REPLACEMENT_CHAR):  # no character open: slide the window
+        is_open = after.endswith(REPLACEMENT_CHAR)  # the token is inside a character not complete yet
+        start = len(after.rstrip(REPLACEMENT_CHAR)) if is_open else len(os.path.commonprefix([before, after]))
+        self._last = max(self._last, self._origin + start)
+        if not is_open:  # a clean boundary: slide the window
             kept = self._window[-PROMPT_CONTEXT_TOKENS:]
             self._origin += len(after) - len(self._decode(kept))
             self._window = kept
