@@ -45,7 +45,7 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "n": 100}, "n"),
     ({"prompt": "x", "top_p": 0}, "top_p"),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
-    ({"prompt": "x", "logprobs": 6}, "logprobs"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
     ({"prompt": "x", "stop": ["s"] * 17}, "stop"),
     ({"prompt": "x", "stop": [""]}, "stop"),

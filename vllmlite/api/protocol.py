@@ -24,7 +24,7 @@ MAX_LOGIT_BIAS = 300
 MAX_BAD_WORDS = 64
 MAX_TOKENS_BOUND = 1 << 20     # the engine then checks prompt + max_tokens against the context
 MAX_NAME_CHARS = 256           # model, user, cache_salt, message name
-MAX_COMPLETION_LOGPROBS = 5
+MAX_COMPLETION_LOGPROBS = 20    # vLLM's bound for completions `logprobs` and for `prompt_logprobs`
 MAX_CHAT_TOP_LOGPROBS = 20
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 PRIORITY_BOUND = 2**31
@@ -113,6 +113,20 @@ class SamplingFields(_Request):
     include_stop_str_in_output: bool = False
     priority: int = Field(0, ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)
     cache_salt: str | None = _name_field()
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    return_tokens_as_token_ids: bool = False  # logprob tokens read "token_id:123"
+    add_special_tokens: bool | None = None    # None: vLLM's default, True for a prompt, False for messages
+    # vLLM extensions not implemented here: declared only to be rejected (serving.UNSUPPORTED_FIELDS).
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    response_format: Any = None
+    use_beam_search: Any = None
+    logits_processors: Any = None
+    return_token_ids: Any = None
+    spaces_between_special_tokens: Any = None
 
     @field_validator("stop")
     @classmethod
@@ -152,7 +166,14 @@ class SamplingFields(_Request):
 
     @property
     def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk."""
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every chunk of a stream carries the usage so far (vLLM asks include_usage too;
+        we do not, so the flag is never silently ignored)."""
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
 
 class CompletionRequest(SamplingFields):
@@ -212,15 +233,17 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
-    # Accepted only to be rejected with a clear message (see serving_chat).
+    add_generation_prompt: bool = True
+    # Accepted only to be rejected with a clear message (serving.UNSUPPORTED_FIELDS, serving_chat).
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     chat_template: Any = None
     chat_template_kwargs: Any = None
-    add_generation_prompt: bool = True
+    echo: Any = None
+    continue_final_message: Any = None
+    documents: Any = None
 
 
 class TokenizeRequest(_Request):
@@ -260,12 +283,24 @@ class CompletionLogprobs(_Response):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(_Response):
+    """One entry of vLLM's `prompt_logprobs`: `{token_id: {logprob, rank, decoded_token}}`."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]  # [None, {...}, ...]: the first token has none
+
+
 class CompletionChoice(_Response):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(_Response):
@@ -311,6 +346,7 @@ class ChatCompletionResponse(_Response):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(_Response):

@@ -35,6 +35,7 @@ from vllmlite.api.protocol import (
     DetokenizeResponse,
     ModelCard,
     ModelList,
+    SamplingFields,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -154,8 +155,8 @@ def _add_token_routes(app: FastAPI, ctx: ServingContext) -> None:
         check_model(ctx, req.model)
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("send exactly one of prompt or messages", "prompt")
-        if req.messages is not None:
-            tokens = render_messages(ctx, req.messages, req.add_generation_prompt)
+        if req.messages is not None:  # vLLM's defaults: special tokens for a prompt, none for messages
+            tokens = render_messages(ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens))
         else:
             add_special = True if req.add_special_tokens is None else req.add_special_tokens
             tokens = encode_prompt(ctx, req.prompt, "prompt", add_special_tokens=add_special)
@@ -177,28 +178,31 @@ def _add_generate_routes(app: FastAPI, ctx: ServingContext) -> None:
     async def completions(request: Request) -> Response:
         req = await parse_body(request, CompletionRequest)
         prepared = prepare_completion(ctx, req)
-        admission = _admission(request, "cmpl", req.priority, req.cache_salt)
+        admission = _admission(request, "cmpl", req)
         return await _respond(request, create_completion(ctx, prepared, admission))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         req = await parse_body(request, ChatCompletionRequest)
         prepared = prepare_chat(ctx, req)
-        admission = _admission(request, "chatcmpl", req.priority, req.cache_salt)
+        admission = _admission(request, "chatcmpl", req)
         return await _respond(request, create_chat(ctx, prepared, admission))
 
 
-def _admission(request: Request, prefix: str, priority: int, cache_salt: str | None) -> Admission:
-    return Admission(new_request_id(prefix), _client_id(request), priority, cache_salt)
+def _admission(request: Request, prefix: str, req: SamplingFields) -> Admission:
+    return Admission(new_request_id(prefix), _client_id(request, req.user), req.priority, req.cache_salt)
 
 
-def _client_id(request: Request) -> str | None:
-    """Fairness key: the X-Client-Id header, else a hash of the bearer token, else None."""
+def _client_id(request: Request, user: str | None) -> str | None:
+    """Fairness key: the X-Client-Id header, else the body's `user` (OpenAI's end-user id), else a
+    hash of the bearer token, else None."""
     client_id = request.headers.get("x-client-id")
     if client_id is not None:
         if not 0 < len(client_id) <= MAX_NAME_CHARS:
             raise bad_request(f"X-Client-Id must have 1 to {MAX_NAME_CHARS} characters", "X-Client-Id")
         return client_id
+    if user:
+        return "user-" + user
     authorization = request.headers.get("authorization", "")
     if authorization.startswith("Bearer ") and len(authorization) > len("Bearer "):
         return "key-" + hashlib.sha256(authorization.encode()).hexdigest()[:16]

@@ -12,11 +12,11 @@ import json
 import re
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllmlite.api.errors import APIError, bad_request, from_engine_error
-from vllmlite.api.protocol import PromptTokensDetails, SamplingFields, Usage
+from vllmlite.api.protocol import PromptLogprob, PromptLogprobs, PromptTokensDetails, SamplingFields, Usage
 from vllmlite.async_engine import AsyncLLMEngine, GenerateRequest, RequestStream
 from vllmlite.outputs import Logprob, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
@@ -66,6 +66,29 @@ def encode_prompt(ctx: ServingContext, text: str, param: str, add_special_tokens
 
 _LEADING_NAME = re.compile(r"^([a-z_]+)\b")
 
+NO_TOOLS = "no tool calling or structured output"
+# Request fields of both endpoints (OpenAI's or vLLM's) this server does not implement: (name, the
+# values that mean "not used", why). Any other value is a 400 naming the field, never ignored.
+UNSUPPORTED_FIELDS = (
+    ("response_format", (None, {"type": "text"}), NO_TOOLS),
+    ("guided_json", (None,), NO_TOOLS),
+    ("guided_regex", (None,), NO_TOOLS),
+    ("guided_choice", (None,), NO_TOOLS),
+    ("guided_grammar", (None,), NO_TOOLS),
+    ("structured_outputs", (None,), NO_TOOLS),
+    ("use_beam_search", (None, False), "no beam search"),
+    ("logits_processors", (None, []), "no custom logits processors"),
+    ("return_token_ids", (None, False), "logprobs with return_tokens_as_token_ids give the ids"),
+    ("spaces_between_special_tokens", (None, True), "detokenization is the tokenizer's own"),
+)
+
+
+def reject_unsupported(req: SamplingFields, fields: Sequence[tuple[str, tuple, str]] = UNSUPPORTED_FIELDS) -> None:
+    """A 400 naming the first of `fields` that `req` uses."""
+    for name, unused, why in fields:
+        if getattr(req, name) not in unused:
+            raise bad_request(f"{name} is not supported by this server ({why})", name)
+
 
 def sampling_params(req: SamplingFields, **fields: Any) -> SamplingParams:
     """SamplingParams from the shared request fields plus endpoint-specific `fields`; 400 if invalid."""
@@ -85,6 +108,14 @@ def sampling_params(req: SamplingFields, **fields: Any) -> SamplingParams:
         return SamplingParams(**values)
     except ValueError as error:
         raise bad_request(str(error), _named_field(str(error), req, None)) from error
+
+
+def check_stream_fields(req: SamplingFields) -> None:
+    """Fields that only make sense with (or without) `stream`, as OpenAI and vLLM rule them."""
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    if req.stream and req.prompt_logprobs is not None:
+        raise bad_request("prompt_logprobs is not available when stream is true (as in vLLM)", "prompt_logprobs")
 
 
 def _named_field(message: str, req: SamplingFields, fallback: str | None) -> str | None:
@@ -175,6 +206,35 @@ async def merged(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, R
             task.cancel()
 
 
+def num_prompt_tokens(token_ids: Sequence[int], params: SamplingParams) -> int:
+    """The prompt tokens the engine keeps: the last `truncate_prompt_tokens` of them, or all."""
+    k = params.truncate_prompt_tokens
+    return len(token_ids) if k is None else min(k, len(token_ids))
+
+
+@dataclass
+class StreamUsage:
+    """The counts so far in one stream (`stream_options.continuous_usage_stats`): all prompts'
+    tokens from the start, each choice's tokens as its outputs arrive. Once every output has
+    finished, `usage()` equals `make_usage` of the final outputs."""
+
+    num_prompt_tokens: int
+    num_output_tokens: dict[int, int] = field(default_factory=dict)  # choice index -> tokens so far
+    num_cached_tokens: dict[int, int] = field(default_factory=dict)  # prompt index -> cached tokens
+
+    def update(self, prompt_index: int, output: RequestOutput, first_choice: int) -> None:
+        """Take `output`'s counts; its samples are choices `first_choice + completion.index`."""
+        self.num_cached_tokens[prompt_index] = output.num_cached_tokens
+        for completion in output.outputs:
+            self.num_output_tokens[first_choice + completion.index] = len(completion.token_ids)
+
+    def usage(self) -> Usage:
+        completion = sum(self.num_output_tokens.values())
+        return Usage(prompt_tokens=self.num_prompt_tokens, completion_tokens=completion,
+                     total_tokens=self.num_prompt_tokens + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(self.num_cached_tokens.values())))
+
+
 def make_usage(outputs: Sequence[RequestOutput]) -> Usage:
     """Prompt tokens count once per prompt; completion tokens once per returned choice."""
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
@@ -208,9 +268,33 @@ def clamp_logprob(value: float) -> float:
     return max(value, LOGPROB_FLOOR)
 
 
-def top_candidates(position: PositionLogprobs, num_top: int) -> list[Logprob]:
-    """The `num_top` most likely entries of one position, best first: they lead its dict."""
-    return list(position.values())[:num_top]
+def top_items(position: PositionLogprobs, num_top: int) -> list[tuple[int, Logprob]]:
+    """(token id, Logprob) of the `num_top` most likely entries of one position, best first: they
+    lead its dict."""
+    return list(position.items())[:num_top]
+
+
+def logprob_token(text: str, token_id: int, as_token_ids: bool) -> str:
+    """A token as logprobs show it: its text, or `token_id:123` (vLLM's return_tokens_as_token_ids)."""
+    return f"token_id:{token_id}" if as_token_ids else text
+
+
+def prompt_logprobs_payload(output: RequestOutput, num_top: int | None) -> PromptLogprobs | None:
+    """vLLM's `prompt_logprobs`: None for the first prompt token, then per token its `num_top` most
+    likely tokens and itself, `{token_id: {logprob, rank, decoded_token}}` (the engine may have
+    scored more candidates, for echo's logprobs: the extra ones are left out)."""
+    if num_top is None or output.prompt_logprobs is None:
+        return None
+    payload: PromptLogprobs = []
+    for token_id, position in zip(output.prompt_token_ids, output.prompt_logprobs):
+        if position is None:
+            payload.append(None)
+            continue
+        kept = dict(top_items(position, num_top))
+        kept.setdefault(token_id, position[token_id])
+        payload.append({i: PromptLogprob(logprob=clamp_logprob(p.logprob), rank=p.rank,
+                                         decoded_token=p.decoded_token) for i, p in kept.items()})
+    return payload
 
 
 def token_bytes(token_text: str) -> list[int]:

@@ -2,7 +2,8 @@
 
 Owns the chat rules: rendering (never a request-supplied template), rejecting tool calling and
 structured output with a 400 naming the param, `max_completion_tokens`, the role-first streaming
-deltas, and OpenAI's chat logprobs format. Knows nothing of routes or middleware.
+deltas, OpenAI's chat logprobs format and vLLM's response-level `prompt_logprobs`. Knows nothing of
+routes or middleware.
 """
 
 from __future__ import annotations
@@ -28,33 +29,43 @@ from vllmlite.api.protocol import (
 )
 from vllmlite.api.serving import (
     MAX_CHARS_PER_TOKEN,
+    NO_TOOLS,
     Admission,
     ServingContext,
+    StreamUsage,
     admit,
     check_model,
     check_request,
+    check_stream_fields,
     clamp_logprob,
     encode_prompt,
     final_outputs,
+    logprob_token,
     make_usage,
+    num_prompt_tokens,
+    prompt_logprobs_payload,
     raise_if_failed,
+    reject_unsupported,
     sampling_params,
     sse_event,
     sse_stream,
     token_bytes,
-    top_candidates,
+    top_items,
 )
 from vllmlite.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
 
-# Request fields this server does not implement: (name, the values that mean "not used").
-UNSUPPORTED_FIELDS = (
-    ("tools", (None, [])),
-    ("tool_choice", (None, "none")),
-    ("functions", (None, [])),
-    ("function_call", (None, "none")),
-    ("response_format", (None, {"type": "text"})),
-    ("chat_template_kwargs", (None, {})),
+TEMPLATE_AS_IS = "the model's chat template is rendered as it is"
+# Chat fields this server does not implement, checked after serving.UNSUPPORTED_FIELDS.
+CHAT_UNSUPPORTED_FIELDS = (
+    ("tools", (None, []), NO_TOOLS),
+    ("tool_choice", (None, "none"), NO_TOOLS),
+    ("functions", (None, []), NO_TOOLS),
+    ("function_call", (None, "none"), NO_TOOLS),
+    ("chat_template_kwargs", (None, {}), TEMPLATE_AS_IS),
+    ("continue_final_message", (None, False), TEMPLATE_AS_IS),
+    ("documents", (None, []), TEMPLATE_AS_IS),
+    ("echo", (None, False), "echo is served by /v1/completions"),
 )
 
 
@@ -65,9 +76,10 @@ class PreparedChat:
     params: SamplingParams
 
 
-def render_messages(ctx: ServingContext, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> list[int]:
-    """The prompt's token ids: the model's chat template, then encode without special tokens
-    (the template already wrote them)."""
+def render_messages(ctx: ServingContext, messages: Sequence[ChatMessage], add_generation_prompt: bool,
+                    add_special_tokens: bool = False) -> list[int]:
+    """The prompt's token ids: the model's chat template, then encode, by default without special
+    tokens (the template already wrote them)."""
     dicts = [m.as_dict() for m in messages]
     max_chars = ctx.engine.max_model_len * MAX_CHARS_PER_TOKEN
     if sum(len(m["content"]) for m in dicts) > max_chars:
@@ -78,7 +90,7 @@ def render_messages(ctx: ServingContext, messages: Sequence[ChatMessage], add_ge
                                                         add_generation_prompt=add_generation_prompt)
     except ValueError as error:
         raise bad_request(str(error), "messages") from error
-    return encode_prompt(ctx, text, "messages", add_special_tokens=False)
+    return encode_prompt(ctx, text, "messages", add_special_tokens=add_special_tokens)
 
 
 def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedChat:
@@ -88,9 +100,9 @@ def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedCha
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    params = sampling_params(req, max_tokens=max_tokens,
+    params = sampling_params(req, max_tokens=max_tokens, prompt_logprobs=req.prompt_logprobs,
                              logprobs=(req.top_logprobs or 0) if req.logprobs else None)
-    token_ids = render_messages(ctx, req.messages, req.add_generation_prompt)
+    token_ids = render_messages(ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens))
     check_request(ctx, req, token_ids, params, "messages")
     return PreparedChat(req, token_ids, params)
 
@@ -99,12 +111,9 @@ def _reject_unsupported(req: ChatCompletionRequest) -> None:
     if req.chat_template is not None:
         raise bad_request("chat_template: request-supplied chat templates are never rendered; the model's "
                           "own template is used", "chat_template")
-    for name, allowed in UNSUPPORTED_FIELDS:
-        if getattr(req, name) not in allowed:
-            raise bad_request(f"{name} is not supported by this server (no tool calling or structured "
-                              "output)", name)
-    if req.stream_options is not None and not req.stream:
-        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    reject_unsupported(req)
+    reject_unsupported(req, CHAT_UNSUPPORTED_FIELDS)
+    check_stream_fields(req)
 
 
 async def create_chat(ctx: ServingContext, prepared: PreparedChat,
@@ -119,23 +128,26 @@ async def create_chat(ctx: ServingContext, prepared: PreparedChat,
 
 def _response(ctx: ServingContext, prepared: PreparedChat, output: RequestOutput,
               request_id: str) -> ChatCompletionResponse:
-    top = prepared.request.top_logprobs or 0
+    req = prepared.request
     choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                          logprobs=_logprobs(c.token_ids, c.logprobs, top)
-                          if prepared.request.logprobs else None,
+                          logprobs=_logprobs(req, c.token_ids, c.logprobs) if req.logprobs else None,
                           finish_reason=c.finish_reason, stop_reason=c.stop_reason)
                for c in sorted(output.outputs, key=lambda c: c.index)]
     return ChatCompletionResponse(id=request_id, model=ctx.model_name, choices=choices,
-                                  usage=make_usage([output]))
+                                  usage=make_usage([output]),
+                                  prompt_logprobs=prompt_logprobs_payload(output, req.prompt_logprobs))
 
 
 async def _chunks(ctx: ServingContext, prepared: PreparedChat, stream, request_id: str) -> AsyncIterator[str]:
     req = prepared.request
     created = int(time.time())
 
+    counts = StreamUsage(num_prompt_tokens(prepared.prompt_token_ids, prepared.params))
+
     def chunk(choices: list[ChatStreamChoice], **extra: Any) -> str:
+        usage = counts.usage() if req.continuous_usage else None
         return sse_event(ChatCompletionChunk(id=request_id, created=created, model=ctx.model_name,
-                                             choices=choices, **extra))
+                                             choices=choices, **{"usage": usage, **extra}))
 
     for index in range(req.n):
         yield chunk([ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
@@ -143,15 +155,16 @@ async def _chunks(ctx: ServingContext, prepared: PreparedChat, stream, request_i
     last: RequestOutput | None = None
     async for last in stream:
         raise_if_failed(last)
+        counts.update(0, last, first_choice=0)
         choices = [choice for completion in last.outputs
-                   if (choice := _delta_choice(ctx, req, completion, finished)) is not None]
+                   if (choice := _delta_choice(req, completion, finished)) is not None]
         if choices:
             yield chunk(choices)
     if req.include_usage and last is not None:
         yield chunk([], usage=make_usage([last]))
 
 
-def _delta_choice(ctx: ServingContext, req: ChatCompletionRequest, completion: CompletionOutput,
+def _delta_choice(req: ChatCompletionRequest, completion: CompletionOutput,
                   finished: set[int]) -> ChatStreamChoice | None:
     """The chunk for what is new in one choice; None when nothing is (another sample moved)."""
     if completion.index in finished:
@@ -161,22 +174,25 @@ def _delta_choice(ctx: ServingContext, req: ChatCompletionRequest, completion: C
         return None  # e.g. a token holding half a UTF-8 character: its text comes with the next one
     if completion.finish_reason is not None:
         finished.add(completion.index)
-    logprobs = _logprobs(completion.delta_token_ids, completion.delta_logprobs,
-                         req.top_logprobs or 0) if req.logprobs else None
+    logprobs = _logprobs(req, completion.delta_token_ids, completion.delta_logprobs) if req.logprobs else None
     delta = DeltaMessage(content=completion.delta_text) if completion.delta_text else DeltaMessage()
     return ChatStreamChoice(index=completion.index, delta=delta, logprobs=logprobs,
                             finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
 
 
-def _logprobs(token_ids: Sequence[int], logprobs: Sequence[PositionLogprobs] | None, num_top: int) -> ChatLogprobs:
-    """OpenAI's chat logprobs: one entry per token with its bytes and its `num_top` best alternatives."""
-    def entry(logprob: Logprob) -> TopLogprob:   # decoded_token is the tokenizer's token_text
+def _logprobs(req: ChatCompletionRequest, token_ids: Sequence[int],
+              logprobs: Sequence[PositionLogprobs] | None) -> ChatLogprobs:
+    """OpenAI's chat logprobs: one entry per token with its bytes and its `top_logprobs` best
+    alternatives; `token` reads `token_id:123` with return_tokens_as_token_ids (bytes stay the
+    token's own)."""
+    def entry(token_id: int, logprob: Logprob) -> TopLogprob:   # decoded_token is the tokenizer's token_text
         text = logprob.decoded_token
-        return TopLogprob(token=text, logprob=clamp_logprob(logprob.logprob), bytes=token_bytes(text))
+        return TopLogprob(token=logprob_token(text, token_id, req.return_tokens_as_token_ids),
+                          logprob=clamp_logprob(logprob.logprob), bytes=token_bytes(text))
 
     content = []
     for token_id, position in zip(token_ids, logprobs or ()):
-        sampled = entry(position[token_id])
-        top = [entry(candidate) for candidate in top_candidates(position, num_top)]
+        sampled = entry(token_id, position[token_id])
+        top = [entry(i, candidate) for i, candidate in top_items(position, req.top_logprobs or 0)]
         content.append(ChatTokenLogprob(**sampled.model_dump(), top_logprobs=top))
     return ChatLogprobs(content=content)
