@@ -13,6 +13,15 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def python_files(folder: str) -> list[Path]:
+    """The package's own .py files: folders that are not Python names (bench/llama.cpp-build, the
+    llama.cpp checkout bench/build_llama_server.sh makes) are not part of it."""
+    return sorted(p for p in (REPO_ROOT / folder).rglob("*.py")
+                  if all(part.isidentifier() for part in p.relative_to(REPO_ROOT).parts[:-1]))
+
+
 MODULES = ["bench.bench", "bench.measure", "bench.report", "bench.static_batching", "bench.workload",
            "bench.update_readme", "bench.spec_bench", "bench.step_bench", "bench.quant_bench", "bench.quant_speed",
            "bench.quant_accuracy", "bench.serve", "bench.serve.benchmark", "bench.serve.client",
@@ -21,7 +30,7 @@ MODULES = ["bench.bench", "bench.measure", "bench.report", "bench.static_batchin
 
 def test_every_bench_module_is_listed_and_imports():
     found = {".".join(p.relative_to(REPO_ROOT).with_suffix("").parts).removesuffix(".__init__")
-             for p in (REPO_ROOT / "bench").rglob("*.py") if p.name != "__main__.py"}
+             for p in python_files("bench") if p.name != "__main__.py"}
     assert found == {"bench", *MODULES}
     for name in MODULES:
         assert importlib.import_module(name).__doc__, f"{name} has no module docstring"
@@ -47,8 +56,7 @@ def test_offline_benchmark_runs_as_a_file_from_any_directory(tmp_path):
 
 def test_only_the_documented_shim_touches_sys_path():
     this = Path(__file__).resolve()
-    offenders = [str(p.relative_to(REPO_ROOT)) for folder in ("bench", "tests")
-                 for p in sorted((REPO_ROOT / folder).rglob("*.py"))
+    offenders = [str(p.relative_to(REPO_ROOT)) for folder in ("bench", "tests") for p in python_files(folder)
                  if p.resolve() != this and "sys.path" in p.read_text()]
     assert offenders == ["bench/bench.py"]
     shim = [line.strip() for line in (REPO_ROOT / "bench" / "bench.py").read_text().splitlines()
