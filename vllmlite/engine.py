@@ -28,6 +28,7 @@ from vllmlite.sampling import TokenLogprobs, make_generator
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.scheduler import Scheduler
 from vllmlite.speculative import make_proposer
+from vllmlite.stats import EngineStats
 from vllmlite.threads import THREAD_ENV, THREAD_ENV_APPLIED
 
 logger = logging.getLogger(__name__)
@@ -190,6 +191,12 @@ class LLMEngine:
     @property
     def num_unfinished_requests(self) -> int:
         return len(self._groups)
+
+    def get_stats(self) -> EngineStats:
+        """A snapshot of the engine's numbers; what other modules read instead of its parts."""
+        proposer = self.runner.proposer
+        return EngineStats(self.scheduler.make_stats(), len(self._groups), self.runner.num_forward_passes,
+                           proposer.num_forward_passes if proposer is not None else 0)
 
     # --- step -----------------------------------------------------------------------------------
 
