@@ -2,7 +2,7 @@
 
 Owns the metric names (vLLM's, under `vllmlite:`), their buckets and the per-request latency
 bookkeeping that turns engine outputs into TTFT, inter-token and end-to-end observations.
-Knows nothing of HTTP or of the engine's classes: it is fed snapshots and RequestOutputs.
+Knows nothing of HTTP or of the engine's classes: it is fed EngineStats snapshots and RequestOutputs.
 """
 
 from __future__ import annotations
