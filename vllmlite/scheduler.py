@@ -77,6 +77,11 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    @property
+    def spec_stats(self) -> SpecDecodeStats:
+        """Deprecated: read `make_stats().spec_decode` (bench/spec_bench.py still reads this)."""
+        return self._spec_counts.snapshot()
+
     def make_stats(self) -> SchedulerStats:
         """A snapshot of the request queues, the device blocks and the cumulative counts."""
         bm = self.block_manager
