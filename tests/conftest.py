@@ -79,9 +79,9 @@ def run_to_completion(engine: LLMEngine, requests: list[tuple[list[int], Samplin
 
 def assert_no_leaks(engine: LLMEngine) -> None:
     """Every block is free or cached, and no request state remains anywhere."""
-    bm = engine.block_manager
-    bm.check_invariants()
-    assert bm.num_free_blocks == bm.num_blocks
-    assert not engine.scheduler.requests and not engine.scheduler.running
-    assert len(engine.scheduler.waiting) == 0 and not engine.scheduler.swapped
-    assert not engine.has_unfinished_requests()
+    engine.block_manager.check_invariants()
+    stats = engine.get_stats()
+    assert stats.scheduler.num_kv_blocks_free == stats.scheduler.num_kv_blocks
+    assert (stats.scheduler.num_running, stats.scheduler.num_waiting, stats.scheduler.num_swapped) == (0, 0, 0)
+    assert not engine.scheduler.requests  # no request state left behind, forks included
+    assert stats.num_unfinished_requests == 0 and not engine.has_unfinished_requests()

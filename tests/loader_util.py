@@ -42,4 +42,4 @@ def engine_logits(model: str, token_ids: list[int], block_size: int, budget: int
         outputs += engine.step()
     assert sorted(by_position) == list(range(len(token_ids)))
     logits = np.stack([by_position[p] for p in range(len(token_ids))])
-    return EngineRun(logits, outputs[-1].outputs[0].token_ids[-1], engine.runner.num_forward_passes)
+    return EngineRun(logits, outputs[-1].outputs[0].token_ids[-1], engine.get_stats().num_forward_passes)

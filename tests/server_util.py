@@ -71,9 +71,8 @@ class ThreadServer:
 
     def is_idle(self) -> bool:
         """Every block free and no request left in the engine (polled from the test thread)."""
-        block_manager = self.engine.engine.block_manager
-        return (self.engine.num_unfinished_requests == 0
-                and block_manager.num_free_blocks == block_manager.num_blocks)
+        stats = self.engine.get_stats().scheduler
+        return self.engine.num_unfinished_requests == 0 and stats.num_kv_blocks_free == stats.num_kv_blocks
 
 
 def server_config(**overrides) -> ServerArgs:

@@ -40,8 +40,8 @@ def make_async(make_engine):
 
 
 def is_idle(engine: AsyncLLMEngine) -> bool:
-    bm = engine.engine.block_manager
-    return engine.num_unfinished_requests == 0 and bm.num_free_blocks == bm.num_blocks
+    stats = engine.get_stats().scheduler
+    return engine.num_unfinished_requests == 0 and stats.num_kv_blocks_free == stats.num_kv_blocks
 
 
 async def collect(engine: AsyncLLMEngine, request: GenerateRequest) -> list:
@@ -70,7 +70,7 @@ def test_consumer_that_stops_early_aborts_and_frees_blocks(make_async):
     async def main():
         generator = engine.generate(GenerateRequest("early", list(range(40)), greedy(3000)))
         async for output in generator:
-            assert engine.engine.block_manager.num_free_blocks < engine.engine.block_manager.num_blocks
+            assert engine.get_stats().scheduler.num_kv_blocks_used > 0
             break
         await generator.aclose()
 
@@ -181,5 +181,6 @@ def test_shutdown_past_its_timeout_aborts_the_rest(make_async):
                 pass
 
     asyncio.run(main())
-    block_manager = engine.engine.block_manager
-    assert not engine.is_running and block_manager.num_free_blocks == block_manager.num_blocks
+    assert not engine.is_running
+    stats = engine.engine.get_stats().scheduler  # the loop has stopped: read the engine itself
+    assert stats.num_kv_blocks_free == stats.num_kv_blocks

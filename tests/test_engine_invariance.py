@@ -68,7 +68,7 @@ def test_greedy_identical_under_forced_preemption(make_engine, prompts, expected
     engine = make_engine(block_size=4, num_blocks=24, preemption_mode=mode, swap_space=0.01,
                          max_num_batched_tokens=32)
     assert outputs_of(engine, prompts) == expected
-    assert engine.scheduler.num_preemptions > 0
+    assert engine.get_stats().scheduler.num_preemptions > 0
 
 
 def test_swap_preemption_actually_swaps(make_engine, prompts, expected):
@@ -121,7 +121,7 @@ def test_concurrent_requests_share_a_system_prompt(make_engine, tiny_model):
 def test_re_prefill_after_preemption_loses_no_token(make_engine, prompts, expected):
     engine = make_engine(block_size=4, num_blocks=20, max_num_batched_tokens=8)
     assert outputs_of(engine, prompts[:4]) == expected[:4]
-    assert engine.scheduler.num_preemptions > 0
+    assert engine.get_stats().scheduler.num_preemptions > 0
 
 
 def test_forked_samples_share_prompt_blocks_and_copy_on_write(make_engine):
@@ -151,7 +151,7 @@ def test_abort_frees_every_block(make_engine, prompts):
         engine.add_request(str(i), p, greedy(50))
     for _ in range(5):
         engine.step()
-    assert engine.block_manager.num_free_blocks < engine.block_manager.num_blocks
+    assert engine.get_stats().scheduler.num_kv_blocks_used > 0
     for i in range(len(prompts)):
         engine.abort_request(str(i))
     engine.block_manager.check_invariants()
@@ -222,4 +222,4 @@ def test_continuous_batching_refills_slots_as_requests_finish(make_engine, promp
     # The same workload takes fewer steps than with static batching.
     static = make_engine(max_num_seqs=3, batching="static", max_num_batched_tokens=16)
     assert outputs_of(static, prompts) == expected
-    assert engine.runner.num_forward_passes < static.runner.num_forward_passes
+    assert engine.get_stats().num_forward_passes < static.get_stats().num_forward_passes

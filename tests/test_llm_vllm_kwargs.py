@@ -30,7 +30,7 @@ def test_vllm_keywords_construct_an_engine_that_generates_the_same_greedy_text(l
                      kv_cache_dtype="auto", cpu_offload_gb=0, disable_log_stats=True, seed=0,
                      max_model_len=64, swap_space=0, max_num_seqs=4, tokenizer="random")
     assert vllm_style.engine.config.dtype == "float32" and vllm_style.engine.max_model_len == 64
-    assert vllm_style.engine.block_manager.num_blocks > 0
+    assert vllm_style.engine.get_stats().scheduler.num_kv_blocks > 0
     got = texts(vllm_style.generate(PROMPTS, GREEDY, use_tqdm=False))
     assert got == texts(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
     assert all(len(o.outputs[0].token_ids) == 6 for o in vllm_style.generate(PROMPTS, GREEDY, use_tqdm=False))

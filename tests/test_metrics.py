@@ -7,8 +7,9 @@ import math
 import pytest
 from server_util import metric_value, parse_prometheus
 
-from vllmlite.metrics import Counter, EngineMetrics, EngineStats, Histogram, format_labels, format_value
+from vllmlite.metrics import Counter, EngineMetrics, Histogram, format_labels, format_value
 from vllmlite.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from vllmlite.stats import EngineStats, SchedulerStats
 
 EXPECTED_TYPES = {
     "vllmlite:num_requests_running": "gauge",
@@ -92,8 +93,10 @@ def test_outputs_become_token_counts_and_latencies():
 
 def test_engine_stats_set_gauges_and_mirror_cumulative_counts():
     metrics = EngineMetrics("m")
-    metrics.record_stats(EngineStats(num_running=3, num_waiting=2, kv_cache_usage=0.25,
-                                     prefix_cache_queries=64, prefix_cache_hits=32, num_preemptions=1))
+    metrics.record_stats(EngineStats(SchedulerStats(num_running=3, num_waiting=1, num_swapped=1, num_kv_blocks=8,
+                                                    num_kv_blocks_used=2, num_kv_blocks_free=6,
+                                                    prefix_cache_queries=64, prefix_cache_hits=32,
+                                                    num_preemptions=1)))
     text = metrics.render()
     assert metric_value(text, "vllmlite:num_requests_running", model_name="m") == 3
     assert metric_value(text, "vllmlite:num_requests_waiting") == 2

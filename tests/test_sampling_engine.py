@@ -169,14 +169,14 @@ def test_stop_string_and_eos_in_one_round_keep_only_tokens_up_to_the_stop(make_e
     engine = make_engine()
     engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=10, stop=["a"]))
     request = engine.scheduler.requests["r"]
-    sample = engine._groups["r"].samples[0]
     # As after a speculative round that emitted "a", "b" and EOS at once.
     for token in (ord("a"), ord("b"), EOS):
         request.append_token(token)
     engine.scheduler.finish(request, FinishReason.STOP)
-    engine._detokenize(sample)
+    assert engine.output_processor.detokenize([request]) == []  # already finished: nothing to hand back
     assert request.output_token_ids == [ord("a")] and request.stop_reason == "a"
-    assert sample.detokenizer.output_text == ""
+    [output] = engine.output_processor.make_outputs()
+    assert output.finished and output.outputs[0].text == "" and output.outputs[0].finish_reason == "stop"
 
 
 def test_best_of_equal_to_n_reports_no_logprobs_unless_asked(make_engine):

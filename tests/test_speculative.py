@@ -47,7 +47,7 @@ def test_greedy_output_identical_with_speculation(tiny_model, prompts, expected,
     engine = spec_engine(tiny_model, {**method, "num_speculative_tokens": k})
     results = run_to_completion(engine, [(p, greedy(MAX_TOKENS)) for p in prompts])
     assert [r.outputs[0].token_ids for r in results] == expected
-    stats = engine.scheduler.spec_stats
+    stats = engine.get_stats().scheduler.spec_decode
     assert stats.num_draft_tokens > 0  # speculation really ran
     if method["method"] == "self_draft":
         assert stats.num_accepted_tokens > 0
@@ -63,7 +63,7 @@ def test_greedy_identical_in_mixed_batches_with_preemption(tiny_model, prompts, 
         assert len(r.outputs[0].token_ids) == MAX_TOKENS
         if i % 2 == 0:
             assert r.outputs[0].token_ids == expected[i]
-    assert engine.scheduler.num_preemptions > 0
+    assert engine.get_stats().scheduler.num_preemptions > 0
 
 
 def test_stops_and_max_tokens_are_honored_mid_round(tiny_model, prompts, expected):
@@ -134,7 +134,7 @@ def test_sampled_speculation_matches_target_distribution_end_to_end(tiny_model):
     n = 3000
     requests = [(prompt, SamplingParams(temperature=1.0, seed=i, max_tokens=3, ignore_eos=True)) for i in range(n)]
     results = run_to_completion(engine, requests)
-    assert engine.scheduler.spec_stats.num_accepted_tokens > 0
+    assert engine.get_stats().scheduler.spec_decode.num_accepted_tokens > 0
     counts = np.bincount([r.outputs[0].token_ids[1] for r in results], minlength=len(marginal))
     # Bins with enough expected mass, the rest pooled.
     order = np.argsort(-marginal)

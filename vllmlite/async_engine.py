@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from vllmlite.engine import LLMEngine
-from vllmlite.metrics import EngineMetrics, EngineStats
+from vllmlite.metrics import EngineMetrics
 from vllmlite.outputs import RequestOutput
 from vllmlite.sampling_params import SamplingParams
+from vllmlite.stats import EngineStats
 from vllmlite.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -164,8 +165,7 @@ class AsyncLLMEngine:
         self._cond = threading.Condition()
         self._commands: list[_Add | _Abort] = []   # guarded by _cond
         self._streams: dict[str, RequestStream] = {}     # engine thread only
-        self._num_engine_waiting = 0                     # guarded by _cond
-        self._num_engine_unfinished = 0                  # guarded by _cond
+        self._stats = engine.get_stats()                 # guarded by _cond: as of the last step
         self._stop_requested = False
         self.is_draining = False
         self.dead_error: BaseException | None = None
@@ -193,7 +193,12 @@ class AsyncLLMEngine:
     def num_unfinished_requests(self) -> int:
         """Requests queued or in the engine, as of the last step."""
         with self._cond:
-            return self._num_engine_unfinished + sum(isinstance(c, _Add) for c in self._commands)
+            return self._stats.num_unfinished_requests + sum(isinstance(c, _Add) for c in self._commands)
+
+    def get_stats(self) -> EngineStats:
+        """The engine's stats as of its last step (or command applied)."""
+        with self._cond:
+            return self._stats
 
     def check_request(self, token_ids: list[int], params: SamplingParams) -> int:
         """The engine's pure validation (vocab, context length); raises ValueError for the client."""
@@ -214,7 +219,8 @@ class AsyncLLMEngine:
         """Block until no request is queued or unfinished (or the engine died); False on timeout."""
         with self._cond:
             return self._cond.wait_for(
-                lambda: self.is_dead or (not self._commands and self._num_engine_unfinished == 0), timeout)
+                lambda: self.is_dead or (not self._commands and self._stats.num_unfinished_requests == 0),
+                timeout)
 
     def shutdown(self, timeout: float = 0.0) -> None:
         """Stop admitting, let in-flight requests finish within `timeout` seconds, abort the rest
@@ -250,7 +256,7 @@ class AsyncLLMEngine:
         return stream
 
     def _num_not_running(self) -> int:
-        return self._num_engine_waiting + sum(isinstance(c, _Add) for c in self._commands)
+        return self._stats.scheduler.num_not_running + sum(isinstance(c, _Add) for c in self._commands)
 
     def abort(self, request_id: str, error: BaseException | None = None) -> None:
         """Abort a request from any thread; unknown or finished ids are ignored."""
@@ -329,19 +335,10 @@ class AsyncLLMEngine:
         put_many(delivered)
 
     def _publish_stats(self) -> None:
-        """Under _cond: the counts admission reads, and the metrics gauges."""
-        scheduler, block_manager = self.engine.scheduler, self.engine.block_manager
-        self._num_engine_waiting = scheduler.num_waiting
-        self._num_engine_unfinished = self.engine.num_unfinished_requests
+        """Under _cond: the snapshot admission and `get_stats` read, and the metrics gauges."""
+        self._stats = self.engine.get_stats()
         if self.metrics is not None:
-            spec = scheduler.spec_stats
-            self.metrics.record_stats(EngineStats(
-                num_running=len(scheduler.running), num_waiting=scheduler.num_waiting,
-                kv_cache_usage=block_manager.usage, prefix_cache_queries=block_manager.prefix_queries,
-                prefix_cache_hits=block_manager.prefix_hits, num_preemptions=scheduler.num_preemptions,
-                spec_num_drafts=spec.num_drafts, spec_num_draft_tokens=spec.num_draft_tokens,
-                spec_num_accepted_tokens=spec.num_accepted_tokens,
-                spec_accepted_per_position=tuple(spec.accepted_per_position)))
+            self.metrics.record_stats(self._stats)
 
     def _abort_all(self, error: BaseException) -> None:
         for request_id in list(self._streams):

@@ -94,6 +94,11 @@ class BlockManager:
         return self.pool.num_free_blocks
 
     @property
+    def num_cached_blocks(self) -> int:
+        """Device blocks published in the prefix cache, referenced or not."""
+        return self.pool.num_cached_blocks
+
+    @property
     def usage(self) -> float:
         """Fraction of device blocks referenced by some request, in [0, 1]."""
         return (self.pool.num_blocks - self.pool.num_free_blocks) / self.pool.num_blocks

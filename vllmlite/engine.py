@@ -1,72 +1,37 @@
-"""LLMEngine: one step = schedule, one forward pass, update, detokenize.
+"""LLMEngine: one step = schedule, one forward pass, update, then output processing.
 
-Owns the scheduler, the runner and the per-request output state (detokenizers, n > 1 groups).
+Owns the wiring (scheduler, runner, output processor), `step()`, the per-request fault retry and
+the stats snapshot. Groups, detokenization and stop strings live in output_processor.py.
 Knows nothing of HTTP or threads.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from vllmlite.batch import RunnerOutput, SchedulerOutput
 from vllmlite.block_manager import BlockManager
 from vllmlite.config import EngineConfig
-from vllmlite.detokenizer import IncrementalDetokenizer
 from vllmlite.kernels import get_kernels, resolve_backend
 from vllmlite.loader import LoadedModel, load_model
 from vllmlite.model import LlamaModel
-from vllmlite.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
+from vllmlite.output_processor import OutputProcessor
+from vllmlite.outputs import RequestOutput
 from vllmlite.request import FinishReason, Request
 from vllmlite.runner import ModelRunner
-from vllmlite.sampling import TokenLogprobs, make_generator
+from vllmlite.sampling import make_generator
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.scheduler import Scheduler
 from vllmlite.speculative import make_proposer
+from vllmlite.stats import EngineStats
 from vllmlite.threads import THREAD_ENV, THREAD_ENV_APPLIED
 
 logger = logging.getLogger(__name__)
 
 Prompt = str | list[int]
-
-
-@dataclass
-class _Sample:
-    request: Request
-    detokenizer: IncrementalDetokenizer
-    num_detokenized: int = 0     # output tokens fed to the detokenizer
-    num_reported: int = 0        # output tokens already in a returned CompletionOutput
-    reported_text: str = ""      # text already in a returned CompletionOutput
-    logprobs: list[PositionLogprobs] = field(default_factory=list)  # request.logprobs in vLLM's shape
-
-
-@dataclass
-class _Group:
-    """One user request: its samples (n or best_of of them) and what has been reported so far."""
-
-    request_id: str
-    prompt: str | None
-    params: SamplingParams
-    samples: list[_Sample] = field(default_factory=list)
-    prompt_logprobs: list[PositionLogprobs] = field(default_factory=list)  # of prompt tokens 1.., vLLM's shape
-
-    @property
-    def wants_logprobs(self) -> bool:
-        return self.params.logprobs is not None
-
-    @property
-    def ranks_samples(self) -> bool:
-        """best_of > n: every candidate runs, the n most likely are reported once all are done."""
-        return self.params.best_of is not None and self.params.best_of > self.params.n
-
-    @property
-    def finished(self) -> bool:
-        return all(s.request.is_finished for s in self.samples)
 
 
 class LLMEngine:
@@ -103,13 +68,13 @@ class LLMEngine:
                            "first, or set %s", " ".join(f"{k}={v}" for k, v in THREAD_ENV.items()))
         self.weights_bytes = loaded.weights.num_bytes
         self._seed_rng = np.random.default_rng(config.seed)
-        self._groups: dict[str, _Group] = {}
+        self.output_processor = OutputProcessor(self.tokenizer)
 
     def memory_report(self) -> dict[str, int]:
         """Bytes held by weights, the device KV cache and the host swap arena."""
         proposer = self.runner.proposer
         return {"weights": self.weights_bytes, "kv_cache": self.runner.kv_cache_bytes,
-                "draft_kv_cache": getattr(proposer, "kv_cache_bytes", 0),
+                "draft_kv_cache": proposer.kv_cache_bytes if proposer is not None else 0,
                 "host_swap": self.runner.host_cache_bytes,
                 "kv_blocks": self.block_manager.num_blocks, "block_size": self.block_manager.block_size}
 
@@ -123,33 +88,27 @@ class LLMEngine:
         The engine keeps its own validated copy of `params` (as vLLM clones them): fields assigned
         since construction are checked here, and assigning fields later never reaches this request.
         """
-        if request_id in self._groups:
+        if self.output_processor.has_request(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params.clone()
-        text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        group = _Group(request_id, text, params)
-        # Ranking needs each candidate's logprobs, asked for or not (they are not reported then).
-        internal = dataclasses.replace(params, logprobs=0) if group.ranks_samples and not group.wants_logprobs \
-            else params
+        internal = self.output_processor.sampling_params_for(params)
         internal.update_from_tokenizer(self.tokenizer)
         max_tokens = self.check_request(token_ids, internal)
         token_ids = _truncated_prompt(token_ids, internal)
+        samples = []
         for i in range(params.num_sequences):
             # Sample i of a seeded request is that request alone with seed + i (as vLLM does).
             seed = int(self._seed_rng.integers(2**63)) if params.seed is None else params.seed + i
-            generator = make_generator(seed)
-            request = Request(
+            samples.append(Request(
                 request_id=request_id if i == 0 else f"{request_id}#{i}",
                 prompt_token_ids=token_ids, sampling_params=internal, max_tokens=max_tokens,
-                generator=generator, arrival_time=arrival_time or time.monotonic(), priority=priority,
-                cache_salt=cache_salt, client_id=client_id,
-                parent_id=None if i == 0 else request_id, sample_index=i)
-            detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens,
-                                                 params.stop or (), params.include_stop_str_in_output)
-            group.samples.append(_Sample(request, detokenizer))
-        self._groups[request_id] = group
-        first, *forks = [s.request for s in group.samples]
+                generator=make_generator(seed), arrival_time=arrival_time or time.monotonic(),
+                priority=priority, cache_salt=cache_salt, client_id=client_id,
+                parent_id=None if i == 0 else request_id, sample_index=i))
+        self.output_processor.add_request(request_id, prompt if isinstance(prompt, str) else None, params,
+                                          samples)
+        first, *forks = samples
         self.scheduler.add_request(first, forks)
 
     def check_request(self, token_ids: list[int], params: SamplingParams) -> int:
@@ -179,17 +138,23 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request (all its samples) and free its blocks; unknown ids are ignored."""
-        group = self._groups.pop(request_id, None)
-        if group is not None:
-            self.scheduler.abort_requests([s.request.request_id for s in group.samples])
-            self._forget(group)
+        samples = self.output_processor.abort_request(request_id)
+        self.scheduler.abort_requests([r.request_id for r in samples])
+        self._forget_finished(samples)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._groups)
+        return self.output_processor.num_unfinished_requests > 0
 
     @property
     def num_unfinished_requests(self) -> int:
-        return len(self._groups)
+        return self.output_processor.num_unfinished_requests
+
+    def get_stats(self) -> EngineStats:
+        """A snapshot of the engine's numbers; what other modules read instead of its parts."""
+        proposer = self.runner.proposer
+        return EngineStats(self.scheduler.make_stats(), self.output_processor.num_unfinished_requests,
+                           self.runner.num_forward_passes,
+                           proposer.num_forward_passes if proposer is not None else 0)
 
     # --- step -----------------------------------------------------------------------------------
 
@@ -198,7 +163,10 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         result = self._execute(scheduled)
         touched = self.scheduler.update(scheduled, result)
-        return self._make_outputs(touched)
+        for hit in self.output_processor.detokenize(touched):
+            self.scheduler.finish(hit.request, FinishReason.STOP, hit.stop_str)
+        self._forget_finished(touched)
+        return self.output_processor.make_outputs()
 
     def _execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         """Run the batch; if it raises, run each sequence alone so only the failing ones end in error.
@@ -229,114 +197,13 @@ class LLMEngine:
         errors = {r.request_id: message for seq in seqs for r in [seq.request, *seq.samplers]}
         return RunnerOutput(errors=errors)
 
-    def _make_outputs(self, touched: list[Request]) -> list[RequestOutput]:
-        changed: dict[str, _Group] = {}
-        for request in touched:
-            group_id = request.parent_id or request.request_id
-            group = self._groups.get(group_id)
-            if group is None:
-                continue
-            self._detokenize(group.samples[request.sample_index])
-            changed[group_id] = group
-        outputs = []
-        for group_id, group in changed.items():
-            if group.finished:
-                del self._groups[group_id]
-                self._forget(group)
-            elif group.ranks_samples:
-                continue  # best_of reports once, when every candidate is done
-            outputs.append(self._group_output(group))
-        return outputs
-
-    def _forget(self, group: _Group) -> None:
-        if self.runner.proposer is not None:
-            for sample in group.samples:
-                self.runner.proposer.forget(sample.request.request_id)
-
-    def _detokenize(self, sample: _Sample) -> None:
-        request = sample.request
-        if not request.sampling_params.detokenize:
-            return  # token ids only: the text stays "" (stop strings need text, so there are none)
-        first = sample.num_detokenized
-        new_ids = request.output_token_ids[first:]
-        sample.num_detokenized = request.num_output_tokens
-        if request.is_finished and request.finish_reason is FinishReason.STOP and new_ids \
-                and not isinstance(request.stop_reason, str):
-            new_ids = new_ids[:-1]  # EOS or a stop token id: kept in token_ids, never in the text
-        delta = sample.detokenizer.add_tokens(new_ids) if new_ids else None
-        if delta is not None and delta.stop_str is not None:
-            # Tokens sampled past the one that completed the stop string are dropped.
-            request.truncate_output(first + delta.num_tokens_used)
-            sample.num_detokenized = request.num_output_tokens
-            if not request.is_finished:
-                self.scheduler.finish(request, FinishReason.STOP, delta.stop_str)
-            else:
-                request.finish(FinishReason.STOP, delta.stop_str)
-        if request.is_finished and sample.detokenizer.stop_str is None:
-            sample.detokenizer.flush()
-
-    def _group_output(self, group: _Group) -> RequestOutput:
-        completions = [self._completion(group, s) for s in group.samples]
-        if group.ranks_samples:
-            completions.sort(key=lambda c: c.cumulative_logprob, reverse=True)
-            completions = completions[:group.params.n]
-            for i, c in enumerate(completions):
-                c.index = i
-        first = group.samples[0].request
-        errors = [s.request.error for s in group.samples if s.request.error]
-        metrics = RequestMetrics(first.arrival_time, first.first_token_time,
-                                 time.monotonic() if group.finished else None, first.num_preemptions,
-                                 sum(s.request.num_draft_tokens for s in group.samples),
-                                 sum(s.request.num_accepted_tokens for s in group.samples))
-        prompt_logprobs = None
-        if group.params.prompt_logprobs is not None:
-            converted = _sync_logprobs(group.prompt_logprobs, first.prompt_logprobs, self.tokenizer.token_text)
-            prompt_logprobs = [None, *converted]  # the first token has no context
-        return RequestOutput(group.request_id, group.prompt, first.prompt_token_ids, completions,
-                             group.finished, first.num_cached_tokens, errors[0] if errors else None, metrics,
-                             prompt_logprobs)
-
-    def _completion(self, group: _Group, sample: _Sample) -> CompletionOutput:
-        request = sample.request
-        start, previous_text = sample.num_reported, sample.reported_text
-        text = sample.detokenizer.output_text
-        sample.num_reported, sample.reported_text = request.num_output_tokens, text
-        logprobs = None
-        if group.wants_logprobs:
-            logprobs = _sync_logprobs(sample.logprobs, request.logprobs, self.tokenizer.token_text)
-        return CompletionOutput(
-            index=request.sample_index,
-            text=text,
-            token_ids=list(request.output_token_ids),
-            cumulative_logprob=request.cumulative_logprob if group.wants_logprobs or group.ranks_samples else None,
-            logprobs=list(logprobs) if logprobs is not None else None,
-            finish_reason=request.finish_reason.value if request.finish_reason else None,
-            stop_reason=request.stop_reason,
-            delta_text=text[len(previous_text):],
-            delta_token_ids=request.output_token_ids[start:],
-            delta_logprobs=logprobs[start:] if logprobs is not None else None,
-        )
-
-
-def _sync_logprobs(converted: list[PositionLogprobs], entries: Sequence[TokenLogprobs],
-                   token_text: Callable[[int], str]) -> list[PositionLogprobs]:
-    """Bring `converted` in line with the internal `entries`, converting each position once.
-
-    Entries only grow, or lose their tail when a stop string drops tokens sampled after it.
-    """
-    del converted[len(entries):]
-    converted.extend(_position_logprobs(entry, token_text) for entry in entries[len(converted):])
-    return converted
-
-
-def _position_logprobs(entry: TokenLogprobs, token_text: Callable[[int], str]) -> PositionLogprobs:
-    """vLLM's dict for one position: the top candidates best first (ranks 1..k), then the sampled
-    token if it is not among them; the sampled token keeps its own rank (ties share the better one)."""
-    logprobs = {token_id: Logprob(logprob, i + 1, token_text(token_id))
-                for i, (token_id, logprob) in enumerate(entry.top)}
-    # Assigning an existing key keeps its place, so the top candidates stay in order.
-    logprobs[entry.token_id] = Logprob(entry.logprob, entry.rank, token_text(entry.token_id))
-    return logprobs
+    def _forget_finished(self, requests: list[Request]) -> None:
+        """The proposer drops what it kept for requests that are finished (or aborted)."""
+        proposer = self.runner.proposer
+        if proposer is not None:
+            for request in requests:
+                if request.is_finished:
+                    proposer.forget(request.request_id)
 
 
 def _truncated_prompt(token_ids: list[int], params: SamplingParams) -> list[int]:

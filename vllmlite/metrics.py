@@ -2,7 +2,7 @@
 
 Owns the metric names (vLLM's, under `vllmlite:`), their buckets and the per-request latency
 bookkeeping that turns engine outputs into TTFT, inter-token and end-to-end observations.
-Knows nothing of HTTP or of the engine's classes: it is fed snapshots and RequestOutputs.
+Knows nothing of HTTP or of the engine's classes: it is fed EngineStats snapshots and RequestOutputs.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import math
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from vllmlite.stats import EngineStats
 
 PREFIX = "vllmlite:"
 
@@ -141,22 +143,6 @@ class Histogram(_Metric):
         return out
 
 
-@dataclass(frozen=True)
-class EngineStats:
-    """What the engine looks like after a step: the gauges and the engine's own cumulative counts."""
-
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float          # fraction of device blocks referenced, in [0, 1]
-    prefix_cache_queries: int      # tokens, cumulative
-    prefix_cache_hits: int         # tokens, cumulative
-    num_preemptions: int           # cumulative
-    spec_num_drafts: int = 0                   # speculative rounds that scored a guess, cumulative
-    spec_num_draft_tokens: int = 0             # guesses scored, cumulative
-    spec_num_accepted_tokens: int = 0          # guesses kept, cumulative
-    spec_accepted_per_position: tuple[int, ...] = ()  # guesses kept at each position, cumulative
-
-
 @dataclass
 class _RequestTimes:
     arrival_time: float
@@ -196,22 +182,23 @@ class EngineMetrics:
                          self.prefix_hits, self.preemptions, self.prompt_tokens, self.generation_tokens,
                          self.request_success, self.ttft, self.itl, self.e2e, self.spec_drafts,
                          self.spec_draft_tokens, self.spec_accepted, self.spec_accepted_per_pos)
-        self.record_stats(EngineStats(0, 0, 0.0, 0, 0, 0))
+        self.record_stats(EngineStats())
         for counter in (self.prompt_tokens, self.generation_tokens):
             counter.inc(self.labels, 0.0)
 
     def record_stats(self, stats: EngineStats) -> None:
+        s, spec = stats.scheduler, stats.scheduler.spec_decode
         with self._lock:
-            self.num_running.set(self.labels, stats.num_running)
-            self.num_waiting.set(self.labels, stats.num_waiting)
-            self.kv_cache_usage.set(self.labels, stats.kv_cache_usage)
-            self.prefix_queries.set_total(self.labels, stats.prefix_cache_queries)
-            self.prefix_hits.set_total(self.labels, stats.prefix_cache_hits)
-            self.preemptions.set_total(self.labels, stats.num_preemptions)
-            self.spec_drafts.set_total(self.labels, stats.spec_num_drafts)
-            self.spec_draft_tokens.set_total(self.labels, stats.spec_num_draft_tokens)
-            self.spec_accepted.set_total(self.labels, stats.spec_num_accepted_tokens)
-            for position, count in enumerate(stats.spec_accepted_per_position):
+            self.num_running.set(self.labels, s.num_running)
+            self.num_waiting.set(self.labels, s.num_not_running)
+            self.kv_cache_usage.set(self.labels, s.kv_cache_usage)
+            self.prefix_queries.set_total(self.labels, s.prefix_cache_queries)
+            self.prefix_hits.set_total(self.labels, s.prefix_cache_hits)
+            self.preemptions.set_total(self.labels, s.num_preemptions)
+            self.spec_drafts.set_total(self.labels, spec.num_drafts)
+            self.spec_draft_tokens.set_total(self.labels, spec.num_draft_tokens)
+            self.spec_accepted.set_total(self.labels, spec.num_accepted_tokens)
+            for position, count in enumerate(spec.accepted_per_position):
                 self.spec_accepted_per_pos.set_total((*self.labels, ("position", str(position))), count)
 
     def record_outputs(self, outputs: Iterable, now: float) -> None:

@@ -147,7 +147,7 @@ class ModelRunner:
     def _copy_blocks(self, out: SchedulerOutput) -> None:
         """Swap-out first (its device blocks may be reused below), then swap-in, then copy-on-write
         (in the draft model's KV too, which shares the block tables)."""
-        draft_kv = getattr(self.proposer, "kv_cache", [])
+        draft_kv = self.proposer.kv_cache if self.proposer is not None else []
         for pairs, src_of, dst_of in ((out.blocks_to_swap_out, self.kv_cache, self.host_cache),
                                       (out.blocks_to_swap_in, self.host_cache, self.kv_cache),
                                       (out.blocks_to_copy, self.kv_cache + draft_kv, self.kv_cache + draft_kv)):

@@ -14,6 +14,7 @@ from vllmlite.block_manager import BlockManager, PrefixHit
 from vllmlite.config import SchedulerConfig, ceil_div
 from vllmlite.request import FinishReason, Request, RequestStatus
 from vllmlite.request_queue import WaitingQueue
+from vllmlite.stats import SchedulerStats, SpecDecodeStats
 
 
 class Scheduler:
@@ -32,7 +33,7 @@ class Scheduler:
         self.num_preemptions = 0
         self._static_batch_open = False  # batching="static": the current batch still takes requests
         self.num_speculative_tokens = num_speculative_tokens
-        self.spec_stats = SpecDecodeStats(num_speculative_tokens)
+        self._spec_counts = _SpecDecodeCounts(num_speculative_tokens)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -77,8 +78,20 @@ class Scheduler:
         return bool(self.requests)
 
     @property
-    def num_waiting(self) -> int:
-        return len(self.waiting) + len(self.swapped)
+    def spec_stats(self) -> SpecDecodeStats:
+        """Deprecated: read `make_stats().spec_decode` (bench/spec_bench.py still reads this)."""
+        return self._spec_counts.snapshot()
+
+    def make_stats(self) -> SchedulerStats:
+        """A snapshot of the request queues, the device blocks and the cumulative counts."""
+        bm = self.block_manager
+        num_free = bm.num_free_blocks
+        return SchedulerStats(
+            num_running=len(self.running), num_waiting=len(self.waiting), num_swapped=len(self.swapped),
+            num_kv_blocks=bm.num_blocks, num_kv_blocks_used=bm.num_blocks - num_free,
+            num_kv_blocks_cached=bm.num_cached_blocks, num_kv_blocks_free=num_free,
+            prefix_cache_queries=bm.prefix_queries, prefix_cache_hits=bm.prefix_hits,
+            num_preemptions=self.num_preemptions, spec_decode=self._spec_counts.snapshot())
 
     # --- schedule -------------------------------------------------------------------------------
 
@@ -262,7 +275,7 @@ class Scheduler:
         are the accepted guesses plus one. Slots of rejected or unproposed guesses are returned."""
         request = seq.request
         num_accepted = result.num_accepted.get(request.request_id, 0)
-        self.spec_stats.record(request, result.num_drafts.get(request.request_id, 0), num_accepted)
+        self._spec_counts.record(request, result.num_drafts.get(request.request_id, 0), num_accepted)
         request.num_computed_tokens += len(seq.token_ids) + num_accepted
         self._append_tokens(request, result.sampled_token_ids.get(request.request_id, []),
                             result.logprobs.get(request.request_id))
@@ -303,7 +316,7 @@ class Scheduler:
         return None, None
 
 
-class SpecDecodeStats:
+class _SpecDecodeCounts:
     """Speculative decoding counters: guesses scored, guesses kept, and acceptance per position."""
 
     def __init__(self, num_speculative_tokens: int) -> None:
@@ -323,6 +336,6 @@ class SpecDecodeStats:
         request.num_draft_tokens += num_drafts
         request.num_accepted_tokens += num_accepted
 
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+    def snapshot(self) -> SpecDecodeStats:
+        return SpecDecodeStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                               tuple(self.accepted_per_position))

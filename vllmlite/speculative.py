@@ -29,9 +29,27 @@ class Draft(NamedTuple):
 
 
 class Proposer(ABC):
+    """Guesses tokens for the decode slots the scheduler reserved. Only `propose` is required; a
+    proposer that runs a model of its own also reports its KV cache and its forward passes."""
+
     @abstractmethod
     def propose(self, seqs: list[ScheduledSequence]) -> list[Draft]:
         """One Draft per sequence, each with at most `seq.num_draft_slots` tokens."""
+
+    @property
+    def kv_cache(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The proposer's own K/V per layer, over the target's slots (block copies apply to it too);
+        [] if it keeps none."""
+        return []
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.kv_cache)
+
+    @property
+    def num_forward_passes(self) -> int:
+        """Forward passes of the proposer's own model, cumulative; 0 if it has none."""
+        return 0
 
     def verified(self, seq: ScheduledSequence, num_drafts: int, num_accepted: int) -> None:
         """Told after verification how many drafts survived (draft models roll back on it)."""
@@ -77,16 +95,20 @@ class DraftModelProposer(Proposer):
         self.model = model
         self.block_size = block_size
         shape = (num_blocks * block_size, c.num_kv_heads, c.head_dim)
-        self.kv_cache = [(np.zeros(shape, model.dtype), np.zeros(shape, model.dtype))
-                         for _ in range(c.num_layers)]         # per layer: [slots, kv_heads, head_dim]
+        self._kv_cache = [(np.zeros(shape, model.dtype), np.zeros(shape, model.dtype))
+                          for _ in range(c.num_layers)]        # per layer: [slots, kv_heads, head_dim]
         self.sampler = Sampler()
         self.rng = np.random.default_rng(seed)                 # the draft's own draws
         self._computed: dict[str, tuple[int, int]] = {}        # id -> (valid positions, preemptions seen)
-        self.num_forward_passes = 0
+        self._num_forward_passes = 0
 
     @property
-    def kv_cache_bytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self.kv_cache)
+    def kv_cache(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return self._kv_cache
+
+    @property
+    def num_forward_passes(self) -> int:
+        return self._num_forward_passes
 
     def propose(self, seqs: list[ScheduledSequence]) -> list[Draft]:
         drafts: list[list[int]] = [[] for _ in seqs]
@@ -123,7 +145,7 @@ class DraftModelProposer(Proposer):
         input_ids = np.array([t for x in inputs for t in x], dtype=np.int64)           # [num_tokens]
         last_rows = meta.query_start[1:] - 1                                            # [seqs]
         logits = self.model.forward(input_ids, meta, self.kv_cache, last_rows)
-        self.num_forward_passes += 1
+        self._num_forward_passes += 1
         requests = [s.request for s in seqs]
         batch = SamplingBatch(params=[r.sampling_params for r in requests],
                               prompt_token_ids=[r.prompt_token_ids for r in requests],

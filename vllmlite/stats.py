@@ -1,0 +1,66 @@
+"""The engine's numbers as plain snapshots: what the async engine, the metrics and the API may read.
+
+Data only, no logic beyond derived properties. `Scheduler.make_stats()` fills `SchedulerStats`,
+`LLMEngine.get_stats()` wraps it in `EngineStats`. Counts marked cumulative never decrease.
+A snapshot is new each call and never changed after it is made, so it may cross threads (not frozen:
+a frozen dataclass costs several times more to build, and one is built every step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SpecDecodeStats:
+    """Speculative decoding, cumulative: rounds, guesses scored, guesses kept."""
+
+    num_drafts: int = 0                  # rounds that scored at least one guess
+    num_draft_tokens: int = 0            # guesses scored
+    num_accepted_tokens: int = 0         # of those, kept
+    accepted_per_position: tuple[int, ...] = ()  # [k]: rounds whose guess i was kept
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Requests by state and the device KV blocks, right after a step.
+
+    Blocks: used + free == total; cached blocks (published in the prefix cache) may be used or free.
+    Prefix queries and hits are in tokens, counted once per admitted request (vLLM's metrics).
+    """
+
+    num_running: int = 0
+    num_waiting: int = 0                 # queued, or preempted by recompute
+    num_swapped: int = 0                 # preempted by swap: KV in the host arena
+    num_kv_blocks: int = 0
+    num_kv_blocks_used: int = 0          # referenced by some request
+    num_kv_blocks_cached: int = 0        # published in the prefix cache, referenced or not
+    num_kv_blocks_free: int = 0          # referenced by none (evictable cached blocks included)
+    prefix_cache_queries: int = 0        # tokens, cumulative
+    prefix_cache_hits: int = 0           # tokens, cumulative
+    num_preemptions: int = 0             # cumulative
+    spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+
+    @property
+    def num_not_running(self) -> int:
+        """Requests admitted to the engine but not running: the queue bound and `num_requests_waiting`."""
+        return self.num_waiting + self.num_swapped
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of device blocks in use, in [0, 1]."""
+        return self.num_kv_blocks_used / self.num_kv_blocks if self.num_kv_blocks else 0.0
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """The scheduler's snapshot plus what the engine itself counts."""
+
+    scheduler: SchedulerStats = field(default_factory=SchedulerStats)
+    num_unfinished_requests: int = 0     # user requests (an n > 1 group counts once)
+    num_forward_passes: int = 0          # target model, cumulative
+    num_draft_forward_passes: int = 0    # draft model (speculative decoding), cumulative
