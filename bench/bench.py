@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
 
 # isort: split
-from bench.measure import CpuMeter, KVTrace, RowSummary, kv_occupancy, request_record, ttft_tpot_stats
+from bench.measure import CpuMeter, KVTrace, RowSummary, request_record, ttft_tpot_stats
 from bench.report import (
     REPO_ROOT,
     check_targets,
@@ -94,11 +94,11 @@ class Progress:
             if now - last < self.interval:
                 return
             last = now
-            tokens = sum(len(o.outputs[0].token_ids) for o in finished.values()) + \
-                sum(r.num_output_tokens for r in engine.scheduler.running)
-            self.log(f"  {row}: {now - start:6.1f}s, {engine.runner.num_forward_passes} passes, "
-                     f"{len(finished)}/{total} done, {len(engine.scheduler.running)} running, "
-                     f"{tokens} tokens out ({tokens / (now - start):.1f}/s)")
+            stats = engine.get_stats()
+            tokens = sum(len(o.outputs[0].token_ids) for o in finished.values())
+            self.log(f"  {row}: {now - start:6.1f}s, {stats.num_forward_passes} passes, "
+                     f"{len(finished)}/{total} done, {stats.scheduler.num_running} running, "
+                     f"{tokens} tokens out of finished requests ({tokens / (now - start):.1f}/s)")
         return on_step
 
 
@@ -121,19 +121,19 @@ def run_row(loaded: LoadedModel, row: Row, workload: Workload, args: argparse.Na
             progress: Progress) -> dict:
     """Run one row on a fresh engine; return its summary with per-request records."""
     engine = make_engine(loaded, row, workload, args)
-    bm = engine.block_manager
     reserved = row.batch_size * workload.max_model_len if row.batch_size else None
-    trace = KVTrace(BLOCK_SIZE, bm.num_blocks, reserved)
+    trace = KVTrace(BLOCK_SIZE, engine.get_stats().scheduler.num_kv_blocks, reserved)
     show = progress.observer(row.name, len(workload.requests))
 
     def on_step(eng: LLMEngine, finished: dict) -> None:
-        trace.samples.append(kv_occupancy(eng))
+        trace.samples.append(eng.kv_occupancy())
         show(eng, finished)
 
     meter = CpuMeter()
     start = time.monotonic()
     outputs = run_batches(engine, workload.requests, row.batch_size, start, on_step)
     wall = time.monotonic() - start
+    stats = engine.get_stats()
     records = [request_record(outputs[r.request_id], r.max_tokens, start) for r in workload.requests]
     summary = RowSummary(
         name=row.name, workload=row.workload,
@@ -142,14 +142,15 @@ def run_row(loaded: LoadedModel, row: Row, workload: Workload, args: argparse.Na
         prompt_tokens=sum(r["prompt_tokens"] for r in records),
         output_tokens=sum(r["output_tokens"] for r in records), wall_time_s=wall,
         output_tokens_per_s=sum(r["output_tokens"] for r in records) / wall,
-        forward_passes=engine.runner.num_forward_passes,
+        forward_passes=stats.num_forward_passes,
         kv_utilization=trace.utilization(),
         kv_utilization_basis="tokens held / (B * max_model_len) reserved" if reserved
         else "tokens held / slots in used blocks",
         kv_budget_fraction_mean=trace.budget_fraction()[0], kv_budget_fraction_peak=trace.budget_fraction()[1],
         mean_running=sum(s.num_running for s in trace.samples) / max(len(trace.samples), 1),
-        prefix_hit_rate=bm.prefix_hits / bm.prefix_queries if row.prefix_caching and bm.prefix_queries else None,
-        num_preemptions=engine.scheduler.num_preemptions,
+        prefix_hit_rate=stats.scheduler.prefix_cache_hits / stats.scheduler.prefix_cache_queries
+        if row.prefix_caching and stats.scheduler.prefix_cache_queries else None,
+        num_preemptions=stats.scheduler.num_preemptions,
         all_complete=all(r["output_tokens"] == r["max_tokens"] for r in records),
         **ttft_tpot_stats(records))
     return dict(summary.to_dict(), kv_budget_tokens=kv_budget_tokens(workload),

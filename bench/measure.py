@@ -1,5 +1,5 @@
-"""What the offline benchmark measures: KV occupancy after every step, per-request latency records,
-and one summary per row. Reads engine state and outputs; never changes them.
+"""What the offline benchmark measures: KV occupancy after every step (`LLMEngine.kv_occupancy()`),
+per-request latency records, and one summary per row. Reads engine stats and outputs; never changes them.
 """
 
 from __future__ import annotations
@@ -11,36 +11,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from vllmlite.engine import LLMEngine
 from vllmlite.outputs import RequestOutput
-
-
-@dataclass
-class KVSample:
-    """KV occupancy between two steps."""
-
-    held_tokens: int       # tokens whose K/V is present, counted once per block even when shared
-    used_blocks: int       # blocks referenced by some request
-    num_running: int
-
-
-def kv_occupancy(engine: LLMEngine) -> KVSample:
-    """Tokens held by running requests and blocks in use, right after a step.
-
-    Block i of a table holds min(block_size, computed - i * block_size) tokens: with block size 16 and
-    40 computed tokens the table's blocks hold [16, 16, 8]. A block shared through the prefix cache is
-    counted once.
-    """
-    bm = engine.block_manager
-    bs = bm.block_size
-    filled: dict[int, int] = {}  # block id -> tokens held in it
-    for request in engine.scheduler.running:
-        for i, block_id in enumerate(bm.block_table(request.request_id)):
-            num_held = min(bs, request.num_computed_tokens - i * bs)
-            if num_held > 0:
-                filled[block_id] = max(filled.get(block_id, 0), num_held)
-    used = bm.num_blocks - bm.num_free_blocks
-    return KVSample(sum(filled.values()), used, len(engine.scheduler.running))
+from vllmlite.stats import KVOccupancy
 
 
 @dataclass
@@ -50,14 +22,14 @@ class KVTrace:
     block_size: int
     num_blocks: int
     reserved_tokens: int | None = None
-    samples: list[KVSample] = field(default_factory=list)
+    samples: list[KVOccupancy] = field(default_factory=list)
 
     def utilization(self) -> float:
         """Mean over steps of tokens held / slots reserved (static) or / slots in used blocks (paged)."""
         ratios = [s.held_tokens / self._capacity(s) for s in self.samples if self._capacity(s) > 0]
         return float(np.mean(ratios)) if ratios else math.nan
 
-    def _capacity(self, sample: KVSample) -> int:
+    def _capacity(self, sample: KVOccupancy) -> int:
         if self.reserved_tokens is not None:
             return self.reserved_tokens
         return sample.used_blocks * self.block_size

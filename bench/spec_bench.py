@@ -53,18 +53,18 @@ def run(loaded, model: str, spec: dict | None, prompt: str, max_tokens: int) -> 
         for out in engine.step():
             output = out
     elapsed = time.perf_counter() - start
-    stats = engine.scheduler.spec_stats
-    draft = engine.runner.proposer
+    stats = engine.get_stats()
+    spec = stats.scheduler.spec_decode
     return {
         "token_ids": output.outputs[0].token_ids,
         "seconds": elapsed,
         "output_tokens_per_s": max_tokens / elapsed,
-        "target_forward_passes": engine.runner.num_forward_passes,
-        "draft_forward_passes": getattr(draft, "num_forward_passes", 0),
-        "draft_tokens": stats.num_draft_tokens,
-        "accepted_tokens": stats.num_accepted_tokens,
-        "acceptance_rate": stats.acceptance_rate,
-        "accepted_per_position": stats.accepted_per_position,
+        "target_forward_passes": stats.num_forward_passes,
+        "draft_forward_passes": stats.num_draft_forward_passes,
+        "draft_tokens": spec.num_draft_tokens,
+        "accepted_tokens": spec.num_accepted_tokens,
+        "acceptance_rate": spec.acceptance_rate,
+        "accepted_per_position": list(spec.accepted_per_position),
     }
 
 

@@ -43,6 +43,21 @@ def test_queues_and_blocks_after_the_first_step(make_engine):
     assert stats.num_forward_passes == 1
 
 
+def test_kv_occupancy_counts_a_shared_prefix_block_once(make_engine):
+    engine = make_engine(block_size=4, enable_prefix_caching=True)
+    shared = make_prompts(1, seed=3, min_len=8, max_len=8)[0]             # two full blocks
+    engine.add_request("a", shared + [1, 2], greedy(3))                     # 10 tokens: blocks 4 + 4 + 2
+    engine.step()
+    engine.add_request("b", shared + [3, 4, 5], greedy(3))                  # 11 tokens, the 8 shared cached
+    engine.step()
+    occupancy = engine.kv_occupancy()
+    # After two steps "a" has computed its 10 prompt tokens and one decode (11), "b" its 11: the two
+    # shared blocks hold 8 tokens once, then a's third block 3 and b's third block 3.
+    assert occupancy.num_running == 2
+    assert occupancy.held_tokens == 8 + 3 + 3
+    assert occupancy.used_blocks == engine.get_stats().scheduler.num_kv_blocks_used == 2 + 1 + 1
+
+
 def test_prefix_queries_hits_and_cached_blocks_count_tokens(make_engine):
     engine = make_engine(block_size=4, enable_prefix_caching=True)
     shared = make_prompts(1, seed=5, min_len=12, max_len=12)[0]            # three full blocks

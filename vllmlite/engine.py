@@ -26,7 +26,7 @@ from vllmlite.sampling import make_generator
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.scheduler import Scheduler
 from vllmlite.speculative import make_proposer
-from vllmlite.stats import EngineStats
+from vllmlite.stats import EngineStats, KVOccupancy
 from vllmlite.threads import THREAD_ENV, THREAD_ENV_APPLIED
 
 logger = logging.getLogger(__name__)
@@ -155,6 +155,10 @@ class LLMEngine:
         return EngineStats(self.scheduler.make_stats(), self.output_processor.num_unfinished_requests,
                            self.runner.num_forward_passes,
                            proposer.num_forward_passes if proposer is not None else 0)
+
+    def kv_occupancy(self) -> KVOccupancy:
+        """How full the KV blocks are (for benchmarks; it walks every block table)."""
+        return self.scheduler.kv_occupancy()
 
     # --- step -----------------------------------------------------------------------------------
 

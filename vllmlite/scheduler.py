@@ -14,7 +14,7 @@ from vllmlite.block_manager import BlockManager, PrefixHit
 from vllmlite.config import SchedulerConfig, ceil_div
 from vllmlite.request import FinishReason, Request, RequestStatus
 from vllmlite.request_queue import WaitingQueue
-from vllmlite.stats import SchedulerStats, SpecDecodeStats
+from vllmlite.stats import KVOccupancy, SchedulerStats, SpecDecodeStats
 
 
 class Scheduler:
@@ -77,10 +77,18 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
-    @property
-    def spec_stats(self) -> SpecDecodeStats:
-        """Deprecated: read `make_stats().spec_decode` (bench/spec_bench.py still reads this)."""
-        return self._spec_counts.snapshot()
+    def kv_occupancy(self) -> KVOccupancy:
+        """Tokens held by running requests and blocks in use. Block i of a table holds
+        min(block_size, computed - i * block_size) tokens (block size 16, 40 computed tokens:
+        [16, 16, 8]); a block shared through the prefix cache is counted once."""
+        bm, size = self.block_manager, self.block_manager.block_size
+        filled: dict[int, int] = {}  # block id -> tokens held in it
+        for request in self.running:
+            for i, block_id in enumerate(bm.block_table(request.request_id)):
+                num_held = min(size, request.num_computed_tokens - i * size)
+                if num_held > 0:
+                    filled[block_id] = max(filled.get(block_id, 0), num_held)
+        return KVOccupancy(sum(filled.values()), bm.num_blocks - bm.num_free_blocks, len(self.running))
 
     def make_stats(self) -> SchedulerStats:
         """A snapshot of the request queues, the device blocks and the cumulative counts."""

@@ -64,3 +64,13 @@ class EngineStats:
     num_unfinished_requests: int = 0     # user requests (an n > 1 group counts once)
     num_forward_passes: int = 0          # target model, cumulative
     num_draft_forward_passes: int = 0    # draft model (speculative decoding), cumulative
+
+
+@dataclass(slots=True)
+class KVOccupancy:
+    """How full the device KV blocks are, right after a step (`LLMEngine.kv_occupancy()`, for
+    benchmarks: it walks every running request's block table, so it is not part of a step's stats)."""
+
+    held_tokens: int   # tokens whose K/V running requests hold, counted once per block even when shared
+    used_blocks: int   # blocks referenced by some request
+    num_running: int
