@@ -486,13 +486,13 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
     _combine_parts(query_start, first_item, acc, best, total, out)
 
 
-# Tokens up to which quantized products read the packed bytes directly; beyond, tiles are
-# dequantized for BLAS. Over the default model's matrices (Q4_1 layers, Q8_0 LM head; 2 AVX2 cores,
-# weights streamed from memory; bench/quant_bench.py at 244a141) the packed-bytes kernel took
-# 0.39x float32's time at 1 token, 0.54x at 2, 0.73x at 4 and 0.96x at 8: it converts every weight
-# for every token. The BLAS tiles took 1.78x float32's time at 16 tokens (where float32 uses the
-# few-token kernel) and 1.24x at 64: every dequantized float is written to memory and read back
-# by BLAS, and each call wakes numba's threads, then OpenBLAS's.
+# Tokens up to which quantized products read the packed bytes directly; beyond, each core
+# dequantizes tiles for a one-thread sgemm (`_quantized_gemm`). Over the default model's matrices
+# (Q4_1 layers, Q8_0 LM head; 2 AVX2 cores, weights streamed from memory; `python -m
+# bench.quant_bench` at b4f77e2) the packed-bytes kernel took 0.44x float32's time at 1 token,
+# 0.69x at 2, 0.90x at 4 and 0.98x at 8: it converts every weight for every token. Over the
+# whole model at 12 tokens the tiles took 0.8x the packed-bytes kernel's time (scratch A/B runs,
+# one core each), and 1.18x float32's at 16 tokens, 1.27x at 64.
 QUANTIZED_FEW_ROWS = 8
 DEQUANTIZE_TILES = 8  # tiles dequantized at a time for np.matmul, when numpy's BLAS is not OpenBLAS
 _scratch = threading.local()  # per thread: the float32 tiles dequantized into, reused across calls
