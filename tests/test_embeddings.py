@@ -193,3 +193,20 @@ def test_real_model_embeddings_are_unit_vectors_whatever_the_batch(real_llm):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)  # float32: batch shapes change rounding only
     similarity = np.array(batched) @ np.array(batched).T
     assert np.all(similarity[~np.eye(len(texts), dtype=bool)] < 0.9999)  # different texts, different vectors
+
+
+@pytest.mark.real_model
+def test_real_model_paraphrases_are_closer_than_unrelated_sentences(real_llm):
+    """SmolLM2 is no embedding model, but its last-token states already tell these apart (margins
+    0.15-0.2 when written; the assertion asks for 0.05)."""
+    groups = [("The cat sat on the mat.", "A cat was sitting on the rug.",
+               "Interest rates were raised by the central bank."),
+              ("How do I bake bread at home?", "What is a simple recipe for homemade bread?",
+               "The football match ended in a draw."),
+              ("The weather is sunny and warm today.", "It is a bright, hot day outside.",
+               "Python is a programming language."),
+              ("He bought a new car yesterday.", "Yesterday he purchased a new automobile.",
+               "Photosynthesis happens in plant leaves.")]
+    for group in groups:
+        a, b, c = (np.array(o.outputs.embedding) for o in real_llm.embed(list(group), use_tqdm=False))
+        assert a @ b > max(a @ c, b @ c) + 0.05, group
