@@ -73,8 +73,8 @@ class ModelRunner:
         rows = np.concatenate([np.array(sample_rows + spec_rows, dtype=np.int64), prompt_rows])
         unique_rows, inverse = np.unique(rows, return_inverse=True)
         result = RunnerOutput()
-        pool_rows, pool_owners = _pooling_rows(seqs, meta.query_start)
-        if pool_owners:
+        if any(s.pooling is not None for s in seqs):
+            pool_rows, pool_owners = _pooling_rows(seqs, meta.query_start)
             logits, hidden = self.model.forward_with_hidden(input_ids, meta, self.kv_cache, unique_rows, pool_rows)
             _pool(hidden, pool_owners, result)
         else:
@@ -174,7 +174,7 @@ class ModelRunner:
 
 def _pooling_rows(seqs: list[ScheduledSequence], query_start: np.ndarray) -> tuple[np.ndarray, list]:
     """Rows whose final-norm hidden states an embedding request pools, and (request, pooling, number
-    of rows) per such sequence, in row order. Empty lists when no embedding request is in the batch.
+    of rows) per such sequence, in row order.
     Example: query_start [0, 3, 8], seq 0 MEAN, seq 1 LAST -> rows [0, 1, 2, 7]."""
     rows, owners = [], []
     for i, seq in enumerate(seqs):
