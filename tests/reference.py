@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vllmlite.config import ModelConfig
 from vllmlite.kernels import reference as kernels
 from vllmlite.loader import LoadedModel, ModelWeights
 from vllmlite.model import rope_inv_freq
@@ -42,7 +43,16 @@ def dequantized(w: ModelWeights) -> ModelWeights:
 def dense_logits(loaded: LoadedModel, token_ids: list[int]) -> np.ndarray:
     """Logits at every position of one sequence, recomputed from scratch. [len, vocab]
     Quantized weights count as their dequantized float32 matrices."""
-    c, w = loaded.config, dequantized(loaded.weights)
+    w = dequantized(loaded.weights)
+    return _final_hidden(loaded.config, w, token_ids) @ w.lm_head.T
+
+
+def dense_hidden(loaded: LoadedModel, token_ids: list[int]) -> np.ndarray:
+    """The final-norm hidden states at every position of one sequence, from scratch. [len, hidden]"""
+    return _final_hidden(loaded.config, dequantized(loaded.weights), token_ids)
+
+
+def _final_hidden(c: ModelConfig, w: ModelWeights, token_ids: list[int]) -> np.ndarray:
     n = len(token_ids)
     positions = np.arange(n)
     angles = np.outer(positions, rope_inv_freq(c, w.rope_freq_factors))    # [n, head_dim / 2]
@@ -65,7 +75,7 @@ def dense_logits(loaded: LoadedModel, token_ids: list[int]) -> np.ndarray:
         act = np.empty((n, c.intermediate_size), x.dtype)
         kernels.silu_and_mul(h @ layer.w_gate_up.T, act)
         x = x + act @ layer.w_down.T
-    return rms_norm(x, w.final_norm, c.rms_norm_eps) @ w.lm_head.T
+    return rms_norm(x, w.final_norm, c.rms_norm_eps)
 
 
 def dense_greedy(loaded: LoadedModel, prompt: list[int], max_tokens: int) -> list[int]:

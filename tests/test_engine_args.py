@@ -32,7 +32,7 @@ VALUES = {"model": "random", "tokenizer": "random", "dtype": "float64", "seed": 
           "batching": "static", "speculative_config": {"method": "ngram", "num_speculative_tokens": 2},
           "kernels": "numpy", "quantization": "none", "tensor_parallel_size": 1, "kv_cache_dtype": "auto",
           "trust_remote_code": True, "enforce_eager": True, "disable_custom_all_reduce": True,
-          "cpu_offload_gb": 2.0, "disable_log_stats": True}
+          "cpu_offload_gb": 2.0, "disable_log_stats": True, "pooling": "mean"}
 NOT_IN_VALUES = {"gpu_memory_utilization"}  # exclusive with kv_cache_memory; tested on its own
 
 
@@ -147,8 +147,8 @@ def test_flags_variables_kwargs_and_the_factory_build_the_same_engine_config(mak
                                          enable_prefix_caching=False, preemption_mode="swap", swap_space=0.01)
     assert expected.scheduler == SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=32, max_model_len=100,
                                                  batching="static")
-    assert (expected.dtype, expected.seed, expected.kernels, expected.speculative.num_speculative_tokens) \
-        == ("float64", 7, "numpy", 2)
+    assert (expected.dtype, expected.seed, expected.kernels, expected.speculative.num_speculative_tokens,
+            expected.pooling) == ("float64", 7, "numpy", 2, "mean")
     environ = {option.env: as_text(VALUES[option.field]) for option in OPTIONS if option.field in VALUES}
     assert parse_config(as_flags(VALUES), {}).create_engine_config() == expected
     assert parse_config([], environ).create_engine_config() == expected

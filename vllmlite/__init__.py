@@ -5,9 +5,10 @@ from vllmlite import threads  # noqa: F401  (first: sets the thread pools' envir
 # isort: split
 from vllmlite.engine import LLMEngine
 from vllmlite.llm import LLM
-from vllmlite.outputs import CompletionOutput, Logprob, RequestOutput
+from vllmlite.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput
+from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob",
-           "__version__"]
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "PoolingParams", "RequestOutput", "CompletionOutput",
+           "EmbeddingRequestOutput", "EmbeddingOutput", "Logprob", "__version__"]

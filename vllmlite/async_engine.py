@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from vllmlite.engine import LLMEngine
 from vllmlite.metrics import EngineMetrics
 from vllmlite.outputs import RequestOutput
+from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.stats import EngineStats
 from vllmlite.tokenizer import Tokenizer
@@ -51,7 +52,7 @@ class GenerateRequest:
 
     request_id: str
     prompt_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams  # PoolingParams: an embedding request
     priority: int = 0
     cache_salt: str | None = None
     client_id: str | None = None
@@ -182,6 +183,11 @@ class AsyncLLMEngine:
         return self.engine.max_model_len
 
     @property
+    def hidden_size(self) -> int:
+        """The model's hidden size: the length of its embeddings."""
+        return self.engine.model_config.hidden_size
+
+    @property
     def is_dead(self) -> bool:
         return self.dead_error is not None
 
@@ -200,7 +206,7 @@ class AsyncLLMEngine:
         with self._cond:
             return self._stats
 
-    def check_request(self, token_ids: list[int], params: SamplingParams) -> int:
+    def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
         """The engine's pure validation (vocab, context length); raises ValueError for the client."""
         return self.engine.check_request(token_ids, params)
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from vllmlite.pooling_params import PoolingType
 from vllmlite.request import Request
 
 
@@ -23,6 +26,9 @@ class ScheduledSequence:
     samplers: list[Request] = field(default_factory=list)
     # Requests that draw a token from this sequence's last logits: empty mid-prompt, usually just
     # [request], and [parent, *forks] when an n > 1 request finishes its prompt.
+    pooling: PoolingType | None = None
+    # Embedding requests: MEAN on every chunk (each row is summed), LAST on the chunk that ends the
+    # prompt (its last row is kept); None for everything else.
 
     @property
     def seq_len(self) -> int:
@@ -51,6 +57,7 @@ class RunnerOutput:
     num_drafts: dict[str, int] = field(default_factory=dict)               # request id -> guesses scored
     num_accepted: dict[str, int] = field(default_factory=dict)             # request id -> guesses kept
     errors: dict[str, str] = field(default_factory=dict)                   # request id -> what failed
+    pooled: dict[str, np.ndarray] = field(default_factory=dict)  # request id -> [hidden] last row or row sum
 
     def merge(self, other: RunnerOutput) -> None:
         """Take in another output for disjoint requests (the per-sequence retry after a fault)."""

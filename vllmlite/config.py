@@ -16,6 +16,7 @@ QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, blocks of 32 (vllmlite/
 QUANTIZATION_ENV = "VLLMLITE_QUANTIZATION"
 KERNEL_BACKENDS = ("numba", "numpy")  # vllmlite/kernels: compiled (default) or the numpy references
 PREEMPTION_MODES = ("recompute", "swap")
+POOLING_TYPES = ("last", "mean")  # embeddings: the values of pooling_params.PoolingType
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB: about 23k tokens of SmolLM2-135M in float32
 
 
@@ -187,9 +188,11 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     kernels: str | None = None  # a KERNEL_BACKENDS name; None: $VLLMLITE_KERNELS, else "numba"
     quantization: str | None = None  # a QUANTIZATIONS name; None: $VLLMLITE_QUANTIZATION, else "none"
+    pooling: str = "last"  # embeddings: a POOLING_TYPES name
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _require(self.pooling in POOLING_TYPES, f"pooling must be one of {POOLING_TYPES}, got {self.pooling!r}")
         check_quantization(self.weight_quantization, self.dtype)
         _require(self.kernels is None or self.kernels in KERNEL_BACKENDS,
                  f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")

@@ -19,7 +19,8 @@ from vllmlite.kernels import get_kernels, resolve_backend
 from vllmlite.loader import LoadedModel, load_model
 from vllmlite.model import LlamaModel
 from vllmlite.output_processor import OutputProcessor
-from vllmlite.outputs import RequestOutput
+from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
+from vllmlite.pooling_params import PoolingParams, PoolingType
 from vllmlite.request import FinishReason, Request
 from vllmlite.runner import ModelRunner
 from vllmlite.sampling import make_generator
@@ -80,10 +81,11 @@ class LLMEngine:
 
     # --- requests -------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, *,
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | PoolingParams, *,
                     arrival_time: float | None = None, priority: int = 0,
                     cache_salt: str | None = None, client_id: str | None = None) -> None:
-        """Validate and queue a request. Raises ValueError (a client error) before allocating anything.
+        """Validate and queue a request: one that generates (SamplingParams) or an embedding request
+        (PoolingParams). Raises ValueError (a client error) before allocating anything.
 
         The engine keeps its own validated copy of `params` (as vLLM clones them): fields assigned
         since construction are checked here, and assigning fields later never reaches this request.
@@ -92,6 +94,17 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params.clone()
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if isinstance(params, PoolingParams):
+            self.check_request(token_ids, params)
+            # It never samples; the scheduler and runner read its (default) sampling params like any request's.
+            request = Request(request_id=request_id, prompt_token_ids=token_ids, sampling_params=SamplingParams(),
+                              max_tokens=0, generator=make_generator(0), arrival_time=arrival_time or time.monotonic(),
+                              priority=priority, cache_salt=cache_salt, client_id=client_id,
+                              pooling_params=params, pooling=PoolingType(self.config.pooling))
+            self.output_processor.add_embedding_request(request_id, prompt if isinstance(prompt, str) else None,
+                                                        request)
+            self.scheduler.add_request(request)
+            return
         internal = self.output_processor.sampling_params_for(params)
         internal.update_from_tokenizer(self.tokenizer)
         max_tokens = self.check_request(token_ids, internal)
@@ -111,9 +124,9 @@ class LLMEngine:
         first, *forks = samples
         self.scheduler.add_request(first, forks)
 
-    def check_request(self, token_ids: list[int], params: SamplingParams) -> int:
+    def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
         """Check a prompt against the vocabulary and context length (after `truncate_prompt_tokens`);
-        return the resolved max_tokens.
+        return the resolved max_tokens (0 for an embedding request, whose prompt may fill the context).
 
         Pure (changes no state), so the HTTP thread may call it to answer 400 before queueing.
         Raises ValueError with a message fit for the client."""
@@ -122,6 +135,11 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if isinstance(params, PoolingParams):
+            if len(token_ids) > self.max_model_len:
+                raise ValueError(f"the input has {len(token_ids)} tokens but this model's maximum context "
+                                 f"length is {self.max_model_len} tokens")
+            return 0
         params.verify(vocab)
         token_ids = _truncated_prompt(token_ids, params)
         if len(token_ids) >= self.max_model_len:
@@ -162,7 +180,7 @@ class LLMEngine:
 
     # --- step -----------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
         """Run one scheduling step and forward pass; return an output for every request that changed."""
         scheduled = self.scheduler.schedule()
         result = self._execute(scheduled)

@@ -115,6 +115,9 @@ class EngineArgs:
     quantization: str | None = knob(EngineConfig.quantization, f"weights: {', '.join(QUANTIZATIONS)}, in blocks "
                                                                "of 32; GGUF Q8_0/Q4_0/Q4_1 tensors are kept as "
                                                                "stored, float ones rounded at load")
+    pooling: str = knob(EngineConfig.pooling, "embeddings (LLM.embed, /v1/embeddings): the final-norm hidden state "
+                                              "of the prompt's last token (last) or their average over the "
+                                              "prompt (mean), L2-normalized (llama-server's --pooling)")
     tensor_parallel_size: int = knob(1, "must be 1: the engine is one CPU process")
     kv_cache_dtype: str = knob("auto", "must be auto: the KV cache has the model's dtype")
     trust_remote_code: bool = knob(False, "accepted for vLLM's scripts; no model code is ever run",
@@ -144,7 +147,8 @@ class EngineArgs:
         return EngineConfig(model=self.model, dtype=self.resolved_dtype, seed=self.seed,
                             cache=CacheConfig(**self._values_for(CacheConfig, kv_cache_memory=self._kv_budget())),
                             scheduler=SchedulerConfig(**self._values_for(SchedulerConfig)),
-                            speculative=self._speculative(), kernels=self.kernels, quantization=self.quantization)
+                            speculative=self._speculative(), kernels=self.kernels, quantization=self.quantization,
+                            pooling=self.pooling)
 
     @property
     def resolved_dtype(self) -> str:

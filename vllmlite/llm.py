@@ -1,4 +1,5 @@
-"""The offline API, vLLM's surface: `LLM(model=..., **engine_args).generate(prompts, SamplingParams(...))`.
+"""The offline API, vLLM's surface: `LLM(model=..., **engine_args).generate(prompts, SamplingParams(...))`
+and `.embed(prompts)`.
 
 A thin loop over LLMEngine.step(); outputs come back in input order. The keywords are EngineArgs'
 fields, vLLM's names included.
@@ -13,7 +14,8 @@ from tqdm import tqdm
 
 from vllmlite.engine import LLMEngine
 from vllmlite.engine_args import ENGINE_ARG_NAMES, EngineArgs
-from vllmlite.outputs import RequestOutput
+from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
+from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import Tokenizer
 
@@ -43,14 +45,28 @@ class LLM:
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
-        params = self._params_per_prompt(sampling_params, len(prompts))
+        return self._run(self._add_requests(prompts, self._params_per_prompt(sampling_params, len(prompts))),
+                         use_tqdm)
+
+    def embed(self, prompts: PromptInput | Sequence[PromptInput],
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+              use_tqdm: bool | Callable[..., tqdm] = True) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt, in input order: the final-norm hidden states pooled as the
+        engine's `pooling` knob says (last token or mean), L2-normalized unless the params say not.
+        Embedding requests run through the same scheduler as generation (chunked, batched)."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        params = self._params_per_prompt(pooling_params, len(prompts), PoolingParams)
+        return self._run(self._add_requests(prompts, params), use_tqdm)
+
+    def _add_requests(self, prompts: Sequence[PromptInput], params: list) -> list[str]:
         ids = []
         for prompt, p in zip(prompts, params):
             request_id = str(self._next_id)
             self._next_id += 1
             self.engine.add_request(request_id, _prompt_value(prompt), p)
             ids.append(request_id)
-        return self._run(ids, use_tqdm)
+        return ids
 
     def chat(self, messages: list[dict] | Sequence[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -68,18 +84,19 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm)
 
     @staticmethod
-    def _params_per_prompt(sampling_params, count: int) -> list[SamplingParams]:
-        if sampling_params is None:
-            return [SamplingParams()] * count
-        if isinstance(sampling_params, SamplingParams):
-            return [sampling_params] * count
-        params = list(sampling_params)
+    def _params_per_prompt(params, count: int, kind: type = SamplingParams) -> list:
+        """One `kind` (SamplingParams or PoolingParams) per prompt: the default, one for all, or a list."""
+        if params is None:
+            return [kind()] * count
+        if isinstance(params, kind):
+            return [params] * count
+        params = list(params)
         if len(params) != count:
-            raise ValueError(f"got {len(params)} SamplingParams for {count} prompts")
+            raise ValueError(f"got {len(params)} {kind.__name__} for {count} prompts")
         return params
 
-    def _run(self, request_ids: list[str], use_tqdm: bool | Callable[..., tqdm]) -> list[RequestOutput]:
-        finished: dict[str, RequestOutput] = {}
+    def _run(self, request_ids: list[str], use_tqdm: bool | Callable[..., tqdm]) -> list:
+        finished: dict[str, RequestOutput | EmbeddingRequestOutput] = {}
         progress = _Progress(len(request_ids), use_tqdm if callable(use_tqdm) else tqdm) if use_tqdm else None
         while self.engine.has_unfinished_requests():
             for output in self.engine.step():
@@ -111,9 +128,12 @@ class _Progress:
         self.num_input_tokens = 0
         self.num_output_tokens = 0
 
-    def update(self, output: RequestOutput) -> None:
-        self.num_input_tokens += len(output.prompt_token_ids) * len(output.outputs)
-        self.num_output_tokens += sum(len(c.token_ids) for c in output.outputs)
+    def update(self, output: RequestOutput | EmbeddingRequestOutput) -> None:
+        if isinstance(output, EmbeddingRequestOutput):
+            self.num_input_tokens += len(output.prompt_token_ids)
+        else:
+            self.num_input_tokens += len(output.prompt_token_ids) * len(output.outputs)
+            self.num_output_tokens += sum(len(c.token_ids) for c in output.outputs)
         elapsed = max(self.bar.format_dict["elapsed"], 1e-9)
         self.bar.postfix = (f"est. speed input: {self.num_input_tokens / elapsed:.2f} toks/s, "
                             f"output: {self.num_output_tokens / elapsed:.2f} toks/s")

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from vllmlite.outputs import EmbeddingRequestOutput
 from vllmlite.stats import EngineStats
 
 PREFIX = "vllmlite:"
@@ -212,7 +213,13 @@ class EngineMetrics:
         if times is None:
             arrival = output.metrics.arrival_time if output.metrics is not None else now
             times = self._requests[output.request_id] = _RequestTimes(arrival)
-        num_new = sum(len(c.delta_token_ids) for c in output.outputs)
+        if isinstance(output, EmbeddingRequestOutput):
+            # One output, when finished: its prompt tokens count, it has no first or later tokens.
+            num_new = 0
+            if output.error is None:
+                self.prompt_tokens.inc(self.labels, len(output.prompt_token_ids))
+        else:
+            num_new = sum(len(c.delta_token_ids) for c in output.outputs)
         if num_new:
             self.generation_tokens.inc(self.labels, num_new)
             if times.last_token_time is None:
@@ -224,7 +231,8 @@ class EngineMetrics:
         if output.finished:
             del self._requests[output.request_id]
             self.e2e.observe(self.labels, now - times.arrival_time)
-            reasons = [c.finish_reason for c in output.outputs if c.finish_reason]
+            reasons = ["stop"] if isinstance(output, EmbeddingRequestOutput) else \
+                [c.finish_reason for c in output.outputs if c.finish_reason]
             reason = "error" if output.error else (reasons[0] if reasons else "abort")
             self.request_success.inc((*self.labels, ("finished_reason", reason)))
 

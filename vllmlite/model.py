@@ -109,6 +109,17 @@ class LlamaModel:
 
         Returns logits [num_logits, vocab]: the LM head runs only on the rows that sample.
         """
+        return self._logits(self._final_hidden(input_ids, meta, kv_cache), logits_rows)
+
+    def forward_with_hidden(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache,
+                            logits_rows: np.ndarray, hidden_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`forward`, plus the final-norm hidden states of `hidden_rows` [num_hidden] (what
+        embeddings pool): (logits [num_logits, vocab], hidden [num_hidden, hidden_size], a copy)."""
+        hidden = self._final_hidden(input_ids, meta, kv_cache)
+        return self._logits(hidden, logits_rows), hidden[hidden_rows]
+
+    def _final_hidden(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache) -> np.ndarray:
+        """Every layer, then the final norm: [num_tokens, hidden], a view into the workspace."""
         c, w, k = self.config, self.weights, self.kernels
         buf = self.workspace(len(input_ids))
         buf.residual[...] = embed_rows(w.embed, input_ids)
@@ -122,8 +133,13 @@ class LlamaModel:
             # The residual add, then the next layer's input norm (the final norm after the last).
             next_norm = w.layers[i + 1].attn_norm if i + 1 < len(w.layers) else w.final_norm
             k.add_rms_norm(buf.out, buf.residual, next_norm, c.rms_norm_eps, buf.hidden)
-        logits = np.empty((w.lm_head.shape[0], len(logits_rows)), self.dtype).T   # [num_logits, vocab] view
-        k.linear(buf.hidden[logits_rows], w.lm_head, logits)
+        return buf.hidden
+
+    def _logits(self, hidden: np.ndarray, logits_rows: np.ndarray) -> np.ndarray:
+        """The LM head on rows `logits_rows` of `hidden`: [num_logits, vocab]."""
+        lm_head = self.weights.lm_head
+        logits = np.empty((lm_head.shape[0], len(logits_rows)), self.dtype).T   # [num_logits, vocab] view
+        self.kernels.linear(hidden[logits_rows], lm_head, logits)
         return np.ascontiguousarray(logits)
 
     def _attention(self, buf: Workspace, layer, layer_kv: tuple[np.ndarray, np.ndarray],

@@ -1,7 +1,8 @@
 """Output processing: from requests that changed in a step to the RequestOutputs handed back.
 
 Owns the n/best_of groups (one user request, its samples), incremental detokenization, stop strings
-and the RequestOutput/CompletionOutput of each group, logprobs included. It does not finish requests:
+and the RequestOutput/CompletionOutput of each group, logprobs included; and the one
+EmbeddingRequestOutput of each finished embedding request. It does not finish requests:
 a stop string found in the text is handed back, and the engine core finishes it through the scheduler.
 Knows nothing of the scheduler, the runner or blocks.
 """
@@ -15,7 +16,16 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from vllmlite.detokenizer import IncrementalDetokenizer
-from vllmlite.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
+from vllmlite.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    PositionLogprobs,
+    RequestMetrics,
+    RequestOutput,
+)
+from vllmlite.pooling_params import finish_embedding
 from vllmlite.request import FinishReason, Request
 from vllmlite.sampling import TokenLogprobs
 from vllmlite.sampling_params import SamplingParams
@@ -76,6 +86,8 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._groups: dict[str, _Group] = {}
         self._changed: dict[str, _Group] = {}  # groups touched since the last make_outputs()
+        self._embeddings: dict[str, tuple[str | None, Request]] = {}  # request id -> (prompt, request)
+        self._finished_embeddings: dict[str, None] = {}  # ids finished since the last make_outputs()
 
     @staticmethod
     def sampling_params_for(params: SamplingParams) -> SamplingParams:
@@ -96,18 +108,26 @@ class OutputProcessor:
             group.samples.append(_Sample(request, detokenizer))
         self._groups[request_id] = group
 
+    def add_embedding_request(self, request_id: str, prompt: str | None, request: Request) -> None:
+        """Track an embedding request: one output, when it finishes."""
+        self._embeddings[request_id] = (prompt, request)
+
     def has_request(self, request_id: str) -> bool:
-        return request_id in self._groups
+        return request_id in self._groups or request_id in self._embeddings
 
     def abort_request(self, request_id: str) -> list[Request]:
         """Forget a group; return its samples (none for an unknown id) for the engine to abort."""
+        embedding = self._embeddings.pop(request_id, None)
+        self._finished_embeddings.pop(request_id, None)
+        if embedding is not None:
+            return [embedding[1]]
         group = self._groups.pop(request_id, None)
         self._changed.pop(request_id, None)
         return [s.request for s in group.samples] if group is not None else []
 
     @property
     def num_unfinished_requests(self) -> int:
-        return len(self._groups)
+        return len(self._groups) + len(self._embeddings)
 
     # --- per step -------------------------------------------------------------------------------
 
@@ -116,6 +136,10 @@ class OutputProcessor:
         whose text completed a stop string (tokens sampled after it are already dropped)."""
         hits: list[StopStringHit] = []
         for request in touched:
+            if request.is_pooling:
+                if request.is_finished and request.request_id in self._embeddings:
+                    self._finished_embeddings[request.request_id] = None
+                continue
             group_id = request.parent_id or request.request_id
             group = self._groups.get(group_id)
             if group is None:
@@ -136,7 +160,23 @@ class OutputProcessor:
             elif group.ranks_samples:
                 continue  # best_of reports once, when every candidate is done
             outputs.append(self._group_output(group))
+        finished, self._finished_embeddings = self._finished_embeddings, {}
+        outputs.extend(self._embedding_output(*self._embeddings.pop(i)) for i in finished)
         return outputs
+
+    @staticmethod
+    def _embedding_output(prompt: str | None, request: Request) -> EmbeddingRequestOutput:
+        """A finished embedding request's output: its embedding, or an error (it ended some other way)."""
+        error = request.error
+        embedding: list[float] = []
+        if request.finish_reason is FinishReason.STOP:
+            embedding = finish_embedding(request.pooled, request.num_prompt_tokens, request.pooling,
+                                         request.pooling_params.normalize)
+        elif error is None:
+            error = f"the request ended ({request.finish_reason.value}) before its prompt was computed"
+        metrics = RequestMetrics(request.arrival_time, None, time.monotonic(), request.num_preemptions)
+        return EmbeddingRequestOutput(request.request_id, request.prompt_token_ids, EmbeddingOutput(embedding),
+                                      True, prompt, request.num_cached_tokens, error, metrics)
 
     def _detokenize(self, sample: _Sample) -> StopStringHit | None:
         request = sample.request

@@ -62,3 +62,31 @@ class RequestOutput:
     error: str | None = None
     metrics: RequestMetrics | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = None  # [None, dict, ...] when asked for
+
+
+@dataclass
+class EmbeddingOutput:
+    """vLLM's EmbeddingOutput: the pooled, (by default) L2-normalized vector."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """vLLM's EmbeddingRequestOutput: one prompt's embedding, handed back once, finished.
+
+    A failed request carries `error` and an empty embedding.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True
+    prompt: str | None = None
+    num_cached_tokens: int = 0               # prompt tokens served from the prefix cache (last pooling)
+    error: str | None = None
+    metrics: RequestMetrics | None = None

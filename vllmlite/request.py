@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vllmlite.pooling_params import PoolingParams, PoolingType
 from vllmlite.sampling_params import SamplingParams
 
 
@@ -43,6 +44,9 @@ class Request:
     client_id: str | None = None
     parent_id: str | None = None    # set on the extra samples of an n > 1 request
     sample_index: int = 0
+    # An embedding request (prefill only, never samples): its params and the engine's pooling type.
+    pooling_params: PoolingParams | None = None
+    pooling: PoolingType | None = None
 
     token_ids: list[int] = field(init=False)          # prompt followed by output
     output_token_ids: list[int] = field(default_factory=list)
@@ -60,6 +64,9 @@ class Request:
     num_accepted_tokens: int = 0        # of those, kept
     first_token_time: float | None = None
     last_token_time: float | None = None
+    # Embedding requests: [hidden] the last position's final-norm hidden state, or (mean) the sum
+    # over the positions computed so far; reset by the chunk that starts at position 0.
+    pooled: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -81,6 +88,10 @@ class Request:
         return self.status is RequestStatus.FINISHED
 
     @property
+    def is_pooling(self) -> bool:
+        return self.pooling is not None
+
+    @property
     def extra_keys(self) -> tuple:
         """What besides token ids keys this request's prefix-cache blocks."""
         return () if self.cache_salt is None else (self.cache_salt,)
@@ -92,6 +103,11 @@ class Request:
         if self.first_token_time is None:
             self.first_token_time = now
         self.last_token_time = now
+
+    def add_pooled(self, pooled: np.ndarray, restart: bool) -> None:
+        """Take an embedding request's pooled rows from one step [hidden]: they replace what it held
+        (`restart`: last pooling, or a chunk at position 0) or add to the mean's sum so far."""
+        self.pooled = pooled if restart else self.pooled + pooled
 
     def truncate_output(self, num_output_tokens: int) -> None:
         """Drop output tokens past `num_output_tokens` (sampled after a stop string completed)."""

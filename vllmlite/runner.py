@@ -13,6 +13,7 @@ import numpy as np
 from vllmlite.attention import build_metadata
 from vllmlite.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.model import LlamaModel
+from vllmlite.pooling_params import PoolingType
 from vllmlite.sampling import Sampler, SamplingBatch, compute_logprobs
 from vllmlite.speculative import Draft, Proposer, verify
 
@@ -71,9 +72,15 @@ class ModelRunner:
         prompt_rows, prompt_next, prompt_owners = _prompt_logprob_rows(seqs, ends)
         rows = np.concatenate([np.array(sample_rows + spec_rows, dtype=np.int64), prompt_rows])
         unique_rows, inverse = np.unique(rows, return_inverse=True)
-        logits = self.model.forward(input_ids, meta, self.kv_cache, unique_rows)[inverse]
-        self.num_forward_passes += 1
         result = RunnerOutput()
+        if any(s.pooling is not None for s in seqs):
+            pool_rows, pool_owners = _pooling_rows(seqs, meta.query_start)
+            logits, hidden = self.model.forward_with_hidden(input_ids, meta, self.kv_cache, unique_rows, pool_rows)
+            _pool(hidden, pool_owners, result)
+        else:
+            logits = self.model.forward(input_ids, meta, self.kv_cache, unique_rows)
+        logits = logits[inverse]
+        self.num_forward_passes += 1
         num_sample, num_spec = len(sample_rows), len(spec_rows)
         self._sample([(s, r) for s, d in zip(seqs, drafts) if not d.token_ids for r in s.samplers],
                      logits[:num_sample], result)
@@ -163,6 +170,32 @@ class ModelRunner:
         """Every slot of the given blocks: [2, 5] with block_size 2 -> [4, 5, 10, 11]."""
         ids = np.asarray(block_ids, dtype=np.int64)
         return (ids[:, None] * self.block_size + np.arange(self.block_size)[None, :]).reshape(-1)
+
+
+def _pooling_rows(seqs: list[ScheduledSequence], query_start: np.ndarray) -> tuple[np.ndarray, list]:
+    """Rows whose final-norm hidden states an embedding request pools, and (request, pooling, number
+    of rows) per such sequence, in row order.
+    Example: query_start [0, 3, 8], seq 0 MEAN, seq 1 LAST -> rows [0, 1, 2, 7]."""
+    rows, owners = [], []
+    for i, seq in enumerate(seqs):
+        if seq.pooling is None:
+            continue
+        start, end = int(query_start[i]), int(query_start[i + 1])
+        span = range(start, end) if seq.pooling is PoolingType.MEAN else range(end - 1, end)
+        rows.extend(span)
+        owners.append((seq.request, seq.pooling, len(span)))
+    return np.array(rows, dtype=np.int64), owners
+
+
+def _pool(hidden: np.ndarray, owners: list, result: RunnerOutput) -> None:
+    """Each embedding sequence's share of `hidden` [num_rows, hidden_size]: its last row, or the
+    sum of its rows (float64, so a mean over many chunks loses nothing)."""
+    start = 0
+    for request, pooling, num_rows in owners:
+        rows = hidden[start:start + num_rows]
+        pooled = rows[-1] if pooling is PoolingType.LAST else rows.sum(axis=0, dtype=np.float64)
+        result.pooled[request.request_id] = pooled.astype(np.float64)
+        start += num_rows
 
 
 def _prompt_logprob_rows(seqs: list, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:

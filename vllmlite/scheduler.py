@@ -2,7 +2,9 @@
 
 No prefill or decode phases: each request computes `num_tokens - num_computed_tokens` tokens,
 capped by the budget (that is chunked prefill). Under memory pressure the newest running request
-is preempted, so the oldest always progresses. Owns request lifecycles; never touches tensors.
+is preempted, so the oldest always progresses. Embedding requests are prompts that never sample:
+they finish (STOP) on the step that computes their last prompt token, holding the pooled hidden
+state the runner handed back. Owns request lifecycles; never touches tensors.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Iterable
 from vllmlite.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.block_manager import BlockManager, PrefixHit
 from vllmlite.config import SchedulerConfig, ceil_div
+from vllmlite.pooling_params import PoolingType
 from vllmlite.request import FinishReason, Request, RequestStatus
 from vllmlite.request_queue import WaitingQueue
 from vllmlite.stats import KVOccupancy, SchedulerStats, SpecDecodeStats
@@ -154,7 +157,8 @@ class Scheduler:
     def _num_draft_slots(self, request: Request, budget: int) -> int:
         """Guesses a decoding request may verify this step: k, capped so the round can never pass
         the budget, max_tokens or the context length (one round emits up to drafts + 1 tokens)."""
-        if not self.num_speculative_tokens or request.num_computed_tokens != request.num_tokens - 1:
+        if not self.num_speculative_tokens or request.num_computed_tokens != request.num_tokens - 1 \
+                or request.is_pooling:
             return 0
         if request.request_id in self.forks:
             return 0  # its last prompt token also births the forks: no guesses on that step
@@ -207,8 +211,8 @@ class Scheduler:
             budget -= num_new
 
     def _prefix_hit(self, request: Request) -> PrefixHit:
-        if request.sampling_params.prompt_logprobs is not None:
-            return PrefixHit([], 0)  # prompt logprobs need logits at every prompt position
+        if request.sampling_params.prompt_logprobs is not None or request.pooling is PoolingType.MEAN:
+            return PrefixHit([], 0)  # prompt logprobs and mean pooling need every prompt position computed
         return self.block_manager.find_prefix_hit(request.token_ids, request.extra_keys)
 
     def _allocate(self, request: Request, num_new: int) -> bool:
@@ -236,6 +240,9 @@ class Scheduler:
         start = request.num_computed_tokens
         samples = start + num_new == request.num_tokens
         samplers = [request] + self.forks.get(request.request_id, []) if samples else []
+        if request.is_pooling:
+            samplers = []  # an embedding request never samples
+        pooling = request.pooling if request.pooling is PoolingType.MEAN or samples else None
         out.scheduled.append(ScheduledSequence(
             request=request,
             token_ids=request.token_ids[start:start + num_new],
@@ -243,6 +250,7 @@ class Scheduler:
             block_table=self.block_manager.block_table(request.request_id),  # already a copy
             num_draft_slots=num_drafts,
             samplers=samplers,
+            pooling=pooling,
         ))
 
     # --- update ---------------------------------------------------------------------------------
@@ -269,6 +277,11 @@ class Scheduler:
             request.prompt_logprobs.extend(result.prompt_logprobs.get(request.request_id, ()))
             self.block_manager.publish_full_blocks(request.request_id, request.token_ids,
                                                    request.num_computed_tokens, request.extra_keys)
+            if seq.pooling is not None:
+                self._apply_pooled(seq, result)
+                if request.is_finished:
+                    touched.append(request)
+                continue
             # Every fork is born before any sample's token can finish the parent (and free its blocks).
             for fork in seq.samplers[1:]:
                 self._birth_fork(request, fork)
@@ -291,6 +304,15 @@ class Scheduler:
             self.block_manager.trim(request.request_id, request.num_computed_tokens)
             self.block_manager.publish_full_blocks(request.request_id, request.token_ids,
                                                    request.num_computed_tokens, request.extra_keys)
+
+    def _apply_pooled(self, seq: ScheduledSequence, result: RunnerOutput) -> None:
+        """Hand an embedding request its pooled rows; it finishes once its whole prompt is computed.
+        A chunk starting at position 0 starts a mean's sum afresh (after a recompute preemption too)."""
+        request = seq.request
+        request.add_pooled(result.pooled[request.request_id],
+                           restart=seq.pooling is PoolingType.LAST or seq.start_position == 0)
+        if request.num_computed_tokens == request.num_tokens:
+            self.finish(request, FinishReason.STOP)
 
     def _birth_fork(self, parent: Request, fork: Request) -> None:
         """An extra sample starts life sharing every block of its parent's computed prompt."""

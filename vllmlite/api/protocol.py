@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_seriali
 
 MAX_N = 16                     # n and best_of
 MAX_PROMPTS = 64               # prompts in one completions request
+MAX_EMBEDDING_INPUTS = 256     # inputs in one embeddings request (the queue bound applies too)
 MAX_PROMPT_CHARS = 1 << 21     # one prompt string or message content
 MAX_PROMPT_TOKEN_IDS = 1 << 18 # one token-id prompt (the engine then checks the context length)
 MAX_MESSAGES = 1024
@@ -55,27 +56,27 @@ def _check_text(value: str, where: str) -> str:
     return value
 
 
-def parse_prompt(value: Any) -> list[str | list[int]]:
-    """A completions `prompt` as a list of prompts: str, [str], [int] or [[int]]. Raises ValueError.
+def parse_prompt(value: Any, name: str = "prompt", max_prompts: int = MAX_PROMPTS) -> list[str | list[int]]:
+    """A completions `prompt` (or embeddings `input`) as a list: str, [str], [int] or [[int]].
+    Raises ValueError naming `name`.
 
     >>> parse_prompt("hi"), parse_prompt([1, 2]), parse_prompt([[1], [2]])
     (['hi'], [[1, 2]], [[1], [2]])
     """
+    forms = "a string, a list of strings, a list of token ids or a list of token id lists"
     if isinstance(value, str):
-        return [_check_text(value, "prompt")]
+        return [_check_text(value, name)]
     if not isinstance(value, list) or not value:
-        raise ValueError("prompt must be a string, a list of strings, a list of token ids or a list of "
-                         "token id lists, and must not be empty")
+        raise ValueError(f"{name} must be {forms}, and must not be empty")
     if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return [_check_token_ids(value, "prompt")]
-    if len(value) > MAX_PROMPTS:
-        raise ValueError(f"prompt has {len(value)} prompts; at most {MAX_PROMPTS} are accepted per request")
+        return [_check_token_ids(value, name)]
+    if len(value) > max_prompts:
+        raise ValueError(f"{name} has {len(value)} prompts; at most {max_prompts} are accepted per request")
     if all(isinstance(v, str) for v in value):
-        return [_check_text(v, f"prompt[{i}]") for i, v in enumerate(value)]
+        return [_check_text(v, f"{name}[{i}]") for i, v in enumerate(value)]
     if all(isinstance(v, list) for v in value):
-        return [_check_token_ids(v, f"prompt[{i}]") for i, v in enumerate(value)]
-    raise ValueError("prompt must be a string, a list of strings, a list of token ids or a list of "
-                     "token id lists (not a mix)")
+        return [_check_token_ids(v, f"{name}[{i}]") for i, v in enumerate(value)]
+    raise ValueError(f"{name} must be {forms} (not a mix)")
 
 
 class StreamOptions(_Request):
@@ -259,6 +260,22 @@ class DetokenizeRequest(_Request):
     tokens: list[int] = Field(..., max_length=MAX_PROMPT_TOKEN_IDS)
 
 
+class EmbeddingRequest(_Request):
+    input: Any
+    model: str | None = Field(None, max_length=MAX_NAME_CHARS)
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = Field(None, max_length=MAX_NAME_CHARS)
+
+    @field_validator("input")
+    @classmethod
+    def _parse_input(cls, value: Any) -> list[str | list[int]]:
+        inputs = parse_prompt(value, "input", MAX_EMBEDDING_INPUTS)
+        if any(text == "" for text in inputs):
+            raise ValueError("input must not contain empty strings")
+        return inputs
+
+
 # --- responses ----------------------------------------------------------------------------------
 
 class _Response(BaseModel):
@@ -397,3 +414,23 @@ class TokenizeResponse(_Response):
 
 class DetokenizeResponse(_Response):
     prompt: str
+
+
+class EmbeddingData(_Response):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # a base64 string with encoding_format "base64"
+
+
+class EmbeddingUsage(_Response):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(_Response):
+    id: str
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[EmbeddingData]
+    usage: EmbeddingUsage

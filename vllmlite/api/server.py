@@ -33,6 +33,7 @@ from vllmlite.api.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     DetokenizeResponse,
+    EmbeddingRequest,
     ModelCard,
     ModelList,
     SamplingFields,
@@ -42,6 +43,7 @@ from vllmlite.api.protocol import (
 from vllmlite.api.serving import Admission, ServingContext, check_model, encode_prompt, new_request_id
 from vllmlite.api.serving_chat import create_chat, prepare_chat, render_messages
 from vllmlite.api.serving_completions import create_completion, prepare_completion
+from vllmlite.api.serving_embeddings import create_embeddings, prepare_embeddings
 from vllmlite.async_engine import AsyncLLMEngine
 from vllmlite.engine import LLMEngine
 from vllmlite.loader import LoadedModel
@@ -187,6 +189,13 @@ def _add_generate_routes(app: FastAPI, ctx: ServingContext) -> None:
         prepared = prepare_chat(ctx, req)
         admission = _admission(request, "chatcmpl", req)
         return await _respond(request, create_chat(ctx, prepared, admission))
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        req = await parse_body(request, EmbeddingRequest)
+        token_lists = prepare_embeddings(ctx, req)
+        admission = Admission(new_request_id("embd"), _client_id(request, req.user))
+        return await _respond(request, create_embeddings(ctx, req, token_lists, admission))
 
 
 def _admission(request: Request, prefix: str, req: SamplingFields) -> Admission:
