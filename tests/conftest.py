@@ -9,7 +9,9 @@ import itertools
 from collections.abc import Callable
 
 import numpy as np
+import openai
 import pytest
+from server_util import running_server
 
 from vllmlite.engine import LLMEngine
 from vllmlite.engine_args import EngineArgs
@@ -85,3 +87,16 @@ def assert_no_leaks(engine: LLMEngine) -> None:
     assert (stats.scheduler.num_running, stats.scheduler.num_waiting, stats.scheduler.num_swapped) == (0, 0, 0)
     assert not engine.scheduler.requests  # no request state left behind, forks included
     assert stats.num_unfinished_requests == 0 and not engine.has_unfinished_requests()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    """A live server on the tiny model, shared by one test module's tests (a module may define its own)."""
+    with running_server(tiny_model) as live:
+        yield live
+
+
+@pytest.fixture
+def client(server) -> openai.OpenAI:
+    """The official OpenAI client against `server`; no retries, so a failure shows at once."""
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)

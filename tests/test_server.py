@@ -19,17 +19,6 @@ MODEL = "random"
 GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model):
-    with running_server(tiny_model) as live:
-        yield live
-
-
-@pytest.fixture
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
-
-
 def offline_greedy(tiny_model, prompts: list[str], max_tokens: int) -> list[str]:
     """The offline engine's greedy texts for `prompts` (encoded as the server encodes them)."""
     engine = LLMEngine(EngineConfig(model=MODEL, dtype="float64", cache=CacheConfig(num_blocks=1024)), tiny_model)

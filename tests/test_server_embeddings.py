@@ -21,17 +21,6 @@ MODEL = "random"
 HIDDEN = 64  # the tiny random model's hidden size
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model):
-    with running_server(tiny_model) as live:
-        yield live
-
-
-@pytest.fixture
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
-
-
 def offline_embeddings(tiny_model, prompts: list[str | list[int]]) -> list[list[float]]:
     """The offline engine's embeddings of `prompts` (text encoded as the server encodes it)."""
     engine = LLMEngine(EngineConfig(model=MODEL, dtype="float64", cache=CacheConfig(num_blocks=1024)), tiny_model)

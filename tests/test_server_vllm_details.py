@@ -22,17 +22,6 @@ BOS = 256
 TOKEN_ID = re.compile(r"token_id:(\d+)")
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model):
-    with running_server(tiny_model) as live:
-        yield live
-
-
-@pytest.fixture
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
-
-
 def offline(tiny_model, prompt_ids: list[int], **params):
     """The offline engine's output for one prompt (greedy, ignore_eos)."""
     (output,) = run_to_completion(engine_on(tiny_model), [(prompt_ids, greedy(**params))])
