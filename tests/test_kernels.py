@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import engine_on, greedy, run_to_completion
 from gguf import GGMLQuantizationType, quants
 
 from vllmlite.attention import build_metadata
@@ -256,3 +257,12 @@ def test_warm_up_compiles_every_kernel_signature_requests_use(quantization):
     env = {k: v for k, v in os.environ.items() if k != "VLLMLITE_KERNELS"}   # the compiled default
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_an_engine_shorter_than_the_warm_up_prompt_starts_and_generates(backend, tiny_model):
+    """warm_up runs a 20-token prompt whatever max_model_len is: the rotary tables must reach it
+    (they were sized max_model_len, so numpy raised IndexError and numba read past them)."""
+    engine = engine_on(tiny_model, max_model_len=8, kernels=backend)
+    [output] = run_to_completion(engine, [([1, 2, 3], greedy(4))])
+    assert len(output.outputs[0].token_ids) == 4

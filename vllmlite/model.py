@@ -19,6 +19,7 @@ from vllmlite.loader import Matrix, ModelWeights
 from vllmlite.quant import QuantizedMatrix, dequantize
 
 KVCache = list[tuple[np.ndarray, np.ndarray]]  # per layer (K, V), each [num_slots, kv_heads, head_dim]
+WARM_UP_TOKENS = 20  # warm_up's longest prompt: past the few-token/BLAS switch of the linear layers
 
 
 def rope_inv_freq(config: ModelConfig, freq_factors: np.ndarray | None = None) -> np.ndarray:
@@ -98,7 +99,8 @@ class LlamaModel:
         self.dtype = weights.dtype
         self.kernels = kernels if kernels is not None else get_kernels()
         inv_freq = rope_inv_freq(config, weights.rope_freq_factors)
-        angles = np.outer(np.arange(max_positions, dtype=np.float64), inv_freq)  # [max_positions, head_dim/2]
+        num_positions = max(max_positions, WARM_UP_TOKENS)   # warm_up's passes reach position 19
+        angles = np.outer(np.arange(num_positions, dtype=np.float64), inv_freq)  # [positions, head_dim/2]
         self.cos = np.cos(angles).astype(self.dtype)
         self.sin = np.sin(angles).astype(self.dtype)
         self._workspace = Workspace.allocate(config, 1, self.dtype)
@@ -182,7 +184,8 @@ class LlamaModel:
         kv_cache = [(np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)) for _ in range(c.num_layers)]
         # (query lens, sequence lens, block tables, rows whose logits are wanted: one row and
         # several give the LM head differently laid out inputs)
-        steps = [([3, 1], [3, 2], [[0], [1]], [2, 3]), ([20], [20], [[2, 3, 4, 5, 6]], [19]),
+        steps = [([3, 1], [3, 2], [[0], [1]], [2, 3]),
+                 ([WARM_UP_TOKENS], [WARM_UP_TOKENS], [[2, 3, 4, 5, 6]], [WARM_UP_TOKENS - 1]),
                  ([1], [4], [[0]], [0])]
         for query_lens, seq_lens, block_tables, logits_rows in steps:
             meta = build_metadata(query_lens, seq_lens, block_tables, block_size)
