@@ -166,6 +166,18 @@ def test_api_key_is_required_except_for_health(tiny_model):
         assert httpx.get(live.url + "/health").status_code == 200
         good = openai.OpenAI(base_url=live.base_url, api_key="s3cret", max_retries=0, timeout=60)
         assert good.completions.create(model=MODEL, prompt="x", max_tokens=2).usage.completion_tokens == 2
+        # The scheme is case-insensitive, the key is not; a key without a scheme is no key.
+        for header, status in (("bearer s3cret", 200), ("BEARER s3cret", 200), ("Bearer S3CRET", 401),
+                               ("s3cret", 401), ("Basic s3cret", 401), ("Bearer", 401)):
+            response = httpx.get(live.base_url + "/models", headers={"Authorization": header})
+            assert response.status_code == status, header
+
+
+def test_health_answers_head_and_models_reveal_no_file_path(server):
+    head = httpx.head(server.url + "/health")
+    assert head.status_code == 200 and head.content == b""
+    card = httpx.get(server.base_url + "/models").json()["data"][0]
+    assert card["root"] == card["id"] == MODEL
 
 
 def test_full_queue_is_503_with_retry_after(tiny_model):

@@ -422,3 +422,9 @@ def test_real_model_prompt_logprobs_rank_the_prompt_tokens(real_server):
         assert str(token_id) in position and [e["rank"] for e in ranked][:5] == [1, 2, 3, 4, 5]
         assert [e["logprob"] for e in ranked] == sorted((e["logprob"] for e in ranked), reverse=True)
     assert position[str(prompt_ids[-1])]["rank"] <= 5  # "Paris" after "The capital of France is"
+
+
+@pytest.mark.real_model
+def test_real_model_card_names_the_model_not_its_file(real_server):
+    card = httpx.get(real_server.base_url + "/models").json()["data"][0]
+    assert card["root"] == card["id"] and "/" not in card["root"] and ".gguf" not in card["root"]

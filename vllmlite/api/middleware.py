@@ -24,7 +24,7 @@ class _ClientGone(Exception):
 class RequestGuard:
     def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
         self.app = app
-        self.expected_authorization = None if api_key is None else f"Bearer {api_key}".encode()
+        self.api_key = None if api_key is None else api_key.encode()
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -46,10 +46,11 @@ class RequestGuard:
         await self.app(scope, _replay(body, receive), send)
 
     def _check_authorization(self, scope: Scope) -> APIError | None:
-        if self.expected_authorization is None or scope["path"] in OPEN_PATHS:
+        if self.api_key is None or scope["path"] in OPEN_PATHS:
             return None
-        provided = _header(scope, b"authorization") or b""
-        if hmac.compare_digest(provided, self.expected_authorization):
+        # The scheme is case-insensitive (RFC 9110: "bearer", "BEARER" are "Bearer"); the key is not.
+        scheme, _, key = (_header(scope, b"authorization") or b"").partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(b" "), self.api_key):
             return None
         return APIError(401, "a valid API key is required: send `Authorization: Bearer <key>`",
                         headers={"WWW-Authenticate": "Bearer"})

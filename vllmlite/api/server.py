@@ -127,7 +127,7 @@ async def parse_body(request: Request, model: type[Model]) -> Model:
 def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
     engine = ctx.engine
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])   # HEAD: load balancers' probes
     async def health() -> JSONResponse:
         if engine.is_dead:
             return _error_response(unavailable(f"the engine loop has failed: {engine.dead_error}"))
@@ -141,7 +141,8 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        card = ModelCard(id=ctx.model_name, root=engine.engine.model_source, max_model_len=engine.max_model_len)
+        # root names the model, never its file: no filesystem path goes into a response.
+        card = ModelCard(id=ctx.model_name, root=ctx.model_name, max_model_len=engine.max_model_len)
         return ModelList(data=[card]).model_dump()
 
     @app.get("/metrics")
