@@ -138,10 +138,11 @@ def test_prompt_too_long_is_refused_and_one_filling_the_context_is_embedded(make
     assert_matches(tiny_model, [list(range(32))], [embedding], "last")
 
 
-def test_prompt_that_never_fits_the_cache_ends_in_error(make_engine):
+def test_prompt_that_never_fits_the_cache_is_refused(make_engine):
     engine = make_engine(block_size=4, num_blocks=2)
-    [output] = run_to_completion(engine, [(list(range(20)), PoolingParams())])
-    assert output.error is not None and output.outputs.embedding == []
+    with pytest.raises(ValueError, match="KV cache holds at most 7 prompt tokens"):
+        engine.add_request("big", list(range(20)), PoolingParams())
+    assert not engine.has_unfinished_requests()
 
 
 def test_aborted_embedding_frees_its_blocks(make_engine):

@@ -6,7 +6,6 @@ import pytest
 from conftest import greedy, make_prompts, run_to_completion
 from reference import dense_greedy
 
-from vllmlite.request import FinishReason
 from vllmlite.sampling_params import SamplingParams
 
 MAX_TOKENS = 12
@@ -159,14 +158,16 @@ def test_abort_frees_every_block(make_engine, prompts):
     assert not engine.has_unfinished_requests() and not engine.scheduler.requests
 
 
-def test_prompt_larger_than_cache_finishes_with_error(make_engine):
+def test_prompt_larger_than_cache_is_refused_and_others_run(make_engine):
     engine = make_engine(block_size=4, num_blocks=8)  # 32 tokens in all
     big = make_prompts(1, seed=2, min_len=40, max_len=40)[0]
     small = make_prompts(1, seed=3, min_len=5, max_len=5)[0]
-    results = run_to_completion(engine, [(big, greedy(4)), (small, greedy(4))])
-    assert results[0].outputs[0].finish_reason == FinishReason.ERROR.value
-    assert "cache" in results[0].error
-    assert results[1].outputs[0].finish_reason == "length" and len(results[1].outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="KV cache holds at most 31 prompt tokens"):
+        engine.add_request("big", big, greedy(4))
+    with pytest.raises(ValueError, match="at most 31"):          # 32 tokens: no slot for the next one
+        engine.add_request("full", big[:32], greedy(4))
+    [result] = run_to_completion(engine, [(small, greedy(4))])
+    assert result.outputs[0].finish_reason == "length" and len(result.outputs[0].token_ids) == 4
 
 
 def test_sequence_outgrowing_the_cache_ends_with_length(make_engine):

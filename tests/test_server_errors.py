@@ -246,3 +246,14 @@ def test_sigterm_lets_the_in_flight_request_finish_and_exits_zero(tmp_path):
     assert data[-1] == "[DONE]"
     finishes = [c["finish_reason"] for e in data[:-1] for c in json.loads(e)["choices"]]
     assert finishes[-1] == "length" and "draining" in server.log()
+
+
+def test_prompt_larger_than_the_kv_cache_is_a_400(tiny_model):
+    with running_server(tiny_model, num_blocks=4, block_size=4) as live:   # 16 slots: 15 prompt tokens
+        for stream in (False, True):
+            body = {"model": MODEL, "prompt": "x" * 40, "max_tokens": 2, "stream": stream}
+            error = assert_openai_error(httpx.post(live.base_url + "/completions", json=body, timeout=60), 400)
+            assert "KV cache holds at most 15 prompt tokens" in error["message"]
+        ok = {"model": MODEL, "prompt": "x" * 5, "max_tokens": 2}
+        assert httpx.post(live.base_url + "/completions", json=ok, timeout=60).status_code == 200
+        assert wait_until(lambda: live.engine.engine.get_stats().scheduler.num_kv_blocks_used == 0)

@@ -14,7 +14,7 @@ import numpy as np
 
 from vllmlite.batch import RunnerOutput, SchedulerOutput
 from vllmlite.block_manager import BlockManager
-from vllmlite.config import EngineConfig
+from vllmlite.config import EngineConfig, ceil_div
 from vllmlite.kernels import get_kernels, resolve_backend
 from vllmlite.loader import LoadedModel, load_model
 from vllmlite.model import LlamaModel
@@ -139,9 +139,11 @@ class LLMEngine:
             if len(token_ids) > self.max_model_len:
                 raise ValueError(f"the input has {len(token_ids)} tokens but this model's maximum context "
                                  f"length is {self.max_model_len} tokens")
+            self._check_fits_cache(len(token_ids))
             return 0
         params.verify(vocab)
         token_ids = _truncated_prompt(token_ids, params)
+        self._check_fits_cache(len(token_ids))
         if len(token_ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(token_ids)} tokens but this model's maximum context "
                              f"length is {self.max_model_len} tokens (prompt plus output)")
@@ -153,6 +155,14 @@ class LLMEngine:
                 f"for {len(token_ids)} prompt tokens plus {params.max_tokens} output tokens "
                 f"({len(token_ids) + params.max_tokens}); reduce the prompt or max_tokens")
         return params.max_tokens
+
+    def _check_fits_cache(self, num_prompt_tokens: int) -> None:
+        """A prompt whose K/V (and the next token's) exceeds the whole KV cache can never run: the
+        client's size error, said before queueing (the scheduler would end it in error)."""
+        bm = self.block_manager
+        if ceil_div(num_prompt_tokens + 1, bm.block_size) > bm.num_blocks:
+            raise ValueError(f"the prompt has {num_prompt_tokens} tokens but this server's KV cache holds at most "
+                             f"{bm.num_blocks * bm.block_size - 1} prompt tokens")
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request (all its samples) and free its blocks; unknown ids are ignored."""
