@@ -193,8 +193,8 @@ def _pool(hidden: np.ndarray, owners: list, result: RunnerOutput) -> None:
     start = 0
     for request, pooling, num_rows in owners:
         rows = hidden[start:start + num_rows]
-        pooled = rows[-1] if pooling is PoolingType.LAST else rows.sum(axis=0, dtype=np.float64)
-        result.pooled[request.request_id] = pooled.astype(np.float64)
+        result.pooled[request.request_id] = (rows[-1].astype(np.float64) if pooling is PoolingType.LAST
+                                             else rows.sum(axis=0, dtype=np.float64))
         start += num_rows
 
 

@@ -547,9 +547,9 @@ def _gemm_output(out_t: np.ndarray) -> tuple[int, ...] | None:
     the next, its rows, and the sgemm layout that writes it in place (rows or tokens contiguous;
     the leading dimension is at least the contiguous extent, whatever the strides of a single row
     or column say); None for any other layout."""
-    step = out_t.itemsize
     if out_t.dtype != np.float32:
         return None
+    step = out_t.itemsize
     if out_t.strides[1] == step:     # the workspace's feature-major buffers
         layout = (blas.ROW_MAJOR, blas.TRANS, blas.NO_TRANS, max(out_t.strides[0] // step, out_t.shape[1]))
     elif out_t.strides[0] == step:   # token-major, as the logits are
