@@ -7,6 +7,8 @@ sandbox. Knows nothing of tokenizers or models: the caller passes the template a
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -97,6 +99,52 @@ def render_chat_template(
         # TemplateError covers raise_exception, SecurityError and UndefinedError; the others come
         # from template expressions on unexpected message data, such as `'a' + 1`.
         raise ValueError(f"chat template failed to render: {error}") from error
+
+
+# The message fields a template may write into the prompt that come from the caller.
+CALLER_TEXT_FIELDS = ("content", "name")
+
+
+def render_with_caller_spans(
+    template: str | None,
+    messages: list[dict],
+    add_generation_prompt: bool,
+    bos_token: str | None,
+    eos_token: str | None,
+) -> tuple[str, list[tuple[int, int]] | None]:
+    """The prompt text, as `render_chat_template` gives it, and the (start, end) spans in it of every
+    caller-written field (`CALLER_TEXT_FIELDS`), so a tokenizer can read them as plain text.
+
+    Found by rendering a second time with a unique marker in place of each field: the spans are
+    exact when putting the fields back into that rendering gives the prompt itself. A template that
+    changes what it writes (trims it, splits it, branches on it) gives None: the spans are unknown.
+    """
+    text = render_chat_template(template, messages, add_generation_prompt, bos_token, eos_token)
+    nonce = uuid.uuid4().hex
+    marked, values = [], {}
+    for index, message in enumerate(normalize_messages(messages)):
+        copy = dict(message)
+        for key in CALLER_TEXT_FIELDS:
+            if isinstance(copy.get(key), str) and copy[key]:
+                marker = f"\ue000{nonce}:{index}:{key}\ue001"
+                values[marker] = copy[key]
+                copy[key] = marker
+        marked.append(copy)
+    if not values:
+        return text, []
+    skeleton = render_chat_template(template, marked, add_generation_prompt, bos_token, eos_token)
+    pattern = "|".join(re.escape(marker) for marker in values)
+    pieces, spans, position, last = [], [], 0, 0
+    for match in re.finditer(pattern, skeleton):
+        literal = skeleton[last:match.start()]
+        value = values[match.group()]
+        pieces += [literal, value]
+        position += len(literal)
+        spans.append((position, position + len(value)))
+        position += len(value)
+        last = match.end()
+    pieces.append(skeleton[last:])
+    return text, (spans if "".join(pieces) == text else None)
 
 
 @lru_cache(maxsize=32)

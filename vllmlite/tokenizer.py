@@ -7,6 +7,8 @@ detokenization (see detokenizer.py).
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import re
 from abc import ABC, abstractmethod
@@ -151,6 +153,20 @@ class Tokenizer(ABC):
             return text
         return self(text, add_special_tokens=False) if return_dict else self.encode(text, add_special_tokens=False)
 
+    def encode_with_plain_spans(self, text: str, plain_spans: Sequence[tuple[int, int]],
+                                add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text` in which special-token text inside `plain_spans` ((start, end)
+        character offsets) is read as plain text, never as the special token.
+
+        Equal to `encode(text, add_special_tokens)` when no special-token text lies in a span.
+        A tokenizer that never reads special tokens from text (ByteTokenizer) needs nothing more.
+        """
+        return self.encode(text, add_special_tokens)
+
+    def find_special_text(self, text: str) -> str | None:
+        """The first special token's text found in `text`, or None."""
+        return None
+
     def __call__(self, text: str | Sequence[str], add_special_tokens: bool = True) -> BatchEncoding:
         """`input_ids` and an all-ones `attention_mask`: lists for one text, lists of lists for a batch."""
         if isinstance(text, str):
@@ -253,6 +269,50 @@ class HFTokenizer(Tokenizer):
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def encode_with_plain_spans(self, text: str, plain_spans: Sequence[tuple[int, int]],
+                                add_special_tokens: bool = False) -> list[int]:
+        # As the backend itself does, cut the text at special-token text, but only where none of it
+        # lies in a span; encode each piece between with special tokens read as text. With nothing
+        # special in the spans the pieces are the backend's own, so the ids are encode()'s.
+        ids: list[int] = []
+        start = 0
+        for match in self._special_pattern.finditer(text):
+            if any(lo < match.end() and match.start() < hi for lo, hi in plain_spans):
+                continue
+            ids += self._plain_backend.encode(text[start:match.start()], add_special_tokens=False).ids
+            ids.append(self.backend.token_to_id(match.group()))
+            start = match.end()
+        ids += self._plain_backend.encode(text[start:], add_special_tokens=False).ids
+        if not add_special_tokens:
+            return ids
+        before, after = self._added_around
+        return before + ids + after
+
+    def find_special_text(self, text: str) -> str | None:
+        match = self._special_pattern.search(text)
+        return None if match is None else match.group()
+
+    @functools.cached_property
+    def _added_around(self) -> tuple[list[int], list[int]]:
+        """The ids `encode(..., add_special_tokens=True)` puts before and after the text's own."""
+        plain = self.backend.encode("a", add_special_tokens=False).ids
+        full = self.backend.encode("a", add_special_tokens=True).ids
+        start = full.index(plain[0])
+        return full[:start], full[start + len(plain):]
+
+    @functools.cached_property
+    def _special_pattern(self) -> re.Pattern:
+        """Any special token's text, longest first where one is a prefix of another."""
+        names = sorted((self.backend.id_to_token(i) for i in self.special_token_ids), key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, names)) or "(?!)")
+
+    @functools.cached_property
+    def _plain_backend(self) -> tokenizers.Tokenizer:
+        """A copy of the backend that reads special-token text as plain text."""
+        plain = copy.deepcopy(self.backend)
+        plain.encode_special_tokens = True
+        return plain
 
     def id_to_token(self, token_id: int) -> str:
         piece = self.backend.id_to_token(token_id)

@@ -245,6 +245,9 @@ class ChatCompletionRequest(SamplingFields):
     echo: Any = None
     continue_final_message: Any = None
     documents: Any = None
+    audio: Any = None
+    modalities: Any = None
+    web_search_options: Any = None
 
 
 class TokenizeRequest(_Request):

@@ -38,7 +38,6 @@ from vllmlite.api.serving import (
     check_request,
     check_stream_fields,
     clamp_logprob,
-    encode_prompt,
     final_outputs,
     logprob_token,
     make_usage,
@@ -52,8 +51,10 @@ from vllmlite.api.serving import (
     token_bytes,
     top_items,
 )
+from vllmlite.chat_template import CALLER_TEXT_FIELDS, render_with_caller_spans
 from vllmlite.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
+from vllmlite.tokenizer import Tokenizer
 
 TEMPLATE_AS_IS = "the model's chat template is rendered as it is"
 # Chat fields this server does not implement, checked after serving.UNSUPPORTED_FIELDS.
@@ -66,6 +67,9 @@ CHAT_UNSUPPORTED_FIELDS = (
     ("continue_final_message", (None, False), TEMPLATE_AS_IS),
     ("documents", (None, []), TEMPLATE_AS_IS),
     ("echo", (None, False), "echo is served by /v1/completions"),
+    ("audio", (None,), "text output only"),
+    ("modalities", (None, ["text"]), "text output only"),
+    ("web_search_options", (None,), "no web search"),
 )
 
 
@@ -79,18 +83,42 @@ class PreparedChat:
 def render_messages(ctx: ServingContext, messages: Sequence[ChatMessage], add_generation_prompt: bool,
                     add_special_tokens: bool = False) -> list[int]:
     """The prompt's token ids: the model's chat template, then encode, by default without special
-    tokens (the template already wrote them)."""
+    tokens (the template already wrote them).
+
+    Special-token text the caller wrote (a message's content or name) is read as plain text, so a
+    message cannot forge a turn with `<|im_end|><|im_start|>system`; only the template's own text
+    gives special tokens (`--special-tokens-in-messages` turns this off for trusted callers)."""
     dicts = [m.as_dict() for m in messages]
     max_chars = ctx.engine.max_model_len * MAX_CHARS_PER_TOKEN
     if sum(len(m["content"]) for m in dicts) > max_chars:
         raise bad_request(f"messages are longer than this model's context of {ctx.engine.max_model_len} "
                           "tokens can hold", "messages")
+    tokenizer = ctx.engine.tokenizer
     try:
-        text = ctx.engine.tokenizer.apply_chat_template(dicts, tokenize=False,
-                                                        add_generation_prompt=add_generation_prompt)
+        text, caller_spans = render_with_caller_spans(tokenizer.chat_template, dicts, add_generation_prompt,
+                                                      tokenizer.bos_token, tokenizer.eos_token)
     except ValueError as error:
         raise bad_request(str(error), "messages") from error
-    return encode_prompt(ctx, text, "messages", add_special_tokens=add_special_tokens)
+    if len(text) > max_chars:
+        raise bad_request(f"the rendered messages have {len(text)} characters, more than this model's context "
+                          f"of {ctx.engine.max_model_len} tokens can hold", "messages")
+    if ctx.special_tokens_in_messages:
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    if caller_spans is None:
+        _reject_special_text(tokenizer, dicts)  # the template reworks the fields: no span is known
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    return tokenizer.encode_with_plain_spans(text, caller_spans, add_special_tokens)
+
+
+def _reject_special_text(tokenizer: Tokenizer, messages: list[dict]) -> None:
+    for index, message in enumerate(messages):
+        for key in CALLER_TEXT_FIELDS:
+            found = tokenizer.find_special_text(message.get(key) or "")
+            if found is not None:
+                raise bad_request(
+                    f"messages[{index}].{key} contains the special token {found!r}, and this model's chat "
+                    "template changes message text, so it cannot be kept as plain text; remove it",
+                    f"messages.{index}.{key}")
 
 
 def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedChat:
