@@ -21,7 +21,7 @@ import httpx
 import uvicorn
 
 from vllmlite.api.cli import ServerArgs
-from vllmlite.api.server import build_app, make_async_engine
+from vllmlite.api.server import build_app, make_async_engine, uvicorn_config
 from vllmlite.async_engine import AsyncLLMEngine
 from vllmlite.loader import LoadedModel
 
@@ -91,7 +91,7 @@ def running_server(loaded: LoadedModel, **overrides) -> Iterator[ThreadServer]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn_config(app, config))
     live = ThreadServer(engine, config, server, sock)
     live.start()
     try:

@@ -29,7 +29,7 @@ CONVERSATION = [
 
 def server_prompt_ids(llm: LLM, messages: list[dict], add_generation_prompt: bool) -> list[int]:
     """The prompt ids the chat endpoint renders for `messages` (its own `render_messages`)."""
-    ctx = ServingContext(AsyncLLMEngine(llm.engine), "test")
+    ctx = ServingContext(AsyncLLMEngine(llm.engine), "test", special_tokens_in_messages=False)
     return render_messages(ctx, [ChatMessage.model_validate(m) for m in messages], add_generation_prompt)
 
 

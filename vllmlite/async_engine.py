@@ -12,11 +12,13 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from vllmlite.engine import LLMEngine
 from vllmlite.metrics import EngineMetrics
+from vllmlite.output_processor import coalesce_outputs
 from vllmlite.outputs import RequestOutput
 from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import SamplingParams
@@ -68,6 +70,9 @@ class RequestStream:
     Ends after the output with `finished=True`, or by raising the error the engine sent
     (EngineDeadError, RequestAbortedError, ValueError), or RequestTimeoutError at the deadline.
     `cancel()` aborts the request in the engine unless it already ended there.
+
+    Outputs a reader has not taken yet are coalesced into one (`coalesce_outputs`), so a reader that
+    falls behind costs the memory of one output, whatever its speed.
     """
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop,
@@ -75,7 +80,8 @@ class RequestStream:
         self.request_id = request_id
         self.loop = loop
         self._abort = abort
-        self._queue: asyncio.Queue[StreamItem] = asyncio.Queue()
+        self._items: deque[StreamItem] = deque()
+        self._ready = asyncio.Event()   # set while _items is not empty
         self._deadline = None if timeout is None else loop.time() + timeout
         self._timeout = timeout
         self.is_finished = False   # the engine has sent its last item
@@ -86,7 +92,15 @@ class RequestStream:
 
     def put_nowait(self, item: StreamItem) -> None:
         """Called on the stream's event loop."""
-        self._queue.put_nowait(item)
+        if self._items and isinstance(item, RequestOutput) and isinstance(self._items[-1], RequestOutput):
+            item = coalesce_outputs(self._items.pop(), item)
+        self._items.append(item)
+        self._ready.set()
+
+    @property
+    def num_unread(self) -> int:
+        """Items waiting for the reader (at most one output, then an error)."""
+        return len(self._items)
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -94,19 +108,23 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self.is_finished:
             raise StopAsyncIteration
-        if self._deadline is None:
-            item = await self._queue.get()
-        else:
+        if not self._items:
             try:
-                item = await asyncio.wait_for(self._queue.get(), max(self._deadline - self.loop.time(), 0.0))
+                await asyncio.wait_for(self._ready.wait(), self._time_left())
             except asyncio.TimeoutError:
                 raise RequestTimeoutError(f"the request ran past the server's request timeout "
                                           f"({self._timeout:g} s) and was aborted") from None
+        item = self._items.popleft()
+        if not self._items:
+            self._ready.clear()
         if isinstance(item, BaseException):
             self.is_finished = True
             raise item
         self.is_finished = item.finished
         return item
+
+    def _time_left(self) -> float | None:
+        return None if self._deadline is None else max(self._deadline - self.loop.time(), 0.0)
 
     def cancel(self) -> None:
         """Abort the request in the engine (its blocks are freed within a step) unless it ended."""

@@ -247,6 +247,22 @@ class OutputProcessor:
         )
 
 
+def coalesce_outputs(older: RequestOutput, newer: RequestOutput) -> RequestOutput:
+    """One output standing for two consecutive outputs of a request that nobody has read yet: `newer`
+    (its cumulative fields already hold everything) with each sample's deltas since `older` included.
+    A slow reader then holds one output, not one per step (whose cumulative copies grow with each)."""
+    before = {c.index: c for c in older.outputs}
+    completions = []
+    for c in newer.outputs:
+        old = before.get(c.index)
+        if old is not None:
+            c = dataclasses.replace(
+                c, delta_text=old.delta_text + c.delta_text, delta_token_ids=old.delta_token_ids + c.delta_token_ids,
+                delta_logprobs=None if c.delta_logprobs is None else (old.delta_logprobs or []) + c.delta_logprobs)
+        completions.append(c)
+    return dataclasses.replace(newer, outputs=completions)
+
+
 def _sync_logprobs(converted: list[PositionLogprobs], entries: Sequence[TokenLogprobs],
                    token_text: Callable[[int], str]) -> list[PositionLogprobs]:
     """Bring `converted` in line with the internal `entries`, converting each position once.

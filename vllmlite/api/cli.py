@@ -74,6 +74,16 @@ class ServerArgs(EngineArgs):
                                                "(default: no limit)")
     max_body_bytes: int = knob(4 << 20, "largest request body in bytes (413 beyond it)", parse=parse_bytes)
     shutdown_timeout: float = knob(30.0, "seconds in-flight requests get to finish after SIGINT/SIGTERM")
+    header_timeout: float = knob(10.0, "seconds a client has to send a request's headers (the connection is "
+                                       "closed beyond it: half-sent requests hold nothing)")
+    body_timeout: float = knob(30.0, "seconds a client has to send a request's body (408 beyond it)")
+    stream_send_timeout: float = knob(30.0, "seconds a streaming client may stop reading before its request "
+                                            "is aborted and its KV cache freed")
+    stream_ping_interval: float = knob(15.0, "seconds between keep-alive comments on a quiet event stream "
+                                             "(0: none)")
+    special_tokens_in_messages: bool = knob(False, "read special-token text in chat messages (e.g. "
+                                                   "<|im_start|>) as the special tokens: only for trusted "
+                                                   "callers, since it lets a message forge a system turn")
     log_level: str = knob("info", f"one of {', '.join(LOG_LEVELS)}")
     allowed_origins: tuple[str, ...] = knob(("*",), "CORS: origins browsers may call from, a JSON list",
                                             parse=parse_json_list)
@@ -90,6 +100,10 @@ class ServerArgs(EngineArgs):
              f"request_timeout must be > 0 seconds, got {self.request_timeout}"),
             (self.max_body_bytes >= 1, f"max_body_bytes must be >= 1, got {self.max_body_bytes}"),
             (self.shutdown_timeout >= 0, f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}"),
+            (self.header_timeout > 0, f"header_timeout must be > 0 seconds, got {self.header_timeout}"),
+            (self.body_timeout > 0, f"body_timeout must be > 0 seconds, got {self.body_timeout}"),
+            (self.stream_send_timeout > 0, f"stream_send_timeout must be > 0 seconds, got {self.stream_send_timeout}"),
+            (self.stream_ping_interval >= 0, f"stream_ping_interval must be >= 0, got {self.stream_ping_interval}"),
             (self.log_level in LOG_LEVELS, f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}"),
             (self.api_key is None or len(self.api_key) > 0, "api_key must not be empty"),
         ]

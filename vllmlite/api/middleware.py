@@ -1,16 +1,21 @@
-"""The request guard, a pure ASGI middleware: API key first, then the body size limit, then the app.
+"""The request guard, a pure ASGI middleware: API key first, then the body size limit, then the app;
+and the header deadline, at the connection (uvicorn's protocol), before there is a request at all.
 
-Owns authentication (a constant-time comparison of `Authorization: Bearer <key>`) and reading the
+Owns authentication (a constant-time comparison of `Authorization: Bearer <key>`), reading the
 body within `max_body_bytes` (Content-Length checked first, then the bytes actually received,
-all before any JSON parsing). Knows nothing of routes beyond the paths that stay open.
+all before any JSON parsing) and `body_timeout` seconds, and the time a connection may take to send
+a request's headers. Knows nothing of routes beyond the paths that stay open.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 
+import h11
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from vllmlite.api.errors import APIError
 
@@ -22,10 +27,11 @@ class _ClientGone(Exception):
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int, body_timeout: float | None = None) -> None:
         self.app = app
         self.api_key = None if api_key is None else api_key.encode()
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -66,11 +72,18 @@ class RequestGuard:
         return None
 
     async def _read_body(self, receive: Receive) -> bytes:
-        """The whole body, counted as it arrives (a chunked body has no Content-Length)."""
+        """The whole body, counted as it arrives (a chunked body has no Content-Length), within
+        `body_timeout` seconds in all."""
+        loop = asyncio.get_running_loop()
+        deadline = None if self.body_timeout is None else loop.time() + self.body_timeout
         chunks: list[bytes] = []
         size = 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), None if deadline is None else deadline - loop.time())
+            except asyncio.TimeoutError:
+                raise APIError(408, f"the request body did not arrive within the server's {self.body_timeout:g} s",
+                               headers={"Connection": "close"}) from None
             if message["type"] == "http.disconnect":
                 raise _ClientGone()
             chunk = message.get("body", b"")
@@ -104,3 +117,46 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+def header_timeout_protocol(header_timeout: float) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol, closing a connection that has not sent a whole request's headers
+    within `header_timeout` seconds of opening or of its previous response (uvicorn has no such
+    limit: a client sending a header line now and then would hold its connection forever)."""
+
+    class HeaderTimeoutProtocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_header_timer()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:  # the headers are in
+                self._disarm_header_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.conn.their_state is h11.IDLE:  # waiting for the next request's headers
+                self._arm_header_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_header_timer()
+            super().connection_lost(exc)
+
+        def _arm_header_timer(self) -> None:
+            self._disarm_header_timer()
+            self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
+
+        def _disarm_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutProtocol

@@ -19,14 +19,17 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
+from sse_starlette import EventSourceResponse
+from sse_starlette.sse import SendTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from vllmlite import __version__
 from vllmlite.api.cli import ServerArgs, parse_config
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
-from vllmlite.api.middleware import RequestGuard
+from vllmlite.api.middleware import RequestGuard, header_timeout_protocol
 from vllmlite.api.protocol import (
     MAX_NAME_CHARS,
     ChatCompletionRequest,
@@ -51,7 +54,7 @@ from vllmlite.metrics import EngineMetrics
 
 logger = logging.getLogger("vllmlite.api.server")
 Model = TypeVar("Model", bound=BaseModel)
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_HEADERS = {"Cache-Control": "no-cache"}
 
 
 def make_async_engine(config: ServerArgs, loaded: LoadedModel | None = None) -> AsyncLLMEngine:
@@ -73,11 +76,12 @@ def build_app(engine: AsyncLLMEngine, config: ServerArgs) -> FastAPI:
     app.state.engine = engine
     app.state.config = config
     _add_error_handlers(app)
-    ctx = ServingContext(engine, config.model_name)
+    ctx = ServingContext(engine, config.model_name, config.special_tokens_in_messages)
     _add_info_routes(app, ctx)
     _add_token_routes(app, ctx)
-    _add_generate_routes(app, ctx)
-    app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+    _add_generate_routes(app, ctx, config)
+    app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+                       body_timeout=config.body_timeout)
     # Added last, so outermost: a browser's preflight (which carries no API key) is answered before
     # the guard, and the guard's errors carry the CORS headers a page needs to read them.
     app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
@@ -176,27 +180,52 @@ def _add_token_routes(app: FastAPI, ctx: ServingContext) -> None:
         return DetokenizeResponse(prompt=text).model_dump()
 
 
-def _add_generate_routes(app: FastAPI, ctx: ServingContext) -> None:
+def _add_generate_routes(app: FastAPI, ctx: ServingContext, config: ServerArgs) -> None:
+    async def respond(request: Request, work: Awaitable[Any]) -> Response:
+        """Run `work` until it returns or the client disconnects (then it is cancelled, so its
+        requests are aborted); a pydantic result becomes JSON, an async iterator an event stream."""
+        result = await _until_disconnect(request, work)
+        if result is None:
+            return Response(status_code=499)  # nobody is listening
+        if isinstance(result, BaseModel):
+            return JSONResponse(result.model_dump())
+        # A reader that takes no bytes for stream_send_timeout seconds is cut off: the stream
+        # closes, which cancels its requests. Pings keep proxies from closing a quiet stream.
+        return _EventStream(result, headers=SSE_HEADERS, sep="\n", ping=config.stream_ping_interval,
+                            send_timeout=config.stream_send_timeout)
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         req = await parse_body(request, CompletionRequest)
         prepared = prepare_completion(ctx, req)
         admission = _admission(request, "cmpl", req)
-        return await _respond(request, create_completion(ctx, prepared, admission))
+        return await respond(request, create_completion(ctx, prepared, admission))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         req = await parse_body(request, ChatCompletionRequest)
         prepared = prepare_chat(ctx, req)
         admission = _admission(request, "chatcmpl", req)
-        return await _respond(request, create_chat(ctx, prepared, admission))
+        return await respond(request, create_chat(ctx, prepared, admission))
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:
         req = await parse_body(request, EmbeddingRequest)
         token_lists = prepare_embeddings(ctx, req)
         admission = Admission(new_request_id("embd"), _client_id(request, req.user))
-        return await _respond(request, create_embeddings(ctx, req, token_lists, admission))
+        return await respond(request, create_embeddings(ctx, req, token_lists, admission))
+
+
+class _EventStream(EventSourceResponse):
+    """sse-starlette's response, logging a stalled reader in one line instead of a traceback (uvicorn
+    then closes the connection, the response being unfinished)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            logger.warning("%s %s: the client read nothing for %g s; its stream is closed and its request aborted",
+                           scope["method"], scope["path"], self.send_timeout)
 
 
 def _admission(request: Request, prefix: str, req: SamplingFields) -> Admission:
@@ -217,17 +246,6 @@ def _client_id(request: Request, user: str | None) -> str | None:
     if authorization.startswith("Bearer ") and len(authorization) > len("Bearer "):
         return "key-" + hashlib.sha256(authorization.encode()).hexdigest()[:16]
     return None
-
-
-async def _respond(request: Request, work: Awaitable[Any]) -> Response:
-    """Run `work` until it returns or the client disconnects (then it is cancelled, so its requests
-    are aborted); a pydantic result becomes JSON, an async iterator becomes an SSE stream."""
-    result = await _until_disconnect(request, work)
-    if result is None:
-        return Response(status_code=499)  # nobody is listening
-    if isinstance(result, BaseModel):
-        return JSONResponse(result.model_dump())
-    return StreamingResponse(result, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
@@ -296,9 +314,14 @@ def main(argv: list[str] | None = None) -> None:
     engine = make_async_engine(config)
     _log_startup(engine, config)
     app = build_app(engine, config)
-    uvicorn_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                                    timeout_graceful_shutdown=5, lifespan="on")
-    GracefulServer(uvicorn_config, engine, config.shutdown_timeout).run()
+    GracefulServer(uvicorn_config(app, config), engine, config.shutdown_timeout).run()
+
+
+def uvicorn_config(app: FastAPI, config: ServerArgs) -> uvicorn.Config:
+    """uvicorn for `app`, with the header timeout uvicorn itself lacks."""
+    return uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                          timeout_graceful_shutdown=5, lifespan="on",
+                          http=header_timeout_protocol(config.header_timeout))
 
 
 if __name__ == "__main__":

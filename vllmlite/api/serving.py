@@ -22,16 +22,18 @@ from vllmlite.outputs import Logprob, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
 
 MAX_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per context token cannot fit
-DONE_EVENT = "data: [DONE]\n\n"
+DONE_EVENT = b"data: [DONE]\n\n"
 LOGPROB_FLOOR = -9999.0   # JSON has no -inf; vLLM clamps the same way
 
 
 @dataclass(frozen=True)
 class ServingContext:
-    """What a handler needs: the engine and the name clients must use for the model."""
+    """What a handler needs: the engine, the name clients must use for the model, and whether chat
+    messages may carry special tokens (trusted callers only)."""
 
     engine: AsyncLLMEngine
     model_name: str
+    special_tokens_in_messages: bool
 
 
 @dataclass(frozen=True)
@@ -251,14 +253,15 @@ def sse_event(payload: Any) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-async def sse_stream(events: AsyncIterator[str], streams: Sequence[RequestStream]) -> AsyncIterator[str]:
-    """`events` then `data: [DONE]`; a failure mid-stream becomes an error event before [DONE].
-    However the stream ends (finished, failed, client gone), the engine requests are cancelled."""
+async def sse_stream(events: AsyncIterator[str], streams: Sequence[RequestStream]) -> AsyncIterator[bytes]:
+    """`events`, encoded, then `data: [DONE]`; a failure mid-stream becomes an error event before
+    [DONE]. However the stream ends (finished, failed, client gone or too slow), the engine requests
+    are cancelled."""
     try:
         async for event in events:
-            yield event
+            yield event.encode()
     except Exception as error:
-        yield from_engine_error(error).sse_event()
+        yield from_engine_error(error).sse_event().encode()
     finally:
         cancel_all(streams)
     yield DONE_EVENT
