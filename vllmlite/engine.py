@@ -142,6 +142,11 @@ class LLMEngine:
             self._check_fits_cache(len(token_ids))
             return 0
         params.verify(vocab)
+        max_num_seqs = self.config.scheduler.max_num_seqs
+        if params.num_sequences > max_num_seqs:
+            name = "n" if params.best_of is None else "best_of"
+            raise ValueError(f"{name} asks for {params.num_sequences} sequences, more than this server runs at "
+                             f"once (max_num_seqs={max_num_seqs})")
         token_ids = _truncated_prompt(token_ids, params)
         self._check_fits_cache(len(token_ids))
         if len(token_ids) >= self.max_model_len:

@@ -168,7 +168,7 @@ class Scheduler:
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
         bm = self.block_manager
-        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.swapped and budget > 0 and self._has_seats_for(self.swapped[0]):
             request = self.swapped[0]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             needed = ceil_div(request.num_computed_tokens + num_new, bm.block_size)
@@ -184,12 +184,21 @@ class Scheduler:
             budget -= num_new
         return budget
 
+    def _has_seats_for(self, request: Request) -> bool:
+        """Whether `request` and its unborn forks fit beside the running sequences (counted with
+        their own unborn forks) within max_num_seqs."""
+        def seats(r: Request) -> int:
+            return 1 + len(self.forks.get(r.request_id, ()))
+        return sum(map(seats, self.running)) + seats(request) <= self.config.max_num_seqs
+
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
-        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while budget > 0:
             request = self.waiting.peek()
             if request is None:
                 return
+            if not self._has_seats_for(request):
+                return  # the engine refuses a group larger than max_num_seqs, so this one fits later
             if ceil_div(request.num_tokens + 1, bm.block_size) > bm.num_blocks:
                 self.finish(request, FinishReason.ERROR, error=(
                     f"the prompt needs {request.num_tokens} tokens of KV cache but the whole cache holds "
