@@ -22,12 +22,15 @@ from vllmlite.async_engine import (
 )
 
 RETRY_AFTER_SECONDS = 1
+MAX_MESSAGE_CHARS = 1024  # an error never echoes a huge request value back (validation-error amplification)
+MAX_PARAM_CHARS = 256
 
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "request_too_large",
     500: "internal_server_error",
     503: "service_unavailable",
@@ -55,8 +58,17 @@ class APIError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "api_error"),
-                      "param": param, "code": status}}
+    """OpenAI's error object; a message or param quoting a huge request value is cut short."""
+    return {"error": {"message": _cut(message, MAX_MESSAGE_CHARS), "type": ERROR_TYPES.get(status, "api_error"),
+                      "param": None if param is None else _cut(param, MAX_PARAM_CHARS), "code": status}}
+
+
+def _cut(text: str, limit: int) -> str:
+    """
+    >>> _cut("abcdef", 4)
+    'abcd... (2 more characters)'
+    """
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
