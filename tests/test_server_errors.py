@@ -59,6 +59,12 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": [1, "a"]}, "prompt"),
     ({"prompt": []}, "prompt"),
+    ({"prompt": "", "add_special_tokens": False}, "prompt"),  # no BOS: nothing left to run on
+    ({"prompt": "x", "guided_json": {"type": "object"}}, "guided_json"),
+    ({"prompt": "x", "guided_choice": ["a", "b"]}, "guided_choice"),
+    ({"prompt": "x", "guided_regex": "(a+)+$"}, "guided_regex"),
+    ({"prompt": "x", "structured_outputs": {"choice": ["a"]}}, "structured_outputs"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
     ({"prompt": [300]}, "prompt"),
     ({"prompt": ["x"] * 65}, "prompt"),
     ({"prompt": ["x"] * 20, "n": 16}, "n"),
@@ -87,6 +93,10 @@ BAD_CHATS = [
     ({"messages": USER, "add_generation_prompt": "yes"}, "add_generation_prompt"),
     ({"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"messages": USER, "max_completion_tokens": 5000}, "messages"),
+    ({"messages": USER, "modalities": ["text", "audio"]}, "modalities"),
+    ({"messages": USER, "audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ({"messages": USER, "web_search_options": {}}, "web_search_options"),
+    ({"messages": USER, "n": 17}, "n"),
 ]
 
 
