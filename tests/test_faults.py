@@ -1,14 +1,24 @@
-"""Fault confinement: an exception raised for one request at any stage (schedule, forward, sample,
-apply, detokenize) fails that request alone with a clean error, and every other request's tokens are
-exactly those of a run without the fault. A fault of the engine itself (the model fails without any
-request, the scheduler raises outside any request) propagates out of step(). An allocation that
-raises MemoryError while a sequence grows preempts instead of crashing."""
+"""Fault confinement: an exception raised for one request at any stage (tokenize, schedule, forward,
+sample, apply, detokenize, stream write) fails that request alone with a clean error, and every other
+request's tokens are exactly those of a run without the fault. A fault of the engine itself (the model
+fails without any request, the scheduler raises outside any request) marks it dead: /health 503 and
+new requests 503 at once. A step hung past the heartbeat timeout turns /health 503 until it ends.
+An allocation that raises MemoryError while a sequence grows preempts instead of crashing."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import json
+import threading
+import time
+
+import httpx
 import pytest
 from conftest import greedy, make_prompts, run_to_completion
+from server_util import running_server, wait_until
 
+from vllmlite.async_engine import AsyncLLMEngine, EngineDeadError, GenerateRequest
 from vllmlite.engine import LLMEngine
 from vllmlite.sampling_params import SamplingParams
 
@@ -270,3 +280,220 @@ def test_a_request_that_fails_while_being_queued_leaves_nothing_behind(make_engi
     assert not engine.has_unfinished_requests()
     result = run_to_completion(engine, [([1, 2, 3], greedy(4))])[0]  # the id is free again
     assert result.finished and result.error is None
+
+
+# --- the async engine: a dead loop, a hung step -------------------------------------------------
+
+@pytest.fixture
+def make_async(make_engine):
+    engines: list[AsyncLLMEngine] = []
+
+    def factory(**kwargs) -> AsyncLLMEngine:
+        engine = AsyncLLMEngine(make_engine(), **kwargs)
+        engine.start()
+        engines.append(engine)
+        return engine
+
+    yield factory
+    for engine in engines:
+        engine.shutdown(timeout=0)
+
+
+def test_a_hung_step_turns_unhealthy_and_refuses_new_requests_until_it_ends(make_async):
+    engine = make_async(heartbeat_timeout=0.2)
+    gate = threading.Event()
+    step = engine.engine.step
+
+    def stuck_step():
+        gate.wait(30)
+        return step()
+
+    engine.engine.step = stuck_step
+
+    async def main():
+        stream = engine.add_request(GenerateRequest("slow", [1, 2, 3], greedy(3)))
+        assert await asyncio.to_thread(wait_until, lambda: engine.health_error is not None, 10)
+        assert "unresponsive" in engine.health_error
+        began = time.monotonic()
+        with pytest.raises(EngineDeadError, match="unresponsive"):
+            engine.add_request(GenerateRequest("late", [1], greedy(1)))
+        assert time.monotonic() - began < 1.0
+        gate.set()
+        outputs = [o async for o in stream]
+        assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 3
+        assert engine.health_error is None
+        late = [o async for o in engine.add_request(GenerateRequest("late", [1], greedy(1)))]
+        assert late[-1].finished
+
+    asyncio.run(main())
+
+
+def test_a_request_that_fails_while_being_queued_fails_alone(make_async):
+    engine = make_async()
+    add = engine.engine.scheduler.add_request
+
+    def faulty(request, forks=()):
+        if request.request_id == "bad":
+            raise RuntimeError("injected queue fault")
+        add(request, forks)
+
+    engine.engine.scheduler.add_request = faulty
+
+    async def main():
+        with pytest.raises(RuntimeError, match="injected queue fault"):
+            [o async for o in engine.add_request(GenerateRequest("bad", [1, 2], greedy(2)))]
+        good = [o async for o in engine.add_request(GenerateRequest("good", [1, 2], greedy(2)))]
+        assert good[-1].finished and len(good[-1].outputs[0].token_ids) == 2
+
+    asyncio.run(main())
+    assert engine.health_error is None and engine.num_unfinished_requests == 0
+
+
+# --- over HTTP ----------------------------------------------------------------------------------
+
+MARKER = "@@FAULT@@"
+PROMPTS = ["the quick brown fox", "jumps over", "a lazy dog and then some more words"]
+
+
+def complete(url: str, prompt: str, stream: bool = False, **fields) -> httpx.Response:
+    body = {"model": "random", "prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": stream, **fields}
+    return httpx.post(url + "/v1/completions", json=body, timeout=60)
+
+
+def streamed_text(response: httpx.Response) -> tuple[str, list[str]]:
+    """The text a completions stream carries, and its raw events."""
+    events = [e for e in response.text.split("\n\n") if e]
+    text = "".join(c["text"] for e in events[:-1] for c in json.loads(e[len("data: "):]).get("choices", []))
+    return text, events
+
+
+def concurrently(url: str, poisoned: dict) -> tuple[list[str], httpx.Response]:
+    """The bystanders (streamed and not) and one poisoned request, all at once."""
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        plain = [pool.submit(complete, url, p) for p in PROMPTS]
+        streams = [pool.submit(complete, url, p, True) for p in PROMPTS]
+        bad = pool.submit(complete, url, **poisoned)
+        texts = [f.result().json()["choices"][0]["text"] for f in plain]
+        assert [streamed_text(f.result())[0] for f in streams] == texts
+        return texts, bad.result()
+
+
+@pytest.fixture(scope="module")
+def live(tiny_model):
+    with running_server(tiny_model) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def reference_texts(live) -> list[str]:
+    return [complete(live.url, p).json()["choices"][0]["text"] for p in PROMPTS]
+
+
+def test_http_sample_fault_is_a_500_for_that_request_and_others_are_unchanged(live, reference_texts):
+    runner = live.engine.engine.runner
+    sampler = runner.sampler
+
+    class PoisonSampler(FaultySampler):  # raises for the request whose prompt holds the marker
+        def _check(self, batch) -> None:
+            if any(MARKER.encode() in bytes(t for t in ids if t < 256) for ids in batch.prompt_token_ids):
+                raise RuntimeError("injected sample fault")
+
+    runner.sampler = PoisonSampler(sampler, None)
+    try:
+        texts, bad = concurrently(live.url, {"prompt": f"x {MARKER}"})
+        assert texts == reference_texts
+        assert bad.status_code == 500 and "injected sample fault" in bad.json()["error"]["message"]
+        _, events = streamed_text(complete(live.url, f"x {MARKER}", stream=True))
+        assert "injected sample fault" in json.loads(events[-2][len("data: "):])["error"]["message"]
+        assert events[-1] == "data: [DONE]"
+    finally:
+        runner.sampler = sampler
+    assert wait_until(live.is_idle)
+    assert httpx.get(live.url + "/health").status_code == 200
+
+
+def test_http_tokenize_fault_is_a_clean_500(live, reference_texts, monkeypatch):
+    tokenizer = live.engine.tokenizer
+    encode = tokenizer.encode
+
+    def faulty(text, *args, **kwargs):
+        if MARKER in text:
+            raise RuntimeError("injected tokenize fault")
+        return encode(text, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", faulty)
+    texts, bad = concurrently(live.url, {"prompt": f"x {MARKER}"})
+    assert texts == reference_texts
+    assert bad.status_code == 500 and bad.json()["error"]["message"].startswith("internal error")
+    assert complete(live.url, f"x {MARKER}", stream=True).status_code == 500
+    assert wait_until(live.is_idle)
+
+
+def test_http_stream_write_fault_ends_that_stream_with_an_error_and_aborts_it(live, reference_texts, monkeypatch):
+    import vllmlite.api.serving_completions as serving_completions
+    sse_event = serving_completions.sse_event
+
+    def faulty(payload):
+        event = sse_event(payload)
+        if MARKER in event:  # the echoed prompt is in the poisoned stream's first chunk
+            raise RuntimeError("injected stream write fault")
+        return event
+
+    monkeypatch.setattr(serving_completions, "sse_event", faulty)
+    texts, bad = concurrently(live.url, {"prompt": f"x {MARKER}", "stream": True, "echo": True,
+                                         "max_tokens": 200})
+    assert texts == reference_texts
+    _, events = streamed_text(bad)
+    assert "injected stream write fault" in json.loads(events[-2][len("data: "):])["error"]["message"]
+    assert events[-1] == "data: [DONE]"
+    assert wait_until(live.is_idle)  # its engine request was aborted, its blocks freed
+
+
+def test_http_loop_fault_makes_health_503_and_new_requests_fail_fast(tiny_model):
+    with running_server(tiny_model) as server:
+        assert complete(server.url, "warm").status_code == 200
+        scheduler = server.engine.engine.scheduler
+        gate = threading.Event()
+
+        def broken():
+            gate.wait(30)
+            raise RuntimeError("injected loop fault")
+
+        scheduler.schedule = broken
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            plain = pool.submit(complete, server.url, "in flight")
+            streamed = pool.submit(complete, server.url, "in flight", True)
+            assert wait_until(lambda: server.engine.num_unfinished_requests == 2)
+            gate.set()
+            assert plain.result().status_code == 503
+            _, events = streamed_text(streamed.result())
+            assert "injected loop fault" in json.loads(events[-2][len("data: "):])["error"]["message"]
+        health = httpx.get(server.url + "/health")
+        assert health.status_code == 503 and "injected loop fault" in health.json()["error"]["message"]
+        began = time.monotonic()
+        for stream in (False, True):
+            assert complete(server.url, "new", stream).status_code == 503
+        assert time.monotonic() - began < 2.0
+
+
+def test_http_hung_step_makes_health_503_until_it_ends(tiny_model):
+    with running_server(tiny_model, heartbeat_timeout=0.3) as server:
+        engine = server.engine.engine
+        gate, step = threading.Event(), engine.step
+
+        def stuck_step():
+            gate.wait(30)
+            return step()
+
+        engine.step = stuck_step
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(complete, server.url, "stuck")
+            assert wait_until(lambda: httpx.get(server.url + "/health").status_code == 503, 10)
+            assert "unresponsive" in httpx.get(server.url + "/health").json()["error"]["message"]
+            began = time.monotonic()
+            assert complete(server.url, "new").status_code == 503
+            assert time.monotonic() - began < 2.0
+            gate.set()
+            assert waiting.result().status_code == 200
+        assert httpx.get(server.url + "/health").status_code == 200
+        assert complete(server.url, "new").status_code == 200
