@@ -170,9 +170,12 @@ def expected(tiny_model) -> dict:
     return {rid: [c.token_ids for c in o.outputs] for rid, o in run(engine_on(tiny_model), bystanders).items()}
 
 
+TIGHT = {"block_size": 4, "num_blocks": 20, "max_num_batched_tokens": 24}
+SWAP = {**TIGHT, "preemption_mode": "swap", "swap_space": 0.01}
+
+
 @pytest.mark.parametrize("stage", sorted(INJECTIONS))
-@pytest.mark.parametrize("knobs", [{}, {"block_size": 4, "num_blocks": 20, "max_num_batched_tokens": 24}],
-                         ids=["roomy", "tight-cache-chunked"])
+@pytest.mark.parametrize("knobs", [{}, TIGHT, SWAP], ids=["roomy", "tight-cache-chunked", "swap"])
 def test_a_fault_at_any_stage_fails_only_its_request(make_engine, expected, stage, knobs):
     engine = make_engine(**knobs)
     outputs = run_with_fault(engine, workload(), INJECTIONS[stage])
@@ -183,6 +186,25 @@ def test_a_fault_at_any_stage_fails_only_its_request(make_engine, expected, stag
     assert all(o.error is None for o in outputs.values())
     if knobs:
         assert engine.get_stats().scheduler.num_preemptions > 0  # the fault met preemption too
+
+
+def test_a_swap_in_fault_fails_only_its_request(make_engine, expected):
+    engine = make_engine(**SWAP)
+    bm, failed = engine.block_manager, []
+    swap_in = bm.swap_in
+
+    def faulty(request_id):  # the first request swapped back in is the poisoned one
+        if not failed or failed == [request_id]:
+            failed[:] = [request_id]
+            raise RuntimeError("injected swap-in fault")
+        return swap_in(request_id)
+
+    bm.swap_in = faulty
+    outputs = run(engine, [r for r in workload() if r[0] != POISON])
+    poisoned = outputs.pop(failed[0])
+    assert "injected swap-in fault" in poisoned.error
+    assert {rid: [c.token_ids for c in o.outputs] for rid, o in outputs.items()} == \
+        {rid: tokens for rid, tokens in expected.items() if rid != failed[0]}
 
 
 def test_forward_fault_of_an_n2_request_fails_its_samples_only(make_engine, expected):
