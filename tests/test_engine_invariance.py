@@ -73,13 +73,13 @@ def test_greedy_identical_under_forced_preemption(make_engine, prompts, expected
 def test_swap_preemption_actually_swaps(make_engine, prompts, expected):
     engine = make_engine(block_size=4, num_blocks=24, preemption_mode="swap", swap_space=0.01)
     swaps = []
-    original = engine.runner._copy_blocks
+    original = engine.runner.copy_blocks
 
     def spy(out):
         swaps.append((len(out.blocks_to_swap_out), len(out.blocks_to_swap_in)))
         original(out)
 
-    engine.runner._copy_blocks = spy
+    engine.runner.copy_blocks = spy
     assert outputs_of(engine, prompts) == expected
     assert sum(o for o, _ in swaps) > 0 and sum(i for _, i in swaps) > 0
 
@@ -128,13 +128,13 @@ def test_forked_samples_share_prompt_blocks_and_copy_on_write(make_engine):
     params = SamplingParams(n=3, temperature=1.0, seed=123, max_tokens=8, ignore_eos=True)
     engine = make_engine(block_size=4)
     copies = []
-    original = engine.runner._copy_blocks
+    original = engine.runner.copy_blocks
 
     def spy(out):
         copies.extend(out.blocks_to_copy)
         original(out)
 
-    engine.runner._copy_blocks = spy
+    engine.runner.copy_blocks = spy
     forked = run_to_completion(engine, [(prompt, params)])[0]
     assert len(forked.outputs) == 3 and len(copies) >= 2
     # Sample i of a seeded n > 1 request is the request alone with seed + i.

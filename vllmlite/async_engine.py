@@ -167,20 +167,26 @@ class AsyncLLMEngine:
     """Runs `engine.step()` on one dedicated thread while there is work, and sleeps when idle.
 
     `max_queue` bounds the requests not yet running (queued commands plus the scheduler's waiting
-    ones); `request_timeout` (seconds) bounds each request's life. Call `start()` once, then
-    `add_request`/`generate` from the event loop; `shutdown()` drains and stops the thread.
+    ones); `request_timeout` (seconds) bounds each request's life; a step running longer than
+    `heartbeat_timeout` seconds makes the engine unhealthy (`health_error`) until it completes.
+    Call `start()` once, then `add_request`/`generate` from the event loop; `shutdown()` drains
+    and stops the thread.
     """
 
     def __init__(self, engine: LLMEngine, metrics: EngineMetrics | None = None,
-                 max_queue: int | None = None, request_timeout: float | None = None) -> None:
+                 max_queue: int | None = None, request_timeout: float | None = None,
+                 heartbeat_timeout: float | None = None) -> None:
         if max_queue is not None and max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
-        if request_timeout is not None and request_timeout <= 0:
-            raise ValueError(f"request_timeout must be > 0 seconds, got {request_timeout}")
+        for name, seconds in (("request_timeout", request_timeout), ("heartbeat_timeout", heartbeat_timeout)):
+            if seconds is not None and seconds <= 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {seconds}")
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
         self.request_timeout = request_timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self._step_started: float | None = None  # when the running step began; None between steps
         self._cond = threading.Condition()
         self._commands: list[_Add | _Abort] = []   # guarded by _cond
         self._streams: dict[str, RequestStream] = {}     # engine thread only
@@ -212,6 +218,22 @@ class AsyncLLMEngine:
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def health_error(self) -> str | None:
+        """Why the engine cannot serve (its loop failed, its thread is gone, or a step has run past
+        the heartbeat timeout), or None while it can. A heartbeat, not process liveness."""
+        if self.dead_error is not None:
+            return f"the engine loop has failed: {self.dead_error}"
+        if self._thread is not None and not self._thread.is_alive() and not self._stop_requested:
+            return "the engine thread has stopped"
+        started = self._step_started
+        if started is not None and self.heartbeat_timeout is not None:
+            elapsed = time.monotonic() - started
+            if elapsed > self.heartbeat_timeout:
+                return (f"the engine loop is unresponsive: a step has run for {elapsed:.0f} s "
+                        f"(heartbeat timeout {self.heartbeat_timeout:g} s)")
+        return None
 
     @property
     def num_unfinished_requests(self) -> int:
@@ -264,12 +286,14 @@ class AsyncLLMEngine:
     def add_request(self, request: GenerateRequest) -> RequestStream:
         """Queue a validated request and return its stream. Must run inside the event loop.
 
-        Raises EngineDeadError, EngineDrainingError or QueueFullError without queueing anything.
+        Raises EngineDeadError (also while a step is past the heartbeat timeout), EngineDrainingError
+        or QueueFullError without queueing anything.
         """
         stream = RequestStream(request.request_id, asyncio.get_running_loop(), self.abort, self.request_timeout)
         with self._cond:
-            if self.dead_error is not None:
-                raise EngineDeadError(f"the engine loop has failed: {self.dead_error}")
+            unhealthy = self.health_error  # dead, or hung: a queued request would only wait
+            if unhealthy is not None:
+                raise EngineDeadError(unhealthy)
             if self.is_draining or self._stop_requested:
                 raise EngineDrainingError("the server is shutting down and accepts no new requests")
             if self.max_queue is not None and self._num_not_running() >= self.max_queue:
@@ -302,11 +326,13 @@ class AsyncLLMEngine:
     def _run_loop(self) -> None:
         try:
             while self._take_commands():
+                self._step_started = time.monotonic()
                 outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
                 with self._cond:  # before delivering, so a consumer never sees counts older than its output
                     self._publish_stats()
                     self._cond.notify_all()
                 self._deliver(outputs)
+                self._step_started = None
         except BaseException as error:
             self._die(error)
             return
@@ -334,6 +360,10 @@ class AsyncLLMEngine:
                                     arrival_time=request.arrival_time, priority=request.priority,
                                     cache_salt=request.cache_salt, client_id=request.client_id)
         except ValueError as error:  # a client error the caller's validation did not catch
+            command.stream.put(error)
+            return
+        except Exception as error:  # this request's fault alone: the engine took nothing of it
+            logger.exception("request %s failed while being queued", request.request_id)
             command.stream.put(error)
             return
         self._streams[request.request_id] = command.stream

@@ -12,16 +12,16 @@ import time
 
 import numpy as np
 
-from vllmlite.batch import RunnerOutput, SchedulerOutput
+from vllmlite.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.block_manager import BlockManager
 from vllmlite.config import EngineConfig, ceil_div
 from vllmlite.kernels import get_kernels, resolve_backend
 from vllmlite.loader import LoadedModel, load_model
 from vllmlite.model import LlamaModel
-from vllmlite.output_processor import OutputProcessor
+from vllmlite.output_processor import OutputProcessor, StopStringHit
 from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllmlite.pooling_params import PoolingParams, PoolingType
-from vllmlite.request import FinishReason, Request
+from vllmlite.request import FinishReason, Request, internal_error
 from vllmlite.runner import ModelRunner
 from vllmlite.sampling import make_generator
 from vllmlite.sampling_params import SamplingParams
@@ -92,6 +92,15 @@ class LLMEngine:
         """
         if self.output_processor.has_request(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
+        try:
+            self._add_request(request_id, prompt, params, arrival_time, priority, cache_salt, client_id)
+        except BaseException:
+            self.abort_request(request_id)  # whatever part of it was registered before the failure
+            raise
+
+    def _add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | PoolingParams,
+                     arrival_time: float | None, priority: int, cache_salt: str | None,
+                     client_id: str | None) -> None:
         params = params.clone()
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if isinstance(params, PoolingParams):
@@ -196,43 +205,56 @@ class LLMEngine:
     # --- step -----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
-        """Run one scheduling step and forward pass; return an output for every request that changed."""
+        """Run one scheduling step and forward pass; return an output for every request that changed.
+
+        A fault in one request's part of a stage (scheduling it, running it, applying its result,
+        detokenizing it) ends that request in error and no other. Whatever else raises is a fault
+        of the engine itself: it propagates."""
         scheduled = self.scheduler.schedule()
         result = self._execute(scheduled)
         touched = self.scheduler.update(scheduled, result)
-        for hit in self.output_processor.detokenize(touched):
-            self.scheduler.finish(hit.request, FinishReason.STOP, hit.stop_str)
+        for finish in self.output_processor.detokenize(touched):
+            if isinstance(finish, StopStringHit):
+                self.scheduler.finish(finish.request, FinishReason.STOP, finish.stop_str)
+            else:
+                self.scheduler.finish(finish.request, FinishReason.ERROR, error=finish.error)
         self._forget_finished(touched)
         return self.output_processor.make_outputs()
 
     def _execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         """Run the batch; if it raises, run each sequence alone so only the failing ones end in error.
 
-        Rewriting a sequence's K/V into the same slots is idempotent, so the retry is safe. A fault
-        that is not tied to a request (every sequence fails alone too) still ends only those requests;
-        only an exception outside this method marks the engine dead.
+        Each rerun rewrites its K/V into the same slots and starts from the generator states the
+        batch started from, so a request that succeeds alone gets exactly the tokens it would have
+        got. The block copies run once, before the batch, and are not retried: if they fail, K/V
+        is in an unknown state, a fault of the engine.
         """
+        self.runner.copy_blocks(scheduled)
+        states = _generator_states(scheduled)
         try:
             return self.runner.execute(scheduled)
-        except Exception as batch_error:
-            if len(scheduled.scheduled) <= 1:
-                return self._errors_for(scheduled.scheduled, batch_error)
+        except Exception as error:
+            if len(scheduled.scheduled) == 1:
+                return self._failed_alone(scheduled.scheduled[0], error)
         result = RunnerOutput()
         for seq in scheduled.scheduled:
-            alone = SchedulerOutput(scheduled=[seq])
+            _restore_generators(seq, states)
             try:
-                part = self.runner.execute(alone)
+                part = self.runner.execute(SchedulerOutput(scheduled=[seq]))
             except Exception as error:
-                part = self._errors_for([seq], error)
+                part = self._failed_alone(seq, error)
             result.merge(part)
         return result
 
-    @staticmethod
-    def _errors_for(seqs: list, error: Exception) -> RunnerOutput:
-        logger.exception("request failed inside the engine: %s", error)
-        message = f"internal error while running this request: {type(error).__name__}: {error}"
-        errors = {r.request_id: message for seq in seqs for r in [seq.request, *seq.samplers]}
-        return RunnerOutput(errors=errors)
+    def _failed_alone(self, seq: ScheduledSequence, error: Exception) -> RunnerOutput:
+        """`seq` fails even alone: its requests end in error, unless the model also fails a forward
+        pass that holds no request at all. Then the fault is not the request's: it is raised."""
+        if not self.runner.is_model_healthy():
+            raise RuntimeError("the model fails even without any request (a request-free canary "
+                               "forward pass failed too)") from error
+        logger.error("request %s failed inside the engine", seq.request.request_id, exc_info=error)
+        message = internal_error(error)
+        return RunnerOutput(errors={r.request_id: message for r in [seq.request, *seq.samplers]})
 
     def _forget_finished(self, requests: list[Request]) -> None:
         """The proposer drops what it kept for requests that are finished (or aborted)."""
@@ -247,3 +269,15 @@ def _truncated_prompt(token_ids: list[int], params: SamplingParams) -> list[int]
     """The last `truncate_prompt_tokens` tokens of the prompt, or all of it if that is None."""
     k = params.truncate_prompt_tokens
     return token_ids if k is None else token_ids[-k:]
+
+
+def _generator_states(scheduled: SchedulerOutput) -> dict[str, dict]:
+    """Each sampling request's generator state before the step (greedy requests draw nothing)."""
+    return {r.request_id: r.generator.bit_generator.state for seq in scheduled.scheduled
+            for r in seq.samplers if not r.sampling_params.is_greedy}
+
+
+def _restore_generators(seq: ScheduledSequence, states: dict[str, dict]) -> None:
+    for request in seq.samplers:
+        if request.request_id in states:
+            request.generator.bit_generator.state = states[request.request_id]

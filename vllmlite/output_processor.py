@@ -3,13 +3,15 @@
 Owns the n/best_of groups (one user request, its samples), incremental detokenization, stop strings
 and the RequestOutput/CompletionOutput of each group, logprobs included; and the one
 EmbeddingRequestOutput of each finished embedding request. It does not finish requests:
-a stop string found in the text is handed back, and the engine core finishes it through the scheduler.
+a stop string found in the text (or a detokenization that raised) is handed back, and the engine core
+finishes the request through the scheduler.
 Knows nothing of the scheduler, the runner or blocks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,10 +28,12 @@ from vllmlite.outputs import (
     RequestOutput,
 )
 from vllmlite.pooling_params import finish_embedding
-from vllmlite.request import FinishReason, Request
+from vllmlite.request import FinishReason, Request, internal_error
 from vllmlite.sampling import TokenLogprobs
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 class StopStringHit(NamedTuple):
@@ -37,6 +41,13 @@ class StopStringHit(NamedTuple):
 
     request: Request
     stop_str: str
+
+
+class OutputFailure(NamedTuple):
+    """A request whose output processing raised: the engine finishes it (ERROR); its group goes on."""
+
+    request: Request
+    error: str
 
 
 @dataclass
@@ -131,10 +142,11 @@ class OutputProcessor:
 
     # --- per step -------------------------------------------------------------------------------
 
-    def detokenize(self, touched: list[Request]) -> list[StopStringHit]:
+    def detokenize(self, touched: list[Request]) -> list[StopStringHit | OutputFailure]:
         """Feed each touched request's new tokens to its detokenizer. Returns the running requests
-        whose text completed a stop string (tokens sampled after it are already dropped)."""
-        hits: list[StopStringHit] = []
+        whose text completed a stop string (tokens sampled after it are already dropped), and those
+        whose detokenization raised."""
+        hits: list[StopStringHit | OutputFailure] = []
         for request in touched:
             if request.is_pooling:
                 if request.is_finished and request.request_id in self._embeddings:
@@ -144,7 +156,11 @@ class OutputProcessor:
             group = self._groups.get(group_id)
             if group is None:
                 continue
-            hit = self._detokenize(group.samples[request.sample_index])
+            try:
+                hit = self._detokenize(group.samples[request.sample_index])
+            except Exception as error:
+                logger.exception("request %s failed while its output was detokenized", request.request_id)
+                hit = OutputFailure(request, internal_error(error))
             if hit is not None:
                 hits.append(hit)
             self._changed[group_id] = group

@@ -122,3 +122,8 @@ class Request:
         self.finish_reason = reason
         self.stop_reason = stop_reason
         self.error = error
+
+
+def internal_error(error: BaseException) -> str:
+    """The error a request reports when it alone failed inside the engine (HTTP sends it as a 500)."""
+    return f"internal error while running this request: {type(error).__name__}: {error}"

@@ -49,9 +49,11 @@ class ModelRunner:
         return sum(k.nbytes + v.nbytes for k, v in self.host_cache)
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        """Apply block copies, propose guesses, run one forward pass over every scheduled token
-        (guesses included), then sample or verify."""
-        self._copy_blocks(out)
+        """Propose guesses, run one forward pass over every scheduled token (guesses included),
+        then sample or verify. The step's block copies must be applied first (`copy_blocks`).
+
+        Rerunning a sequence alone after a failed batch is safe: it rewrites the same K/V into the
+        same slots; what it draws from the request's generator is the caller's to restore."""
         if not out.scheduled:
             return RunnerOutput()
         if self.fault_hook is not None:
@@ -89,6 +91,16 @@ class ModelRunner:
         if prompt_owners:
             self._prompt_logprobs(logits[num_sample + num_spec:], prompt_next, prompt_owners, result)
         return result
+
+    def is_model_healthy(self) -> bool:
+        """Whether the model runs a forward pass that holds no request (the warm-up's, on scratch K/V):
+        tells a fault of one request's data from a fault of the model itself."""
+        try:
+            self.model.warm_up()
+        except Exception:
+            logger.exception("the model fails a forward pass without any request")
+            return False
+        return True
 
     def _propose(self, seqs: list[ScheduledSequence]) -> list[Draft]:
         """A Draft per sequence: empty unless the scheduler reserved guess slots for it."""
@@ -151,7 +163,7 @@ class ModelRunner:
         for request, entry in zip(owners, compute_logprobs(logits, next_ids, top)):
             result.prompt_logprobs.setdefault(request.request_id, []).append(entry)
 
-    def _copy_blocks(self, out: SchedulerOutput) -> None:
+    def copy_blocks(self, out: SchedulerOutput) -> None:
         """Swap-out first (its device blocks may be reused below), then swap-in, then copy-on-write
         (in the draft model's KV too, which shares the block tables)."""
         draft_kv = self.proposer.kv_cache if self.proposer is not None else []

@@ -9,15 +9,20 @@ state the runner handed back. Owns request lifecycles; never touches tensors.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from vllmlite.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.block_manager import BlockManager, PrefixHit
 from vllmlite.config import SchedulerConfig, ceil_div
 from vllmlite.pooling_params import PoolingType
-from vllmlite.request import FinishReason, Request, RequestStatus
+from vllmlite.request import FinishReason, Request, RequestStatus, internal_error
 from vllmlite.request_queue import WaitingQueue
 from vllmlite.stats import KVOccupancy, SchedulerStats, SpecDecodeStats
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Scheduler:
@@ -134,25 +139,31 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            num_drafts = self._num_draft_slots(request, budget)
-            if num_drafts and not self._allocate(request, num_new + num_drafts):
-                num_drafts = 0  # under memory pressure, guesses go before any request is preempted
-            while not self._allocate(request, num_new + num_drafts):
-                victim = self.running[-1]
-                if victim is request and index == 0:
-                    # Alone and still no room: the cache is too small for this sequence to grow.
-                    self.finish(request, FinishReason.LENGTH)
-                    out.finished.append(request)
-                    break
-                self._preempt(victim, out)
-                if victim is request:
-                    break
-            else:
-                self._add_scheduled(out, request, num_new, num_drafts)
-                budget -= num_new + num_drafts
+            num_scheduled = self._guarded(out, request, self._schedule_running_one, out, request, index, budget)
+            if num_scheduled is not None:
+                budget -= num_scheduled
                 index += 1
         return budget
+
+    def _schedule_running_one(self, out: SchedulerOutput, request: Request, index: int, budget: int) -> int | None:
+        """Grow `request` (running[index]) by its next tokens, preempting the newest if needed; the
+        tokens scheduled, or None if it left the running list (preempted, or finished for lack of room)."""
+        num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+        num_drafts = self._num_draft_slots(request, budget)
+        if num_drafts and not self._allocate(request, num_new + num_drafts):
+            num_drafts = 0  # under memory pressure, guesses go before any request is preempted
+        while not self._allocate(request, num_new + num_drafts):
+            victim = self.running[-1]
+            if victim is request and index == 0:
+                # Alone and still no room: the cache is too small for this sequence to grow.
+                self.finish(request, FinishReason.LENGTH)
+                out.finished.append(request)
+                return None
+            self._preempt(victim, out)
+            if victim is request:
+                return None
+        self._add_scheduled(out, request, num_new, num_drafts)
+        return num_new + num_drafts
 
     def _num_draft_slots(self, request: Request, budget: int) -> int:
         """Guesses a decoding request may verify this step: k, capped so the round can never pass
@@ -174,15 +185,19 @@ class Scheduler:
             needed = ceil_div(request.num_computed_tokens + num_new, bm.block_size)
             if not bm.can_swap_in(request.request_id) or bm.num_free_blocks < needed:
                 break
-            out.blocks_to_swap_in.extend(bm.swap_in(request.request_id))
-            if not self._allocate(request, num_new):  # cannot fail: checked above
-                raise AssertionError("allocation after swap-in failed")
-            self.swapped.pop(0)
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            self._add_scheduled(out, request, num_new)
-            budget -= num_new
+            if self._guarded(out, request, self._swap_in, out, request, num_new) is not None:
+                budget -= num_new
         return budget
+
+    def _swap_in(self, out: SchedulerOutput, request: Request, num_new: int) -> int:
+        out.blocks_to_swap_in.extend(self.block_manager.swap_in(request.request_id))
+        if not self._allocate(request, num_new):  # cannot fail: checked above
+            raise AssertionError("allocation after swap-in failed")
+        self.swapped.pop(0)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self._add_scheduled(out, request, num_new)
+        return num_new
 
     def _has_seats_for(self, request: Request) -> bool:
         """Whether `request` and its unborn forks fit beside the running sequences (counted with
@@ -205,19 +220,32 @@ class Scheduler:
                     f"{bm.num_blocks * bm.block_size}"))
                 out.finished.append(request)
                 continue
-            hit = self._prefix_hit(request)
-            num_new = min(request.num_tokens - hit.num_tokens, budget)
+            num_scheduled = self._guarded(out, request, self._admit, out, request, budget)
+            if num_scheduled == 0:
+                return  # no room for the head of the queue: nobody behind it jumps ahead
+            budget -= num_scheduled or 0
+
+    def _admit(self, out: SchedulerOutput, request: Request, budget: int) -> int:
+        """Move the head of the waiting queue to running with its first chunk; the tokens scheduled
+        (0 if there is no room for them)."""
+        bm = self.block_manager
+        hit = self._prefix_hit(request)
+        num_new = min(request.num_tokens - hit.num_tokens, budget)
+        try:
             if not bm.allocate(request.request_id, hit.num_tokens, hit.num_tokens + num_new, hit):
-                return
-            self.waiting.pop()
-            bm.record_prefix_lookup(request.num_tokens, hit)
-            if request.num_preemptions == 0:
-                request.num_cached_tokens = hit.num_tokens
-            request.num_computed_tokens = hit.num_tokens
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            self._add_scheduled(out, request, num_new)
-            budget -= num_new
+                return 0
+        except MemoryError:
+            bm.free(request.request_id)  # whatever it took before failing
+            return 0
+        bm.record_prefix_lookup(request.num_tokens, hit)
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = hit.num_tokens
+        request.num_computed_tokens = hit.num_tokens
+        self.waiting.pop()
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self._add_scheduled(out, request, num_new)
+        return num_new
 
     def _prefix_hit(self, request: Request) -> PrefixHit:
         if request.sampling_params.prompt_logprobs is not None or request.pooling is PoolingType.MEAN:
@@ -225,8 +253,26 @@ class Scheduler:
         return self.block_manager.find_prefix_hit(request.token_ids, request.extra_keys)
 
     def _allocate(self, request: Request, num_new: int) -> bool:
+        """Room for `num_new` more tokens; an allocation that raises MemoryError is no room (the
+        caller preempts), never a crash. Blocks it took before failing stay in the request's table
+        and count toward its next try."""
         start = request.num_computed_tokens
-        return self.block_manager.allocate(request.request_id, start, start + num_new)
+        try:
+            return self.block_manager.allocate(request.request_id, start, start + num_new)
+        except MemoryError:
+            logger.warning("allocation for %s raised MemoryError: treated as no free blocks", request.request_id)
+            return False
+
+    def _guarded(self, out: SchedulerOutput, request: Request, action: Callable[..., T], *args) -> T | None:
+        """`action(*args)` for one request; if it raises, that request alone ends in error (its
+        blocks freed, reported in `out.finished`) and None is returned."""
+        try:
+            return action(*args)
+        except Exception as error:
+            logger.exception("request %s failed while being scheduled", request.request_id)
+            self.finish(request, FinishReason.ERROR, error=internal_error(error))
+            out.finished.append(request)
+            return None
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         """Take the newest running request off the machine: swap its KV out, or drop it to recompute."""
@@ -266,39 +312,51 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput, result: RunnerOutput) -> list[Request]:
         """Apply a step's results: advance computed counts, publish full blocks, append sampled tokens,
-        apply stop conditions. Returns every request that produced a token or finished."""
+        apply stop conditions. Returns every request that produced a token or finished. A sequence
+        whose update raises ends in error with its samples; the others are unaffected."""
         touched: list[Request] = list(out.finished)
         for seq in out.scheduled:
-            request = seq.request
-            if request.is_finished:
+            if seq.request.is_finished:
                 continue
-            error = result.errors.get(request.request_id)
-            if error is not None:
-                self.finish(request, FinishReason.ERROR, error=error)
-                touched.append(request)
-                touched.extend(seq.samplers[1:])  # pending forks share the parent's fate
-                continue
-            if seq.num_draft_slots:
-                self._apply_speculative(seq, result)
-                touched.append(request)
-                continue
-            request.num_computed_tokens += len(seq.token_ids)
-            request.prompt_logprobs.extend(result.prompt_logprobs.get(request.request_id, ()))
-            self.block_manager.publish_full_blocks(request.request_id, request.token_ids,
-                                                   request.num_computed_tokens, request.extra_keys)
-            if seq.pooling is not None:
-                self._apply_pooled(seq, result)
-                if request.is_finished:
-                    touched.append(request)
-                continue
-            # Every fork is born before any sample's token can finish the parent (and free its blocks).
-            for fork in seq.samplers[1:]:
-                self._birth_fork(request, fork)
-            for sampler in seq.samplers:
-                self._append_tokens(sampler, result.sampled_token_ids.get(sampler.request_id, []),
-                                    result.logprobs.get(sampler.request_id))
-                touched.append(sampler)
+            try:
+                self._update_one(seq, result, touched)
+            except Exception as error:
+                logger.exception("request %s failed while its step was applied", seq.request.request_id)
+                for request in (seq.request, *seq.samplers[1:]):
+                    if not request.is_finished:
+                        self.finish(request, FinishReason.ERROR, error=internal_error(error))
+                    if request not in touched:
+                        touched.append(request)
         return touched
+
+    def _update_one(self, seq: ScheduledSequence, result: RunnerOutput, touched: list[Request]) -> None:
+        request = seq.request
+        error = result.errors.get(request.request_id)
+        if error is not None:
+            self.finish(request, FinishReason.ERROR, error=error)
+            touched.append(request)
+            touched.extend(seq.samplers[1:])  # pending forks share the parent's fate
+            return
+        if seq.num_draft_slots:
+            self._apply_speculative(seq, result)
+            touched.append(request)
+            return
+        request.num_computed_tokens += len(seq.token_ids)
+        request.prompt_logprobs.extend(result.prompt_logprobs.get(request.request_id, ()))
+        self.block_manager.publish_full_blocks(request.request_id, request.token_ids,
+                                               request.num_computed_tokens, request.extra_keys)
+        if seq.pooling is not None:
+            self._apply_pooled(seq, result)
+            if request.is_finished:
+                touched.append(request)
+            return
+        # Every fork is born before any sample's token can finish the parent (and free its blocks).
+        for fork in seq.samplers[1:]:
+            self._birth_fork(request, fork)
+        for sampler in seq.samplers:
+            self._append_tokens(sampler, result.sampled_token_ids.get(sampler.request_id, []),
+                                result.logprobs.get(sampler.request_id))
+            touched.append(sampler)
 
     def _apply_speculative(self, seq: ScheduledSequence, result: RunnerOutput) -> None:
         """A verified round: the last token and the accepted guesses now have KV; the tokens emitted

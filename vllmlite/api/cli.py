@@ -72,6 +72,8 @@ class ServerArgs(EngineArgs):
     max_queue: int | None = knob(256, "most requests waiting to run; beyond it requests get 503 with Retry-After")
     request_timeout: float | None = knob(None, "seconds a request may run before it is aborted with an error "
                                                "(default: no limit)")
+    heartbeat_timeout: float | None = knob(60.0, "seconds a step may run before /health answers 503 and new "
+                                                 "requests are refused until it completes (a hung engine loop)")
     max_body_bytes: int = knob(4 << 20, "largest request body in bytes (413 beyond it)", parse=parse_bytes)
     shutdown_timeout: float = knob(30.0, "seconds in-flight requests get to finish after SIGINT/SIGTERM")
     header_timeout: float = knob(10.0, "seconds a client has to send a request's headers (the connection is "
@@ -98,6 +100,8 @@ class ServerArgs(EngineArgs):
             (self.max_queue is None or self.max_queue >= 1, f"max_queue must be >= 1, got {self.max_queue}"),
             (self.request_timeout is None or self.request_timeout > 0,
              f"request_timeout must be > 0 seconds, got {self.request_timeout}"),
+            (self.heartbeat_timeout is None or self.heartbeat_timeout > 0,
+             f"heartbeat_timeout must be > 0 seconds, got {self.heartbeat_timeout}"),
             (self.max_body_bytes >= 1, f"max_body_bytes must be >= 1, got {self.max_body_bytes}"),
             (self.shutdown_timeout >= 0, f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}"),
             (self.header_timeout > 0, f"header_timeout must be > 0 seconds, got {self.header_timeout}"),

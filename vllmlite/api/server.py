@@ -61,7 +61,7 @@ def make_async_engine(config: ServerArgs, loaded: LoadedModel | None = None) -> 
     """Load the model and wrap its LLMEngine for serving (the thread starts with the app)."""
     engine = LLMEngine(config.create_engine_config(), loaded)
     return AsyncLLMEngine(engine, EngineMetrics(config.model_name), max_queue=config.max_queue,
-                          request_timeout=config.request_timeout)
+                          request_timeout=config.request_timeout, heartbeat_timeout=config.heartbeat_timeout)
 
 
 def build_app(engine: AsyncLLMEngine, config: ServerArgs) -> FastAPI:
@@ -133,8 +133,9 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
 
     @app.api_route("/health", methods=["GET", "HEAD"])   # HEAD: load balancers' probes
     async def health() -> JSONResponse:
-        if engine.is_dead:
-            return _error_response(unavailable(f"the engine loop has failed: {engine.dead_error}"))
+        unhealthy = engine.health_error
+        if unhealthy is not None:
+            return _error_response(unavailable(unhealthy))
         if engine.is_draining:
             return _error_response(unavailable("the server is shutting down"))
         return JSONResponse({})
