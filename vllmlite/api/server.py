@@ -225,7 +225,7 @@ class _EventStream(EventSourceResponse):
         try:
             await super().__call__(scope, receive, send)
         except SendTimeoutError:
-            logger.warning("%s %s: the client read nothing for %g s; its stream is closed and its request aborted",
+            logger.warning("%s %s: the client took no data for %g s; its stream is closed and its request aborted",
                            scope["method"], scope["path"], self.send_timeout)
 
 
