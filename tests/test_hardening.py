@@ -310,3 +310,28 @@ def test_no_pickle_on_any_path():
     offenders = [str(p.relative_to(package)) for p in package.rglob("*.py")
                  if "pickle" in p.read_text(encoding="utf-8") or "marshal.load" in p.read_text(encoding="utf-8")]
     assert offenders == []
+
+
+# --- unknown fields -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("route,body,param", [
+    ("/completions", {"prompt": "hi", "json_schema": {"type": "object"}}, "json_schema"),  # llama-server's
+    ("/completions", {"prompt": "hi", "grammar": "root ::= \"a\""}, "grammar"),             # llama-server's
+    ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "guided_decoding_backend": "x"},
+     "guided_decoding_backend"),
+    ("/embeddings", {"input": "hi", "truncate": True}, "truncate"),
+])
+def test_unknown_fields_are_400s_naming_them(server, route, body, param):
+    response = httpx.post(server.base_url + route, json=body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+
+
+def test_harmless_openai_fields_and_extra_message_keys_are_accepted(client):
+    """OpenAI's metadata fields change no output; an assistant message sent back as the client got it
+    (refusal, annotations, ...) is a message, not an error."""
+    completion = client.chat.completions.create(
+        model="random", max_tokens=3, store=False, metadata={"k": "v"}, service_tier="auto",
+        messages=[{"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": "yo", "refusal": None, "annotations": []},
+                  {"role": "user", "content": "again"}])
+    assert completion.choices[0].finish_reason == "length"

@@ -37,7 +37,9 @@ def _name_field() -> Any:
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+    # Unknown fields are kept (in model_extra) so that the server can name them in a 400: at the top
+    # level only a few harmless ones pass (serving.NO_OP_FIELDS); inside messages they are ignored.
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
 
 def _check_token_ids(value: list, where: str) -> list[int]:

@@ -43,7 +43,14 @@ from vllmlite.api.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from vllmlite.api.serving import Admission, ServingContext, check_model, encode_prompt, new_request_id
+from vllmlite.api.serving import (
+    Admission,
+    ServingContext,
+    check_model,
+    encode_prompt,
+    new_request_id,
+    reject_unknown_fields,
+)
 from vllmlite.api.serving_chat import create_chat, prepare_chat, render_messages
 from vllmlite.api.serving_completions import create_completion, prepare_completion
 from vllmlite.api.serving_embeddings import create_embeddings, prepare_embeddings
@@ -119,11 +126,14 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 async def parse_body(request: Request, model: type[Model]) -> Model:
-    """The body as `model`, parsed strictly from JSON; any problem is a 400 naming the field."""
+    """The body as `model`, parsed strictly from JSON; any problem, an unknown field included, is a
+    400 naming the field."""
     try:
-        return model.model_validate_json(await request.body())
+        parsed = model.model_validate_json(await request.body())
     except ValidationError as error:
         raise from_validation_error(error) from error
+    reject_unknown_fields(parsed)
+    return parsed
 
 
 # --- routes -------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from vllmlite.api.errors import APIError, bad_request, from_engine_error
 from vllmlite.api.protocol import PromptLogprob, PromptLogprobs, PromptTokensDetails, SamplingFields, Usage
 from vllmlite.async_engine import AsyncLLMEngine, GenerateRequest, RequestStream
@@ -83,6 +85,20 @@ UNSUPPORTED_FIELDS = (
     ("return_token_ids", (None, False), "logprobs with return_tokens_as_token_ids give the ids"),
     ("spaces_between_special_tokens", (None, True), "detokenization is the tokenizer's own"),
 )
+
+
+# Top-level fields of OpenAI's API accepted and ignored, since ignoring them changes no output: metadata
+# for OpenAI's own storage and billing, hints for caching and prediction, and tool-call parallelism
+# (tools themselves are refused). Any other field a request model does not declare is a 400.
+NO_OP_FIELDS = frozenset({"store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
+                          "parallel_tool_calls", "prediction", "reasoning_effort"})
+
+
+def reject_unknown_fields(req: BaseModel) -> None:
+    """A 400 naming the first top-level field `req` does not declare, unless it is a known no-op."""
+    for name in req.model_extra or {}:
+        if name not in NO_OP_FIELDS:
+            raise bad_request(f"unknown field {name!r}: this server does not implement it", name)
 
 
 def reject_unsupported(req: SamplingFields, fields: Sequence[tuple[str, tuple, str]] = UNSUPPORTED_FIELDS) -> None:
