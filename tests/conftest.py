@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import openai
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 from server_util import running_server
 
 from vllmlite.engine import LLMEngine
@@ -25,8 +25,10 @@ from vllmlite.sampling_params import SamplingParams
 # Property tests (tests/test_property_*.py): the same examples on every CI run (derandomized, no
 # example database), random ones locally. Each test bounds its own max_examples; see
 # tests/property_util.py for the long form (VLLMLITE_HYPOTHESIS_EXAMPLES).
-settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
-settings.register_profile("dev", deadline=None)
+# No deadline and no too-slow check: the machine is often shared, and a slow example is no bug.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
