@@ -34,6 +34,7 @@ NUM_HOST_BLOCKS = 6
 # Prompts sharing heads, so prefix hits happen: [0..7] is the head of two of them.
 PROMPTS = (list(range(3 * BS)), [*range(2 * BS), *range(50, 50 + BS)], list(range(20, 20 + 3 * BS)))
 SALTS = (None, "salt")
+MAX_REQUESTS = 4  # few live requests, so rules meet the same ones often (fork, write, free a sibling)
 
 
 @dataclass
@@ -173,6 +174,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     # -- rules: one scheduler decision each
 
+    @precondition(lambda self: len(self.model.requests) < MAX_REQUESTS)
     @rule(prompt=st.sampled_from(PROMPTS), length=st.integers(1, 3 * BS), tail=st.lists(st.integers(0, 3), max_size=5),
           salt=st.sampled_from(SALTS), chunk=st.integers(0, 3 * BS))
     def admit(self, prompt, length, tail, salt, chunk):
@@ -216,6 +218,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self.model.allocate(req, cow, num_tokens)
             self.writes[request_id] = num_tokens
 
+    @precondition(lambda self: len(self.model.requests) < MAX_REQUESTS)
     @rule(data=st.data())
     def fork(self, data):
         candidates = self._candidates(swapped=False)
