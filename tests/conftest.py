@@ -6,11 +6,13 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 
 # isort: split
 import itertools
+import os
 from collections.abc import Callable
 
 import numpy as np
 import openai
 import pytest
+from hypothesis import HealthCheck, settings
 from server_util import running_server
 
 from vllmlite.engine import LLMEngine
@@ -19,6 +21,15 @@ from vllmlite.kernels import BACKENDS, Kernels, get_kernels
 from vllmlite.loader import LoadedModel, load_model
 from vllmlite.outputs import RequestOutput
 from vllmlite.sampling_params import SamplingParams
+
+# Property tests (tests/test_property_*.py): the same examples on every CI run (derandomized, no
+# example database), random ones locally. Each test bounds its own max_examples; see
+# tests/property_util.py for the long form (VLLMLITE_HYPOTHESIS_EXAMPLES).
+# No deadline and no too-slow check: the machine is often shared, and a slow example is no bug.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
 @pytest.fixture(params=sorted(BACKENDS))

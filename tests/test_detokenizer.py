@@ -153,6 +153,14 @@ def test_earliest_stop_wins():
     assert detok.add_tokens(byte_ids("abcde")) == ("a", "bcd", 4)
 
 
+def test_the_stop_string_ending_first_wins_whatever_the_token_boundaries():
+    # "eos" completes before "<|eos|>" does. Fed as one token (the EOS token's text), the text used
+    # to stop at "<|eos|>" (it starts earlier); fed as one byte per token, at "eos".
+    for ids in ([BYTES.eos_token_id], byte_ids("<|eos|>")):
+        detok = IncrementalDetokenizer(BYTES, [256], skip_special_tokens=False, stop=["<|eos|>", "eos"])
+        assert detok.add_tokens(ids)[:2] == ("<|", "eos")
+
+
 def test_hold_back_only_possible_stop_prefixes():
     detok = IncrementalDetokenizer(BYTES, [], stop=["world", "xyz"])
     assert detok.add_tokens(byte_ids("hello wor")).text == "hello "  # "wor" may become "world"

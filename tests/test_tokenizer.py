@@ -175,6 +175,17 @@ def test_gguf_control_tokens_special_user_defined_not():
     assert tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == "<s>x"
 
 
+@pytest.mark.parametrize("text", ["a\ud800b", "\udfff", "ok\udc00"])
+def test_lone_surrogate_is_a_value_error_naming_it(text):
+    # A Python str may hold a lone surrogate; UTF-8 cannot. The HF backend said only "TextInputSequence
+    # must be str" (a TypeError); both tokenizers now raise UnicodeEncodeError, a ValueError.
+    for tok in (HFTokenizer.from_gguf_fields(tiny_gguf_fields()), ByteTokenizer()):
+        with pytest.raises(ValueError, match="surrogates not allowed"):
+            tok.encode(text)
+        with pytest.raises(ValueError, match="surrogates not allowed"):
+            tok(["fine", text])
+
+
 def test_gguf_pre_tokenizer_follows_ggml_pre():
     # GPT-2's regex keeps "123" whole; llama3's splits digits in runs of at most 3, "1234" -> "123","4".
     gpt2 = HFTokenizer.from_gguf_fields(tiny_gguf_fields())

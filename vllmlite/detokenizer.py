@@ -143,11 +143,21 @@ def _clean_prompt_context(
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
-    """(start, stop string) of the earliest stop occurrence in `text`, ties to the first listed."""
-    found = [(text.find(s), order, s) for order, s in enumerate(stops) if s in text]
+    """(start, stop string) of the stop occurrence in `text` that ends first; ties to the one
+    starting first, then to the first listed. Ending first is what reading the text one character
+    at a time would find, so the match does not depend on how many characters a token held:
+
+    >>> _find_stop("abcd", ["abcd", "bc"])
+    (1, 'bc')
+    """
+    found = []
+    for order, stop_str in enumerate(stops):
+        start = text.find(stop_str)
+        if start >= 0:
+            found.append((start + len(stop_str), start, order, stop_str))
     if not found:
         return None
-    start, _, stop_str = min(found)
+    _, start, _, stop_str = min(found)
     return start, stop_str
 
 

@@ -106,7 +106,9 @@ class Tokenizer(ABC):
     @abstractmethod
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; special-token text inside it maps to the special ids. BOS is
-        prepended only when `add_special_tokens` and the tokenizer's own config adds it."""
+        prepended only when `add_special_tokens` and the tokenizer's own config adds it.
+        Text UTF-8 cannot encode (a lone surrogate such as "\ud800") raises UnicodeEncodeError,
+        a ValueError."""
 
     @abstractmethod
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
@@ -265,7 +267,14 @@ class HFTokenizer(Tokenizer):
         self._is_byte_level = isinstance(backend.decoder, decoders.ByteLevel)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        except TypeError:
+            # The backend refuses a str it cannot turn into UTF-8 with "TextInputSequence must be
+            # str"; name the real problem (the character and its position) instead.
+            if isinstance(text, str):
+                text.encode("utf-8")
+            raise
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
