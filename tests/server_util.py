@@ -209,6 +209,12 @@ def _check_histogram(name: str, samples: list[Sample]) -> None:
         assert values[-1] == counts[key], f"{name}: +Inf bucket {values[-1]} != _count {counts[key]}"
 
 
+def num_aborted(metrics_text: str) -> float:
+    """Requests counted as finished with reason "abort" (0 before the first one)."""
+    return sum(s.value for s in parse_prometheus(metrics_text)[1]
+               if s.name == "vllmlite:request_success_total" and s.labels.get("finished_reason") == "abort")
+
+
 def metric_value(text: str, name: str, **labels: str) -> float:
     """The value of one sample (summed over label sets that include `labels`)."""
     _, samples = parse_prometheus(text)

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 from conftest import greedy, make_prompts, run_to_completion
-from server_util import wait_until
+from server_util import num_aborted, wait_until
 
 from vllmlite.async_engine import (
     AsyncLLMEngine,
@@ -44,6 +44,16 @@ def is_idle(engine: AsyncLLMEngine) -> bool:
     return engine.num_unfinished_requests == 0 and stats.num_kv_blocks_free == stats.num_kv_blocks
 
 
+def assert_aborted_within_a_step(engine: AsyncLLMEngine, num_passes_after_cancel: int, num_aborts: int = 1) -> None:
+    """The cancel reached the engine: the request is counted as aborted, and it ran at most the one
+    step that was in flight when it was cancelled (the snapshot read after the cancel may be a step
+    old) before its blocks were freed. The requests these tests cancel are thousands of steps long,
+    so one that ran on to finish by itself fails here."""
+    assert wait_until(lambda: is_idle(engine))
+    assert num_aborted(engine.metrics.render()) == num_aborts
+    assert engine.get_stats().num_forward_passes <= num_passes_after_cancel + 1
+
+
 async def collect(engine: AsyncLLMEngine, request: GenerateRequest) -> list:
     return [output async for output in engine.generate(request)]
 
@@ -75,7 +85,7 @@ def test_consumer_that_stops_early_aborts_and_frees_blocks(make_async):
         await generator.aclose()
 
     asyncio.run(main())
-    assert wait_until(lambda: is_idle(engine))
+    assert_aborted_within_a_step(engine, engine.get_stats().num_forward_passes)
     metrics = engine.metrics.render()
     assert 'vllmlite:request_success_total{model_name="random",finished_reason="abort"} 1.0' in metrics
 
@@ -89,12 +99,13 @@ def test_cancelled_task_aborts_its_request(make_async):
                 pass
         task = asyncio.create_task(consume())
         await asyncio.sleep(0.2)
+        assert engine.get_stats().scheduler.num_running == 1
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        return engine.get_stats().num_forward_passes
 
-    asyncio.run(main())
-    assert wait_until(lambda: is_idle(engine))
+    assert_aborted_within_a_step(engine, asyncio.run(main()))
 
 
 def test_queue_bound_rejects_when_requests_wait(make_async):
@@ -108,9 +119,9 @@ def test_queue_bound_rejects_when_requests_wait(make_async):
             engine.add_request(GenerateRequest("d", [5], greedy(2)))
         for stream in (first, *waiting):
             stream.cancel()
+        return engine.get_stats().num_forward_passes
 
-    asyncio.run(main())
-    assert wait_until(lambda: is_idle(engine))
+    assert_aborted_within_a_step(engine, asyncio.run(main()), num_aborts=3)
 
 
 def test_engine_side_validation_error_reaches_the_stream(make_async):
@@ -149,9 +160,9 @@ def test_request_timeout_aborts_the_request(make_async):
     async def main():
         with pytest.raises(RequestTimeoutError):
             await collect(engine, GenerateRequest("slow", [1, 2, 3], greedy(4000)))
+        return engine.get_stats().num_forward_passes
 
-    asyncio.run(main())
-    assert wait_until(lambda: is_idle(engine))
+    assert_aborted_within_a_step(engine, asyncio.run(main()))
 
 
 def test_shutdown_lets_in_flight_requests_finish(make_async):

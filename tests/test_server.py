@@ -10,6 +10,7 @@ import openai
 import pytest
 from conftest import greedy, run_to_completion
 from server_util import metric_value, parse_prometheus, running_server, wait_until
+from server_util import num_aborted as count_aborted
 
 from vllmlite.api.cli import OPTIONS, build_parser, parse_config
 from vllmlite.config import CacheConfig, EngineConfig
@@ -177,9 +178,7 @@ def test_sse_framing_on_raw_bytes(server):
 
 
 def num_aborted(server) -> float:
-    metrics = httpx.get(server.url + "/metrics").text
-    return sum(s.value for s in parse_prometheus(metrics)[1]
-               if s.name == "vllmlite:request_success_total" and s.labels["finished_reason"] == "abort")
+    return count_aborted(httpx.get(server.url + "/metrics").text)
 
 
 def test_client_disconnect_mid_stream_frees_every_block(server):
@@ -191,10 +190,13 @@ def test_client_disconnect_mid_stream_frees_every_block(server):
         next(chunks)
         assert server.engine.num_unfinished_requests == 1
         chunks.close()
+        num_passes = server.engine.get_stats().num_forward_passes
     assert wait_until(server.is_idle, timeout=30)
     metrics = httpx.get(server.url + "/metrics").text
     assert metric_value(metrics, "vllmlite:kv_cache_usage_perc") == 0.0
     assert num_aborted(server) == aborted + 1
+    # Aborted when the server noticed the client gone, not after running its 3000 steps alone.
+    assert server.engine.get_stats().num_forward_passes - num_passes < 1000
 
 
 def test_client_disconnect_while_waiting_for_a_whole_response_aborts_it(server):
@@ -202,8 +204,10 @@ def test_client_disconnect_while_waiting_for_a_whole_response_aborts_it(server):
     aborted = num_aborted(server)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.base_url + "/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
+    num_passes = server.engine.get_stats().num_forward_passes
     assert wait_until(server.is_idle, timeout=30)
     assert num_aborted(server) == aborted + 1
+    assert server.engine.get_stats().num_forward_passes - num_passes < 1000  # not its 4000 steps
 
 
 def test_twenty_concurrent_streaming_clients_match_offline_greedy(server, tiny_model):

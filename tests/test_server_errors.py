@@ -10,7 +10,7 @@ import signal
 import httpx
 import openai
 import pytest
-from server_util import SubprocessServer, metric_value, running_server, wait_until
+from server_util import SubprocessServer, metric_value, num_aborted, running_server, wait_until
 
 MODEL = "random"
 MARKER = "@@FAULT@@"
@@ -234,7 +234,12 @@ def test_request_past_the_timeout_is_aborted_with_an_error(tiny_model):
         body = {"prompt": "slow", "max_tokens": 4000, "ignore_eos": True}
         response = httpx.post(live.base_url + "/completions", json=body, timeout=60)
         assert "timeout" in assert_openai_error(response, 504)["message"]
+        # The 504 is sent after the request was cancelled: at most the step in flight runs after it
+        # (the snapshot may be a step old), far from the ~4000 steps it would take to finish alone.
+        num_passes = live.engine.get_stats().num_forward_passes
         assert wait_until(live.is_idle)
+        assert live.engine.get_stats().num_forward_passes <= num_passes + 1
+        assert num_aborted(httpx.get(live.url + "/metrics").text) == 1
 
 
 def test_sigterm_lets_the_in_flight_request_finish_and_exits_zero(tmp_path):
