@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import greedy, make_prompts, run_to_completion
+from conftest import engine_on, greedy, make_prompts, run_to_completion
 from reference import dense_greedy
 
 from vllmlite.sampling_params import SamplingParams
@@ -224,3 +224,86 @@ def test_continuous_batching_refills_slots_as_requests_finish(make_engine, promp
     static = make_engine(max_num_seqs=3, batching="static", max_num_batched_tokens=16)
     assert outputs_of(static, prompts) == expected
     assert engine.get_stats().num_forward_passes < static.get_stats().num_forward_passes
+
+
+
+
+# --- seeded sampling: the same tokens whatever the machinery does, as greedy ----------------------
+
+def seeded_requests(prompts: list[list[int]]) -> list[tuple[list[int], SamplingParams]]:
+    """Request i: its own seed, and a mix of filters and penalties."""
+    return [(p, SamplingParams(temperature=0.9, top_p=0.95, top_k=[None, 40][i % 2], seed=1000 + i,
+                               max_tokens=MAX_TOKENS, ignore_eos=True, presence_penalty=0.3 * (i % 3)))
+            for i, p in enumerate(prompts)]
+
+
+def sampled_outputs(engine, requests, **run_kwargs) -> list[list[int]]:
+    results = run_to_completion(engine, requests, **run_kwargs)
+    assert len(results) == len(requests)
+    return [r.outputs[0].token_ids for r in results]
+
+
+@pytest.fixture(scope="module")
+def sampled_alone(tiny_model, prompts) -> list[list[int]]:
+    """Each seeded request alone in a roomy engine: the reference for every knob below."""
+    outputs = [sampled_outputs(engine_on(tiny_model), [request])[0] for request in seeded_requests(prompts)]
+    assert all(len(o) == MAX_TOKENS for o in outputs)
+    assert len({tuple(o) for o in outputs}) == len(prompts)
+    return outputs
+
+
+def test_seeded_sampling_identical_alone_batched_reordered_and_arriving_mid_flight(make_engine, prompts,
+                                                                                   sampled_alone):
+    requests = seeded_requests(prompts)
+    assert sampled_outputs(make_engine(), requests) == sampled_alone
+    assert sampled_outputs(make_engine(), requests[::-1]) == sampled_alone[::-1]
+    arrivals = {i: 3 * i for i in range(len(prompts))}
+    assert sampled_outputs(make_engine(max_num_batched_tokens=16), requests, arrivals=arrivals) == sampled_alone
+
+
+@pytest.mark.parametrize("budget,block_size", [(8, 4), (33, 16), (4096, 1)])
+def test_seeded_sampling_identical_across_chunking_and_block_sizes(make_engine, prompts, sampled_alone,
+                                                                   budget, block_size):
+    engine = make_engine(max_num_batched_tokens=budget, block_size=block_size, num_blocks=4096 // block_size)
+    assert sampled_outputs(engine, seeded_requests(prompts)) == sampled_alone
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_seeded_sampling_identical_under_forced_preemption(make_engine, prompts, sampled_alone, mode):
+    engine = make_engine(block_size=4, num_blocks=24, preemption_mode=mode, swap_space=0.01,
+                         max_num_batched_tokens=32)
+    swapped = []
+    copy_blocks = engine.runner.copy_blocks
+
+    def spy(out):
+        swapped.append(len(out.blocks_to_swap_out))
+        copy_blocks(out)
+
+    engine.runner.copy_blocks = spy
+    preempt = engine.scheduler._preempt
+    num_sampled_when_preempted = []
+
+    def preempt_spy(request, out):
+        num_sampled_when_preempted.append(request.num_output_tokens)
+        preempt(request, out)
+
+    engine.scheduler._preempt = preempt_spy
+    assert sampled_outputs(engine, seeded_requests(prompts)) == sampled_alone
+    # Preempted mid-decode: requests had sampled tokens (drawn from their seeded stream) when they
+    # lost their place, and went on drawing after it.
+    assert any(0 < n < MAX_TOKENS for n in num_sampled_when_preempted)
+    assert (sum(swapped) > 0) == (mode == "swap")
+
+
+def test_seeded_sampling_identical_with_and_without_prefix_caching(make_engine, prompts):
+    shared = prompts[3][:24]
+    requests = seeded_requests([shared + p for p in prompts])       # 24 shared tokens = 6 blocks
+    engine = make_engine(enable_prefix_caching=True, block_size=4)
+    first = sampled_outputs(engine, requests)
+    again = sampled_outputs(engine, requests)                        # every prompt hits the cache now
+    stats = engine.get_stats().scheduler
+    assert stats.prefix_cache_hits >= len(requests) * 24
+    assert first == again
+    off = make_engine(enable_prefix_caching=False, block_size=4)
+    assert sampled_outputs(off, requests) == first
+    assert off.get_stats().scheduler.prefix_cache_hits == 0
