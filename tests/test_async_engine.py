@@ -67,7 +67,9 @@ def test_generate_streams_deltas_that_add_up_to_the_offline_output(make_async, m
         return await asyncio.gather(*(collect(engine, GenerateRequest(str(i), p, greedy(10)))
                                       for i, p in enumerate(prompts)))
 
-    for outputs, reference in zip(asyncio.run(main()), expected):
+    results = asyncio.run(main())
+    assert len(results) == len(expected) == len(prompts)
+    for outputs, reference in zip(results, expected):
         assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
         deltas = [t for o in outputs for t in o.outputs[0].delta_token_ids]
         assert deltas == outputs[-1].outputs[0].token_ids == reference.outputs[0].token_ids

@@ -29,6 +29,7 @@ def embeddings_of(engine, prompts: list[list[int]], **run_kwargs) -> list[np.nda
 
 
 def assert_matches(tiny_model, prompts, embeddings, pooling) -> None:
+    assert len(embeddings) == len(prompts) > 0
     for prompt, embedding in zip(prompts, embeddings):
         np.testing.assert_allclose(embedding, expected_embedding(tiny_model, prompt, pooling), rtol=0, atol=1e-10)
 
@@ -81,6 +82,7 @@ def test_embeddings_batched_with_generation_change_no_token(make_engine, tiny_mo
     arrivals = {i: 2 * i for i in range(len(requests))}
     engine = make_engine(pooling=pooling, block_size=4, max_num_batched_tokens=16)
     outputs = run_to_completion(engine, requests, arrivals=arrivals)
+    assert len(outputs) == len(requests)
     for prompt, output in zip(gen_prompts, outputs):
         assert output.outputs[0].token_ids == dense_greedy(tiny_model, prompt, 8)
     assert_matches(tiny_model, prompts, [np.array(o.outputs.embedding) for o in outputs[len(gen_prompts):]], pooling)
@@ -116,6 +118,7 @@ def test_embedding_invariant_to_preemption(make_engine, tiny_model, pooling, mod
     outputs = run_to_completion(engine, requests, arrivals={i: i for i in range(len(requests))})
     embedded = outputs[len(gen_prompts):]
     assert sum(o.metrics.num_preemptions for o in embedded) > 0
+    assert len(outputs) == len(requests)
     for prompt, output in zip(gen_prompts, outputs):
         assert output.outputs[0].token_ids == dense_greedy(tiny_model, prompt, 24)
     assert_matches(tiny_model, embed_prompts, [np.array(o.outputs.embedding) for o in embedded], pooling)
@@ -189,6 +192,7 @@ def test_real_model_embeddings_are_unit_vectors_whatever_the_batch(real_llm):
              "def add(a, b):\n    return a + b", "Stock markets fell sharply on Monday."]
     batched = [np.array(o.outputs.embedding) for o in real_llm.embed(texts, use_tqdm=False)]
     alone = [np.array(real_llm.embed(t, use_tqdm=False)[0].outputs.embedding) for t in texts]
+    assert len(batched) == len(alone) == len(texts)
     for b, a in zip(batched, alone):
         assert b.shape == (576,) and np.linalg.norm(b) == pytest.approx(1.0, abs=1e-6)
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)  # float32: batch shapes change rounding only

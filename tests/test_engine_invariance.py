@@ -46,8 +46,11 @@ def test_greedy_identical_with_and_without_prefix_caching(make_engine, prompts, 
     shared = prompts[3][:24]
     with_prefix = [shared + p for p in prompts]  # every prompt shares 24 tokens = 6 blocks
     first = outputs_of(engine, with_prefix)
-    again = outputs_of(engine, with_prefix)  # second pass may hit blocks cached by the first
+    again = outputs_of(engine, with_prefix)  # second pass hits blocks cached by the first
     assert first == again
+    # On: every request of the second pass hits at least the 6 shared blocks. Off: nothing hits.
+    hits = engine.get_stats().scheduler.prefix_cache_hits
+    assert hits >= len(with_prefix) * 24 if enable_prefix_caching else hits == 0
     engine_off = make_engine(enable_prefix_caching=False, block_size=4)
     assert outputs_of(engine_off, with_prefix) == first
     assert outputs_of(make_engine(), prompts) == expected
@@ -111,6 +114,7 @@ def test_concurrent_requests_share_a_system_prompt(make_engine, tiny_model):
     prompts = [system + p for p in make_prompts(4, seed=10, min_len=3, max_len=9)]
     engine = make_engine(block_size=4, max_num_batched_tokens=32)
     results = run_to_completion(engine, [(p, greedy(4)) for p in prompts])
+    assert len(results) == len(prompts) == 4
     for p, r in zip(prompts, results):
         assert r.outputs[0].token_ids == dense_greedy(tiny_model, p, 4)
     # The first request publishes the shared blocks; later ones hit them while it still runs.

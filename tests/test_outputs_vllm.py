@@ -70,6 +70,7 @@ def test_sampled_tokens_outside_the_top_k_come_last_with_their_rank(llm):
 
 def test_greedy_tokens_have_rank_one_and_lead_their_dict(llm):
     out = generate(llm, temperature=0.0, logprobs=2).outputs[0]
+    assert len(out.logprobs) == len(out.token_ids) == 12
     for token_id, position in zip(out.token_ids, out.logprobs):
         assert position[token_id].rank == 1 and next(iter(position)) == token_id
         assert len(position) == 2
@@ -90,7 +91,7 @@ def test_no_logprobs_unless_asked(llm):
 def test_prompt_logprobs_are_none_then_a_dict_per_prompt_token(llm):
     output = generate(llm, temperature=0.0, prompt_logprobs=2, max_tokens=2)
     prompt_ids = output.prompt_token_ids
-    assert output.prompt_logprobs[0] is None and len(output.prompt_logprobs) == len(prompt_ids)
+    assert output.prompt_logprobs[0] is None and len(output.prompt_logprobs) == len(prompt_ids) > 1
     token_text = llm.get_tokenizer().token_text
     for token_id, position in zip(prompt_ids[1:], output.prompt_logprobs[1:]):
         assert_position_shape(position, token_id, 2, token_text)

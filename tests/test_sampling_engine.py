@@ -138,6 +138,7 @@ def test_logprobs_equal_log_softmax_of_reference_logits(make_engine, tiny_model)
     completion = out.outputs[0]
     tokens = prompt + completion.token_ids
     reference = log_softmax(dense_logits(tiny_model, tokens))  # [len, vocab]
+    assert len(completion.logprobs) == len(completion.token_ids) == 6
     for i, (token_id, position) in enumerate(zip(completion.token_ids, completion.logprobs)):
         row = reference[len(prompt) - 1 + i]
         assert position[token_id].logprob == pytest.approx(row[token_id], abs=1e-9)

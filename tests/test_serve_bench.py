@@ -22,6 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 STATS = ("mean", "p50", "p90", "p99")
+MAX_SEND_LATENESS_S = 0.5  # measured up to 0.07 s on a loaded 2-core machine; a closed loop is seconds late
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +69,20 @@ def test_every_request_got_exactly_max_tokens(report):
 def test_poisson_requests_are_released_on_schedule(report):
     run = next(r for r in report["runs"] if r["arrival"] == "poisson:50")
     schedule = Arrival.parse("poisson:50").schedule(len(run["requests"]), report["settings"]["seed"])
+    assert len(run["requests"]) == len(schedule) > 1
     assert [r["scheduled_s"] for r in run["requests"]] == pytest.approx(schedule)
-    assert all(r["sent_s"] >= r["scheduled_s"] - 1e-3 for r in run["requests"])
+    lateness = [r["sent_s"] - r["scheduled_s"] for r in run["requests"]]
+    # Never early; late only by the event loop's scheduling delay (generous: the machine is shared),
+    # not by waiting for earlier responses as a closed loop would.
+    assert min(lateness) >= -1e-3 and max(lateness) < MAX_SEND_LATENESS_S, lateness
 
 
 def test_fixed_concurrency_keeps_at_most_n_in_flight(report):
     run = next(r for r in report["runs"] if r["arrival"] == "concurrency:3" and r["target"] == "vllmlite")
     spans = [(r["sent_s"], r["sent_s"] + r["e2e_s"]) for r in run["requests"]]
-    for sent, _ in spans:
-        assert sum(s <= sent < e for s, e in spans) <= 3
+    assert len(spans) > 3
+    in_flight = [sum(s <= sent < e for s, e in spans) for sent, _ in spans]
+    assert max(in_flight) == 3  # at most N, and N is reached: the client keeps N going
 
 
 def test_sse_parser_joins_data_lines_and_skips_comments():

@@ -34,6 +34,7 @@ def test_float_embeddings_through_the_openai_client(client, server, tiny_model):
     assert result.object == "list" and result.model == MODEL
     assert [d.index for d in result.data] == [0, 1, 2] and all(d.object == "embedding" for d in result.data)
     want = offline_embeddings(tiny_model, inputs)
+    assert len(result.data) == len(want) == len(inputs)
     for data, expected in zip(result.data, want):
         assert len(data.embedding) == HIDDEN
         np.testing.assert_allclose(data.embedding, expected, rtol=0, atol=1e-12)
@@ -49,6 +50,7 @@ def test_base64_embeddings_decode_to_the_float_ones(client, server):
     decoded = client.embeddings.create(model=MODEL, input=inputs)
     raw = httpx.post(server.base_url + "/embeddings", json={"input": inputs, "encoding_format": "base64"},
                      timeout=60).json()
+    assert len(floats.data) == len(decoded.data) == len(raw["data"]) == len(inputs)
     for f, d, r in zip(floats.data, decoded.data, raw["data"]):
         as_float32 = np.asarray(f.embedding, dtype=np.float32)
         assert isinstance(r["embedding"], str)
