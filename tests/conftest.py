@@ -5,9 +5,12 @@ from __future__ import annotations
 import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
 
 # isort: split
+import importlib
 import itertools
 import os
 from collections.abc import Callable
+from types import ModuleType
+from typing import NoReturn
 
 import numpy as np
 import openai
@@ -30,6 +33,38 @@ settings.register_profile("ci", derandomize=True, database=None, deadline=None, 
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+def is_ci() -> bool:
+    """Running in CI (`CI=true`, as GitHub Actions and most CI systems set it)."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def skip_unless_ci(reason: str) -> NoReturn:
+    """A real model, golden file or optional package is missing: skip the test locally, but fail
+    it in CI, where the real-model tests must run rather than vanish as skips."""
+    if is_ci():
+        pytest.fail(f"{reason} (CI=true: a missing model, golden file or package fails the test)", pytrace=False)
+    pytest.skip(reason)
+
+
+def import_or_skip_unless_ci(name: str) -> ModuleType:
+    """`pytest.importorskip`, failing in CI instead of skipping."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        skip_unless_ci(f"{name} is not installed")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI a skipped `real_model` test is a failure, whatever skipped it (a fixture's importorskip,
+    a missing file): those are exactly the tests a broken CI set-up would otherwise lose silently."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and is_ci() and item.get_closest_marker("real_model") is not None:
+        report.outcome = "failed"
+        report.longrepr = f"real_model test skipped in CI: {report.longrepr}"
 
 
 @pytest.fixture(params=sorted(BACKENDS))

