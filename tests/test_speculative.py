@@ -138,9 +138,9 @@ def test_greedy_identical_in_mixed_batches_with_preemption(tiny_model, prompts, 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_target_as_draft_keeps_every_guess_through_preemption(tiny_model, prompts, expected, mode):
-    """The draft's own KV is right after a swap out and in (it moves with the target's blocks) and
-    after a recompute (the draft re-reads the sequence): a perfect draft keeps every guess, so a
-    draft KV left stale would show as a round that keeps fewer."""
+    """The draft's own KV is right after a swap out and in and after a recompute (the draft re-reads
+    the sequence after any preemption: its KV is not swapped): a perfect draft keeps every guess,
+    so a draft KV left stale would show as a round that keeps fewer."""
     engine = spec_engine(tiny_model, {**TARGET_AS_DRAFT, "num_speculative_tokens": 4}, block_size=4,
                          num_blocks=22, preemption_mode=mode, swap_space=0.01)
     swaps = []
@@ -161,7 +161,8 @@ def test_target_as_draft_keeps_every_guess_through_preemption(tiny_model, prompt
 
 def test_speculation_with_forked_samples(tiny_model, prompts, expected):
     """n > 1 with speculation: greedy forks all equal the greedy output, and with a perfect draft
-    every fork keeps every guess (its draft KV was copied with its blocks on write)."""
+    every fork keeps every guess (a fork's draft reads its sequence from the start, into blocks
+    copied on write)."""
     prompt, want = prompts[1], expected[1]          # 14 tokens: ends mid-block, so forks copy on write
     engine = spec_engine(tiny_model, {**TARGET_AS_DRAFT, "num_speculative_tokens": 3}, block_size=4)
     rounds = record_rounds(engine)
