@@ -86,8 +86,13 @@ UNSUPPORTED_FIELDS = (
 def reject_unsupported(req: SamplingFields, fields: Sequence[tuple[str, tuple, str]] = UNSUPPORTED_FIELDS) -> None:
     """A 400 naming the first of `fields` that `req` uses."""
     for name, unused, why in fields:
-        if getattr(req, name) not in unused:
+        if not _is_unused(getattr(req, name), unused):
             raise bad_request(f"{name} is not supported by this server ({why})", name)
+
+
+def _is_unused(value: Any, unused: tuple) -> bool:
+    """`value` is one of `unused` as JSON reads it: 0 is not false nor 1 true (as they are in Python)."""
+    return any(type(value) is type(u) and value == u for u in unused)
 
 
 def sampling_params(req: SamplingFields, **fields: Any) -> SamplingParams:
