@@ -144,8 +144,13 @@ def check_request(ctx: ServingContext, req: SamplingFields, token_ids: list[int]
 
 
 def admit(ctx: ServingContext, prompts: Sequence[list[int]], params: SamplingParams,
-          admission: Admission) -> list[RequestStream]:
-    """Queue one engine request per prompt; all or nothing (503 on queue full or draining)."""
+          admission: Admission, param: str = "prompt") -> list[RequestStream]:
+    """Queue one engine request per prompt; all or nothing (503 on queue full or draining, 400 when
+    the prompts outnumber the whole queue: retrying could never help)."""
+    max_queue = ctx.engine.max_queue
+    if max_queue is not None and len(prompts) > max_queue:
+        raise bad_request(f"{param} has {len(prompts)} prompts; this server queues at most {max_queue} "
+                          "requests, so send at most that many at once", param)
     streams: list[RequestStream] = []
     try:
         for i, token_ids in enumerate(prompts):
