@@ -341,3 +341,15 @@ def test_batch_rejects_mismatched_lengths_and_logits_shape():
 def test_negative_seed_makes_a_reproducible_generator():
     assert make_generator(-5).random() == make_generator(-5).random()
     assert make_generator(-5).random() != make_generator(5).random()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_an_extreme_repetition_penalty_leaves_a_distribution_not_nans(temperature):
+    # rp = 1e-320 divides the positive logits of seen tokens 0 and 2 past the float range: softmax's
+    # limit is uniform over those infinite logits (inf - inf made every probability NaN).
+    params = SamplingParams(repetition_penalty=1e-320, temperature=temperature)
+    batch = batch_of(params, rows=1, prompts=[[0, 2, 3]])
+    with np.errstate(over="raise", invalid="raise"):  # no overflow warning, no NaN
+        probs = Sampler().probs(LOGITS[None, :], batch)[0]  # [vocab]
+        token = Sampler()(LOGITS[None, :], batch).token_ids[0]
+    assert probs.tolist() == [0.5, 0, 0.5] + [0] * (VOCAB - 3) and token in (0, 2)

@@ -208,6 +208,17 @@ def test_full_queue_is_503_with_retry_after(tiny_model):
         assert wait_until(live.is_idle)
 
 
+def test_more_prompts_than_the_queue_holds_is_a_400_not_a_503(tiny_model):
+    # Retrying could never help such a request: it is the client's error, not an overload.
+    with running_server(tiny_model, max_queue=2) as live:
+        embeddings = httpx.post(live.base_url + "/embeddings", json={"input": ["a", "b", "c"]})
+        completions = httpx.post(live.base_url + "/completions", json={"prompt": [[1], [2], [3]], "max_tokens": 1})
+        assert_openai_error(embeddings, 400, param="input")
+        assert_openai_error(completions, 400, param="prompt")
+        assert httpx.post(live.base_url + "/embeddings", json={"input": ["a", "b"]}).status_code == 200
+        assert wait_until(live.is_idle)
+
+
 def test_draining_server_is_503_with_retry_after(tiny_model):
     with running_server(tiny_model) as live:
         live.engine.begin_draining()

@@ -367,6 +367,15 @@ def test_unused_values_of_those_fields_are_accepted(client):
     assert client.chat.completions.create(model=MODEL, messages=USER, max_tokens=1, extra_body=chat_defaults).choices
 
 
+@pytest.mark.parametrize("name,value", [("use_beam_search", 0), ("return_token_ids", 0),
+                                        ("spaces_between_special_tokens", 1), ("echo", 0),
+                                        ("continue_final_message", 0)])
+def test_a_number_is_not_the_unused_boolean_of_those_fields(server, name, value):
+    # JSON's 0 and 1 are not false and true (Python's 0 == False must not let them through).
+    response = httpx.post(server.url + "/v1/chat/completions", json={"messages": USER, "max_tokens": 1, name: value})
+    assert response.status_code == 400 and response.json()["error"]["param"] == name
+
+
 def test_add_special_tokens_decides_the_bos_on_both_endpoints(client):
     def prompt_tokens(create, **kwargs) -> int:
         return create(model=MODEL, max_tokens=1, **kwargs).usage.prompt_tokens

@@ -198,7 +198,8 @@ class Sampler:
         seen = np.unique(np.concatenate([prompts, outputs]))  # [num_seen]
         values = flat_logits[seen]  # [num_seen]
         rp = repetition[seen // vocab_size]  # [num_seen]
-        flat_logits[seen] = np.where(values > 0, values / rp, values * rp)
+        with np.errstate(over="ignore"):  # a tiny rp sends logits to +-inf: the penalty's limit
+            flat_logits[seen] = np.where(values > 0, values / rp, values * rp)
         generated, counts = np.unique(outputs, return_counts=True)  # [num_generated] each
         row_of = generated // vocab_size  # [num_generated]
         flat_logits[generated] -= frequency[row_of] * counts + presence[row_of]
@@ -260,7 +261,9 @@ class Sampler:
         vocab_size = logits.shape[1]
         top_k = np.array([min(p.top_k or vocab_size, vocab_size) for p in params])  # [r]
         _apply_top_k(scaled, top_k)
-        probs = np.exp(scaled - scaled.max(axis=1, keepdims=True))  # [r, vocab]
+        top = scaled.max(axis=1, keepdims=True)  # [r, 1]
+        is_infinite = np.isposinf(top)  # [r, 1]; softmax's limit is uniform over a row's +inf logits
+        probs = np.where(is_infinite, np.isposinf(scaled), np.exp(scaled - np.where(is_infinite, 0.0, top)))
         probs /= probs.sum(axis=1, keepdims=True)
         _apply_top_p(probs, np.array([p.top_p for p in params]))
         _apply_min_p(probs, np.array([p.min_p for p in params]))

@@ -8,9 +8,9 @@ tokenized or allocated. Knows nothing of the engine, tokenizers or HTTP routing.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_serializer, field_validator
 
 MAX_N = 16                     # n and best_of
 MAX_PROMPTS = 64               # prompts in one completions request
@@ -30,6 +30,44 @@ MAX_CHAT_TOP_LOGPROBS = 20
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 PRIORITY_BOUND = 2**31
 
+
+# JSON schemas of the fields whose Python type is wider than what they accept (a validator narrows
+# them): they document the accepted forms in /openapi.json; parsing stays the validators' job.
+def _token_ids_schema(max_items: int = MAX_PROMPT_TOKEN_IDS) -> dict:
+    return {"type": "array", "minItems": 1, "maxItems": max_items, "items": {"type": "integer", "minimum": 0}}
+
+
+def _prompt_schema(max_prompts: int, min_chars: int = 0) -> dict:
+    """str, [str], [int] or [[int]], as `parse_prompt` accepts them."""
+    text = {"type": "string", "minLength": min_chars, "maxLength": MAX_PROMPT_CHARS}
+    return {"anyOf": [text, {"type": "array", "minItems": 1, "maxItems": max_prompts, "items": text},
+                      _token_ids_schema(),
+                      {"type": "array", "minItems": 1, "maxItems": max_prompts, "items": _token_ids_schema()}]}
+
+
+_STOP_STRING_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
+_STOP_SCHEMA = {"anyOf": [_STOP_STRING_SCHEMA, {"type": "null"},
+                          {"type": "array", "maxItems": MAX_STOP_STRINGS, "items": _STOP_STRING_SCHEMA}]}
+_LOGIT_BIAS_SCHEMA = {"propertyNames": {"pattern": "^[0-9]{1,10}$"},
+                      "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}
+_NON_NEGATIVE_ITEMS = {"items": {"type": "integer", "minimum": 0}}
+_CONTENT_SCHEMA = {"anyOf": [
+    {"type": "string", "maxLength": MAX_PROMPT_CHARS},
+    {"type": "array", "maxItems": MAX_MESSAGES, "items": {
+        "type": "object", "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]}
+
+
+def _message_schema(schema: dict[str, Any]) -> None:
+    """A message's JSON schema, in two forms: only an assistant's content may be null or absent."""
+    properties = schema.pop("properties")
+    roles = [role for role in properties["role"]["enum"] if role != "assistant"]
+    schema["anyOf"] = [
+        {"properties": {**properties, "role": {"enum": roles}}, "required": ["role", "content"]},
+        {"properties": {**properties, "role": {"const": "assistant"},
+                        "content": {"anyOf": [_CONTENT_SCHEMA, {"type": "null"}]}}, "required": ["role"]},
+    ]
+    del schema["required"]
 
 
 def _name_field() -> Any:
@@ -96,10 +134,10 @@ class SamplingFields(_Request):
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, WithJsonSchema(_STOP_SCHEMA)] = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
+    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS, json_schema_extra=_LOGIT_BIAS_SCHEMA)
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     user: str | None = Field(None, max_length=MAX_NAME_CHARS)
     # vLLM's extensions
@@ -108,9 +146,12 @@ class SamplingFields(_Request):
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=MAX_TOKENS_BOUND)
-    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
-    allowed_token_ids: list[int] | None = Field(None, max_length=MAX_PROMPT_TOKEN_IDS)
-    bad_words: list[str] | None = Field(None, max_length=MAX_BAD_WORDS)
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS,
+                                             json_schema_extra=_NON_NEGATIVE_ITEMS)
+    allowed_token_ids: list[int] | None = Field(None, max_length=MAX_PROMPT_TOKEN_IDS,
+                                                json_schema_extra=_NON_NEGATIVE_ITEMS)
+    bad_words: list[str] | None = Field(None, max_length=MAX_BAD_WORDS, json_schema_extra={
+        "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS, "pattern": r"\S"}})
     truncate_prompt_tokens: int | None = Field(None, ge=1, le=MAX_PROMPT_TOKEN_IDS)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -180,7 +221,7 @@ class SamplingFields(_Request):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Any
+    prompt: Annotated[Any, WithJsonSchema(_prompt_schema(MAX_PROMPTS))]
     suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
@@ -195,8 +236,11 @@ class CompletionRequest(SamplingFields):
 class ChatMessage(_Request):
     """One message; `content` arrives as a string or text parts and leaves as a string."""
 
+    model_config = ConfigDict(json_schema_extra=_message_schema)
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Any = Field(None, validate_default=True)  # validated to a str
+    # validated to a str; its JSON schema is _message_schema's
+    content: Annotated[Any, WithJsonSchema(_CONTENT_SCHEMA)] = Field(None, validate_default=True)
     name: str | None = _name_field()
 
     @field_validator("content")
@@ -266,7 +310,7 @@ class DetokenizeRequest(_Request):
 
 
 class EmbeddingRequest(_Request):
-    input: Any
+    input: Annotated[Any, WithJsonSchema(_prompt_schema(MAX_EMBEDDING_INPUTS, min_chars=1))]
     model: str | None = Field(None, max_length=MAX_NAME_CHARS)
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
@@ -439,3 +483,20 @@ class EmbeddingResponse(_Response):
     model: str
     data: list[EmbeddingData]
     usage: EmbeddingUsage
+
+
+class VersionResponse(_Response):
+    version: str
+
+
+class ErrorDetail(_Response):
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class ErrorResponse(_Response):
+    """Every error's body, in OpenAI's shape (`errors.error_body` builds it)."""
+
+    error: ErrorDetail

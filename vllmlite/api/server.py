@@ -30,18 +30,24 @@ from vllmlite import __version__
 from vllmlite.api.cli import ServerArgs, parse_config
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
 from vllmlite.api.middleware import RequestGuard, header_timeout_protocol
+from vllmlite.api.openapi import GENERATE, GUARDED, install_openapi, route_doc
 from vllmlite.api.protocol import (
     MAX_NAME_CHARS,
+    ChatCompletionChunk,
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     DetokenizeRequest,
     DetokenizeResponse,
     EmbeddingRequest,
+    EmbeddingResponse,
     ModelCard,
     ModelList,
     SamplingFields,
     TokenizeRequest,
     TokenizeResponse,
+    VersionResponse,
 )
 from vllmlite.api.serving import (
     Admission,
@@ -87,6 +93,7 @@ def build_app(engine: AsyncLLMEngine, config: ServerArgs) -> FastAPI:
     _add_info_routes(app, ctx)
     _add_token_routes(app, ctx)
     _add_generate_routes(app, ctx, config)
+    install_openapi(app)
     app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                        body_timeout=config.body_timeout)
     # Added last, so outermost: a browser's preflight (which carries no API key) is answered before
@@ -141,7 +148,9 @@ async def parse_body(request: Request, model: type[Model]) -> Model:
 def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
     engine = ctx.engine
 
-    @app.api_route("/health", methods=["GET", "HEAD"])   # HEAD: load balancers' probes
+    # Two routes, not one with two methods, so each operation has its own id in /openapi.json.
+    @app.get("/health", **route_doc({"type": "object", "maxProperties": 0}, errors=(503,)))
+    @app.head("/health", **route_doc({"type": "object", "maxProperties": 0}, errors=(503,)))  # load balancers' probes
     async def health() -> JSONResponse:
         unhealthy = engine.health_error
         if unhealthy is not None:
@@ -150,24 +159,25 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
             return _error_response(unavailable("the server is shutting down"))
         return JSONResponse({})
 
-    @app.get("/version")
+    @app.get("/version", **route_doc(VersionResponse))
     async def version() -> dict:
         return {"version": __version__}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **route_doc(ModelList))
     async def models() -> dict:
         # root names the model, never its file: no filesystem path goes into a response.
         card = ModelCard(id=ctx.model_name, root=ctx.model_name, max_model_len=engine.max_model_len)
         return ModelList(data=[card]).model_dump()
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse,
+             **route_doc({"type": "string"}, media_type="text/plain"))
     async def metrics() -> Response:
         text = engine.metrics.render() if engine.metrics is not None else ""
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 def _add_token_routes(app: FastAPI, ctx: ServingContext) -> None:
-    @app.post("/tokenize")
+    @app.post("/tokenize", **route_doc(TokenizeResponse, body=TokenizeRequest, errors=(*GUARDED, 404)))
     async def tokenize(request: Request) -> dict:
         req = await parse_body(request, TokenizeRequest)
         check_model(ctx, req.model)
@@ -180,7 +190,7 @@ def _add_token_routes(app: FastAPI, ctx: ServingContext) -> None:
             tokens = encode_prompt(ctx, req.prompt, "prompt", add_special_tokens=add_special)
         return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=ctx.engine.max_model_len).model_dump()
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", **route_doc(DetokenizeResponse, body=DetokenizeRequest, errors=(*GUARDED, 404)))
     async def detokenize(request: Request) -> dict:
         req = await parse_body(request, DetokenizeRequest)
         check_model(ctx, req.model)
@@ -205,21 +215,23 @@ def _add_generate_routes(app: FastAPI, ctx: ServingContext, config: ServerArgs) 
         return _EventStream(result, headers=SSE_HEADERS, sep="\n", ping=config.stream_ping_interval,
                             send_timeout=config.stream_send_timeout)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **route_doc(CompletionResponse, body=CompletionRequest, stream=CompletionResponse,
+                                             errors=GENERATE))
     async def completions(request: Request) -> Response:
         req = await parse_body(request, CompletionRequest)
         prepared = prepare_completion(ctx, req)
         admission = _admission(request, "cmpl", req)
         return await respond(request, create_completion(ctx, prepared, admission))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **route_doc(ChatCompletionResponse, body=ChatCompletionRequest,
+                                                  stream=ChatCompletionChunk, errors=GENERATE))
     async def chat_completions(request: Request) -> Response:
         req = await parse_body(request, ChatCompletionRequest)
         prepared = prepare_chat(ctx, req)
         admission = _admission(request, "chatcmpl", req)
         return await respond(request, create_chat(ctx, prepared, admission))
 
-    @app.post("/v1/embeddings")
+    @app.post("/v1/embeddings", **route_doc(EmbeddingResponse, body=EmbeddingRequest, errors=GENERATE))
     async def embeddings(request: Request) -> Response:
         req = await parse_body(request, EmbeddingRequest)
         token_lists = prepare_embeddings(ctx, req)

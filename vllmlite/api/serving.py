@@ -104,8 +104,13 @@ def reject_unknown_fields(req: BaseModel) -> None:
 def reject_unsupported(req: SamplingFields, fields: Sequence[tuple[str, tuple, str]] = UNSUPPORTED_FIELDS) -> None:
     """A 400 naming the first of `fields` that `req` uses."""
     for name, unused, why in fields:
-        if getattr(req, name) not in unused:
+        if not _is_unused(getattr(req, name), unused):
             raise bad_request(f"{name} is not supported by this server ({why})", name)
+
+
+def _is_unused(value: Any, unused: tuple) -> bool:
+    """`value` is one of `unused` as JSON reads it: 0 is not false nor 1 true (as they are in Python)."""
+    return any(type(value) is type(u) and value == u for u in unused)
 
 
 def sampling_params(req: SamplingFields, **fields: Any) -> SamplingParams:
@@ -157,8 +162,13 @@ def check_request(ctx: ServingContext, req: SamplingFields, token_ids: list[int]
 
 
 def admit(ctx: ServingContext, prompts: Sequence[list[int]], params: SamplingParams,
-          admission: Admission) -> list[RequestStream]:
-    """Queue one engine request per prompt; all or nothing (503 on queue full or draining)."""
+          admission: Admission, param: str = "prompt") -> list[RequestStream]:
+    """Queue one engine request per prompt; all or nothing (503 on queue full or draining, 400 when
+    the prompts outnumber the whole queue: retrying could never help)."""
+    max_queue = ctx.engine.max_queue
+    if max_queue is not None and len(prompts) > max_queue:
+        raise bad_request(f"{param} has {len(prompts)} prompts; this server queues at most {max_queue} "
+                          "requests, so send at most that many at once", param)
     streams: list[RequestStream] = []
     try:
         for i, token_ids in enumerate(prompts):

@@ -42,7 +42,7 @@ def prepare_embeddings(ctx: ServingContext, req: EmbeddingRequest) -> list[list[
 async def create_embeddings(ctx: ServingContext, req: EmbeddingRequest, token_lists: list[list[int]],
                             admission: Admission) -> EmbeddingResponse:
     """Queue one embedding request per input and answer once all are done."""
-    streams = admit(ctx, token_lists, PoolingParams(), admission)
+    streams = admit(ctx, token_lists, PoolingParams(), admission, param="input")
     outputs: Sequence[EmbeddingRequestOutput] = await final_outputs(streams)
     data = [EmbeddingData(index=i, embedding=_encoded(o.outputs.embedding, req.encoding_format))
             for i, o in enumerate(outputs)]
