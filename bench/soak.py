@@ -111,8 +111,8 @@ async def _soak(config: SoakConfig, target: Target, requests: list[SoakRequest])
         soak_s = time.perf_counter() - start_time
         alone = await _run_alone(client, target.url, requests, outcomes)
         after_alone = await wait_idle(client, target.url)
-    return {"soak_s": soak_s, "outcomes": outcomes, "checkpoints": checkpoints, "alone": alone,
-            "metrics_after_alone": after_alone}
+    return {"soak_s": soak_s, "alone_s": time.perf_counter() - start_time - soak_s, "outcomes": outcomes,
+            "checkpoints": checkpoints, "alone": alone, "metrics_after_alone": after_alone}
 
 
 async def _run_alone(client: httpx.AsyncClient, url: str, requests: list[SoakRequest],
@@ -182,6 +182,7 @@ def _stop_server(target: Target, log_path: Path) -> dict:
 
 def run_soak(config: SoakConfig, command: str | None = None) -> dict:
     """Start the server, soak it, check everything; the report (its `passed` says if all held)."""
+    machine = machine_info()  # before the run: its load and the commit as started
     requests = make_mix(config.num_requests, config.seed)
     target = Target(OURS, "soak", args=list(config.server_args))
     start(target, "random", None, 0, config.log_path)
@@ -208,8 +209,8 @@ def run_soak(config: SoakConfig, command: str | None = None) -> dict:
                           and not shutdown["tracebacks"],
     }
     return {
-        "command": command or module_command("bench.soak"), "machine": machine_info(), "settings": asdict(config),
-        "server_command": target.command, "soak_s": run["soak_s"], "counts": counts,
+        "command": command or module_command("bench.soak"), "machine": machine, "settings": asdict(config),
+        "server_command": target.command, "soak_s": run["soak_s"], "alone_s": run["alone_s"], "counts": counts,
         "rss_mib": {"first_checkpoint": first.rss_mib, "end": end.rss_mib, "growth": rss_growth,
                     "after_requests": [(c.num_requests, round(c.rss_mib, 2)) for c in checkpoints]},
         "checkpoints": [asdict(c) for c in checkpoints], "invalid": invalid[:50], "num_invalid": len(invalid),
