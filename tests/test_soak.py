@@ -28,7 +28,7 @@ def test_soak_leaves_nothing_behind_and_every_answer_checks_out(report):
     client = report["counts"]["client"]
     assert sum(client.values()) == NUM_REQUESTS
     # The mix really cut requests short both ways, and enough greedy answers were re-run alone.
-    assert client["disconnected"] > 0.1 * NUM_REQUESTS and client["timed_out"] > 0.02 * NUM_REQUESTS
+    assert client["disconnected"] > 0.1 * NUM_REQUESTS and client["timed_out"] > 0.01 * NUM_REQUESTS
     assert report["counts"]["admitted_then_cut"] > 0
     assert report["alone"]["greedy"]["checked"] > 0.2 * NUM_REQUESTS
 
