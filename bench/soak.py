@@ -5,7 +5,7 @@ At every checkpoint (after each `--checkpoint-every` requests the client waits f
 idle) it reads the server's RSS and /metrics. At the end: no block used and no request running or
 waiting, RSS within `--rss-tolerance` of the first checkpoint's, every completed answer valid, every
 greedy one identical to the same request run alone afterwards, the counts reconciled with /metrics,
-and a clean shutdown (no request left to abort, exit code 0, no traceback in the log).
+and a clean shutdown (no request left to abort, exit code 0, no traceback or ERROR line in the log).
 Writes results/soak.json (`--out`). Owns the run and its checks; the mix and client are soak_client.py.
 """
 
@@ -16,6 +16,7 @@ import asyncio
 import re
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -171,7 +172,7 @@ def _stop_server(target: Target, log_path: Path) -> dict:
     process.send_signal(signal.SIGTERM)
     try:
         returncode = process.wait(timeout=60)
-    except Exception:
+    except subprocess.TimeoutExpired:
         process.kill()
         returncode = process.wait(timeout=30)
     log = log_path.read_text(errors="replace")
@@ -206,7 +207,7 @@ def run_soak(config: SoakConfig, command: str | None = None) -> dict:
         "greedy_identical_alone": not run["alone"]["greedy"]["mismatches"],
         "idle_after_alone_runs": run["metrics_after_alone"]["kv_cache_usage_perc"] == 0,
         "clean_shutdown": shutdown["exit_code"] == 0 and not shutdown["aborted_at_shutdown"]
-                          and not shutdown["tracebacks"],
+                          and not shutdown["tracebacks"] and not shutdown["error_lines"],
     }
     return {
         "command": command or module_command("bench.soak"), "machine": machine, "settings": asdict(config),
