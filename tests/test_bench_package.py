@@ -25,7 +25,8 @@ def python_files(folder: str) -> list[Path]:
 MODULES = ["bench.bench", "bench.measure", "bench.report", "bench.static_batching", "bench.workload",
            "bench.update_readme", "bench.spec_bench", "bench.step_bench", "bench.quant_bench", "bench.quant_speed",
            "bench.quant_accuracy", "bench.serve", "bench.serve.benchmark", "bench.serve.client",
-           "bench.serve.metrics", "bench.serve.targets", "bench.serve.merge", "bench.serve.plot"]
+           "bench.serve.metrics", "bench.serve.targets", "bench.serve.merge", "bench.serve.plot",
+           "bench.soak", "bench.soak_client"]
 
 
 def test_every_bench_module_is_listed_and_imports():
