@@ -18,10 +18,12 @@ import pytest
 from hypothesis import HealthCheck, settings
 from server_util import running_server
 
+from vllmlite.async_engine import AsyncLLMEngine
 from vllmlite.engine import LLMEngine
 from vllmlite.engine_args import EngineArgs
 from vllmlite.kernels import BACKENDS, Kernels, get_kernels
 from vllmlite.loader import LoadedModel, load_model
+from vllmlite.metrics import EngineMetrics
 from vllmlite.outputs import RequestOutput
 from vllmlite.sampling_params import SamplingParams
 
@@ -133,6 +135,25 @@ def assert_no_leaks(engine: LLMEngine) -> None:
     assert (stats.scheduler.num_running, stats.scheduler.num_waiting, stats.scheduler.num_swapped) == (0, 0, 0)
     assert not engine.scheduler.requests  # no request state left behind, forks included
     assert stats.num_unfinished_requests == 0 and not engine.has_unfinished_requests()
+
+
+@pytest.fixture
+def make_async(make_engine):
+    """Started AsyncLLMEngines over the tiny model, with metrics; AsyncLLMEngine's own keywords
+    (max_queue, request_timeout, heartbeat_timeout) and any engine knob by name. Shut down after."""
+    engines: list[AsyncLLMEngine] = []
+
+    def factory(max_queue=None, request_timeout=None, heartbeat_timeout=None, **engine_overrides) -> AsyncLLMEngine:
+        engine = AsyncLLMEngine(make_engine(**engine_overrides), EngineMetrics("random"), max_queue=max_queue,
+                                request_timeout=request_timeout, heartbeat_timeout=heartbeat_timeout)
+        engine.start()
+        engines.append(engine)
+        return engine
+
+    yield factory
+    for engine in engines:
+        engine.shutdown(timeout=0)
+        assert not engine.is_running
 
 
 @pytest.fixture(scope="module")

@@ -19,24 +19,6 @@ from vllmlite.async_engine import (
     RequestAbortedError,
     RequestTimeoutError,
 )
-from vllmlite.metrics import EngineMetrics
-
-
-@pytest.fixture
-def make_async(make_engine):
-    engines: list[AsyncLLMEngine] = []
-
-    def factory(max_queue=None, request_timeout=None, **engine_overrides) -> AsyncLLMEngine:
-        engine = AsyncLLMEngine(make_engine(**engine_overrides), EngineMetrics("random"), max_queue=max_queue,
-                                request_timeout=request_timeout)
-        engine.start()
-        engines.append(engine)
-        return engine
-
-    yield factory
-    for engine in engines:
-        engine.shutdown(timeout=0)
-        assert not engine.is_running
 
 
 def is_idle(engine: AsyncLLMEngine) -> bool:

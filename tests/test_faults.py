@@ -18,7 +18,7 @@ import pytest
 from conftest import assert_no_leaks, engine_on, greedy, make_prompts, run_to_completion
 from server_util import running_server, wait_until
 
-from vllmlite.async_engine import AsyncLLMEngine, EngineDeadError, GenerateRequest
+from vllmlite.async_engine import EngineDeadError, GenerateRequest
 from vllmlite.engine import LLMEngine
 from vllmlite.sampling_params import SamplingParams
 
@@ -303,21 +303,6 @@ def test_a_request_that_fails_while_being_queued_leaves_nothing_behind(make_engi
 
 
 # --- the async engine: a dead loop, a hung step -------------------------------------------------
-
-@pytest.fixture
-def make_async(make_engine):
-    engines: list[AsyncLLMEngine] = []
-
-    def factory(**kwargs) -> AsyncLLMEngine:
-        engine = AsyncLLMEngine(make_engine(), **kwargs)
-        engine.start()
-        engines.append(engine)
-        return engine
-
-    yield factory
-    for engine in engines:
-        engine.shutdown(timeout=0)
-
 
 def test_a_hung_step_turns_unhealthy_and_refuses_new_requests_until_it_ends(make_async):
     engine = make_async(heartbeat_timeout=0.2)
