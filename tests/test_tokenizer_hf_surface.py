@@ -28,9 +28,10 @@ CONVERSATION = [
 ]
 
 
-def server_prompt_ids(llm: LLM, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+def server_prompt_ids(llm: LLM, messages: list[dict], add_generation_prompt: bool,
+                      special_tokens_in_messages: bool = False) -> list[int]:
     """The prompt ids the chat endpoint renders for `messages` (its own `render_messages`)."""
-    ctx = ServingContext(AsyncLLMEngine(llm.engine), "test", special_tokens_in_messages=False)
+    ctx = ServingContext(AsyncLLMEngine(llm.engine), "test", special_tokens_in_messages)
     return render_messages(ctx, [ChatMessage.model_validate(m) for m in messages], add_generation_prompt)
 
 
@@ -162,9 +163,14 @@ def test_real_chat_template_matches_transformers_and_the_server(real_llm, golden
         flag = case["add_generation_prompt"]
         assert tok.apply_chat_template(case["messages"], tokenize=False, add_generation_prompt=flag) == case["text"]
         assert tok.apply_chat_template(case["messages"], add_generation_prompt=flag) == case["ids"]
+    # The same text; HF's ids read the "<|im_end|>" a user wrote as the special token, the server's
+    # read it as plain text unless told to trust messages (--special-tokens-in-messages).
+    text = tok.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True)
+    hf_ids = tok.apply_chat_template(CONVERSATION, add_generation_prompt=True)
     server_ids = server_prompt_ids(real_llm, CONVERSATION, True)
-    assert tok.apply_chat_template(CONVERSATION, add_generation_prompt=True) == server_ids
-    assert tok.decode(server_ids) == tok.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True)
+    assert tok.decode(server_ids) == text and hf_ids == server_prompt_ids(real_llm, CONVERSATION, True, True)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert server_ids.count(im_end) == hf_ids.count(im_end) - 1
 
 
 @pytest.mark.real_model
