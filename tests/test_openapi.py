@@ -70,3 +70,15 @@ def test_only_an_assistant_message_may_omit_its_content_in_schema_and_in_parsing
     assert ChatMessage.model_validate_json('{"role": "assistant"}').content == ""
     with pytest.raises(ValueError, match="content must be a string"):
         ChatMessage.model_validate_json('{"role": "user"}')
+
+
+def test_request_bodies_allow_no_undeclared_field_but_the_no_ops(document, server):
+    """The document says what the server does: an undeclared top-level field is a 400, except
+    OpenAI's no-op fields, which are declared; a message may carry extra keys."""
+    schemas = document["components"]["schemas"]
+    for name in BODIES.values():
+        assert schemas[name]["additionalProperties"] is False, name
+        assert {"store", "metadata"} <= set(schemas[name]["properties"]), name
+    assert schemas["ChatMessage"].get("additionalProperties", True) is not False
+    assert httpx.post(server.base_url + "/completions", json={"prompt": "hi", "max_tokens": 1, "store": True,
+                                                               "metadata": {"a": "b"}}).status_code == 200

@@ -33,7 +33,7 @@ from vllmlite.api.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
-from vllmlite.api.serving import UNSUPPORTED_FIELDS
+from vllmlite.api.serving import NO_OP_FIELDS, UNSUPPORTED_FIELDS
 from vllmlite.api.serving_chat import CHAT_UNSUPPORTED_FIELDS
 
 REF_TEMPLATE = "#/components/schemas/{model}"
@@ -45,11 +45,12 @@ ERROR_DESCRIPTIONS = {
     400: "Invalid request; `param` names the offending field",
     401: "Missing or wrong API key (when the server has one)",
     404: "The `model` field names a model this server does not serve",
+    408: "The body did not arrive within the server's body timeout",
     413: "The body is larger than the server's limit",
     503: "Overloaded, shutting down or the engine has failed; retry after `Retry-After` seconds",
     504: "The request ran longer than the server's request timeout",
 }
-GUARDED = (400, 401, 413)            # every guarded route: bad Content-Length, API key, body size
+GUARDED = (400, 401, 408, 413)       # every guarded route: bad Content-Length, API key, body time and size
 GENERATE = (*GUARDED, 404, 503, 504)  # routes that run the engine
 # Fields declared only to be rejected: the schema lists the values that mean "not used".
 ACCEPTED_ONLY_UNUSED = {
@@ -97,6 +98,11 @@ def component_schemas() -> dict[str, Any]:
     _, schemas = models_json_schema([(m, "validation") for m in REQUEST_MODELS]
                                     + [(m, "serialization") for m in RESPONSE_MODELS], ref_template=REF_TEMPLATE)
     defs = schemas["$defs"]
+    for model in REQUEST_MODELS:  # an undeclared top-level field is a 400, but for OpenAI's no-ops
+        schema = defs[model.__name__]
+        schema["additionalProperties"] = False
+        for name in NO_OP_FIELDS:
+            schema["properties"].setdefault(name, {"description": "Accepted and ignored: it changes no output"})
     for model, fields in ACCEPTED_ONLY_UNUSED.items():
         properties = defs[model.__name__]["properties"]
         for name, unused, why in fields:
