@@ -295,3 +295,12 @@ def test_real_model_choice_and_regex(real_llm):
     outputs = real_llm.generate(["The capital of France is", "Today's date is"], [choice, regex], use_tqdm=False)
     assert outputs[0].outputs[0].text == "Paris"
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", outputs[1].outputs[0].text)
+
+
+def test_verify_rechecks_a_constraint_changed_after_it_passed():
+    params = StructuredOutputsParams(regex="a+")
+    params.verify()
+    params.verify()  # the engine loop re-verifies what the HTTP thread checked: remembered
+    params.regex = "a("
+    with pytest.raises(ValueError, match="regex is invalid"):
+        params.verify()

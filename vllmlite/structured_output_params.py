@@ -7,7 +7,7 @@ tokenizers, models or requests. Compiling a grammar against a vocabulary is stru
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MAX_CHOICES = 1024
@@ -40,6 +40,8 @@ class StructuredOutputsParams:
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
     structural_tag: str | None = None
+    # The key verify() last passed: the engine loop re-verifies what the HTTP thread checked, free.
+    _verified_key: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in _UNSUPPORTED:
@@ -110,9 +112,13 @@ class StructuredOutputsParams:
         compiles. Needs no tokenizer; pure, so the HTTP thread may call it."""
         import llguidance
 
+        key = self.key
+        if key == self._verified_key:
+            return
         error = llguidance.LLMatcher.validate_grammar(self.grammar_text())
         if error:
             raise ValueError(f"structured_outputs.{self.kind} is invalid: {error.strip()}")
+        self._verified_key = key
 
 
 def _parse_json(text: str) -> Any:
