@@ -3,8 +3,9 @@ state per sample, and the allowed-token masks the sampler applies.
 
 Knows llguidance, numpy and the Tokenizer classes; knows nothing of the scheduler or the model. The
 grammar state advances only on tokens a sample keeps (the scheduler calls `accept`), so a rejected
-speculative guess never reaches it: the masks of guess positions come from a walk that llguidance
-rolls back.
+speculative guess never reaches it: the masks of guess positions come from a walk along the guesses
+that is rolled back at once (`LLMatcher.rollback`). A sample whose grammar is complete (nothing may
+follow) finishes with "stop", even under ignore_eos; max_tokens may still cut a document short.
 """
 
 from __future__ import annotations
