@@ -304,3 +304,16 @@ def test_verify_rechecks_a_constraint_changed_after_it_passed():
     params.regex = "a("
     with pytest.raises(ValueError, match="regex is invalid"):
         params.verify()
+
+
+def test_a_grammar_that_fails_to_compile_ends_only_its_request(make_engine, monkeypatch):
+    def failing_compile(self, params):
+        raise ValueError("structured_outputs.json is invalid: too complex")
+
+    monkeypatch.setattr(GrammarCompiler, "_compile", failing_compile)
+    params = constrained(json=SCHEMAS["flat"])
+    params.n = 2
+    outputs = run_to_completion(make_engine(), [([1, 2], params), ([3], SamplingParams(max_tokens=4, ignore_eos=True))])
+    assert [c.finish_reason for c in outputs[0].outputs] == ["error", "error"]
+    assert "too complex" in outputs[0].error
+    assert outputs[1].outputs[0].finish_reason == "length"
