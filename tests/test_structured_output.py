@@ -284,6 +284,9 @@ def test_real_model_writes_schema_valid_json(real_llm):
     output = real_llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
     assert output.finish_reason == "stop"
     jsonschema.validate(json.loads(output.text), schema)
+    speculating = LLM(model="default", num_blocks=256, speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    assert speculating.generate([prompt], params, use_tqdm=False)[0].outputs[0].text == output.text
+    assert speculating.engine.get_stats().scheduler.spec_decode.num_draft_tokens > 0
 
 
 @pytest.mark.real_model
