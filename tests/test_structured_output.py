@@ -242,6 +242,7 @@ def test_a_slow_compile_does_not_stall_other_requests(make_engine, monkeypatch):
     while "plain" not in finished:
         finished.update({o.request_id: o for o in engine.step() if o.finished})
     assert "json" not in finished and engine.has_unfinished_requests()
+    assert engine.get_stats().scheduler.num_waiting == 1  # waiting for its grammar
     release.set()
     while engine.has_unfinished_requests():
         finished.update({o.request_id: o for o in engine.step() if o.finished})

@@ -210,9 +210,12 @@ class LLMEngine:
         return self.output_processor.num_unfinished_requests
 
     def get_stats(self) -> EngineStats:
-        """A snapshot of the engine's numbers; what other modules read instead of its parts."""
+        """A snapshot of the engine's numbers; what other modules read instead of its parts. A request
+        whose grammar is still compiling counts as waiting."""
         proposer = self.runner.proposer
-        return EngineStats(self.scheduler.make_stats(), self.output_processor.num_unfinished_requests,
+        scheduler_stats = self.scheduler.make_stats()
+        scheduler_stats.num_waiting += len(self._compiling)
+        return EngineStats(scheduler_stats, self.output_processor.num_unfinished_requests,
                            self.runner.num_forward_passes,
                            proposer.num_forward_passes if proposer is not None else 0)
 
