@@ -4,6 +4,7 @@ batching, preemption, chunked prefill, forks and speculation alike."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -12,9 +13,10 @@ import jsonschema
 import llguidance
 import numpy as np
 import pytest
+from conftest import make_prompts, run_to_completion
 
-from tests.conftest import make_prompts, run_to_completion
 from vllmlite import LLM
+from vllmlite.async_engine import GenerateRequest
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.structured_output import GrammarCompiler, GrammarMasker, GrammarState, make_llg_tokenizer
 from vllmlite.structured_output_params import StructuredOutputsParams
@@ -260,6 +262,25 @@ def test_abort_while_compiling_leaves_nothing(make_engine, monkeypatch):
     release.set()
     assert not engine.has_unfinished_requests() and engine.step() == []
     run_to_completion(engine, [])  # asserts no leaks
+
+
+def test_async_engine_streams_a_constrained_request(make_async):
+    """Through the engine thread: the grammar compiles while the loop runs, the deltas join into
+    a valid document, and a plain request beside it streams as usual."""
+    engine = make_async()
+
+    async def collect(request_id: str, params: SamplingParams) -> list:
+        return [o async for o in engine.generate(GenerateRequest(request_id, [1, 2, 3], params))]
+
+    async def main():
+        return await asyncio.gather(collect("json", constrained(json=SCHEMAS["nested"])),
+                                    collect("plain", SamplingParams(max_tokens=8, ignore_eos=True)))
+
+    constrained_outputs, plain_outputs = asyncio.run(main())
+    text = "".join(o.outputs[0].delta_text for o in constrained_outputs)
+    jsonschema.validate(json.loads(constrained_outputs[-1].outputs[0].text), SCHEMAS["nested"])
+    assert text == constrained_outputs[-1].outputs[0].text
+    assert len(plain_outputs[-1].outputs[0].token_ids) == 8
 
 
 def test_offline_generate_with_structured_outputs():
