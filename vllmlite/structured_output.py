@@ -88,9 +88,6 @@ class GrammarCompiler:
             raise ValueError(f"structured_outputs.{params.kind} is invalid: {matcher.get_error()}")
         return matcher
 
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
 
 class GrammarState:
     """One sample's position in its grammar: advanced by the tokens it keeps, never by guesses."""
@@ -105,7 +102,7 @@ class GrammarState:
 
     @property
     def is_terminated(self) -> bool:
-        """The grammar is complete and allows nothing more (not even EOS is needed to end it)."""
+        """The grammar is complete and allows no token but EOS: the sample ends here."""
         return self.matcher.is_stopped()
 
     @property
