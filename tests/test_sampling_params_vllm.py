@@ -188,7 +188,7 @@ def test_stop_strings_need_detokenize():
 
 # --- construction ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("field", ["guided_decoding", "structured_outputs", "logits_processors", "output_kind",
+@pytest.mark.parametrize("field", ["guided_decoding", "logits_processors", "output_kind",
                                    "extra_args", "spaces_between_special_tokens"])
 def test_unsupported_vllm_field_raises_naming_it(field):
     with pytest.raises(TypeError, match=rf"{field} is a vLLM field that vllmlite does not support"):

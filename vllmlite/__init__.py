@@ -8,7 +8,8 @@ from vllmlite.llm import LLM
 from vllmlite.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput
 from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import SamplingParams
+from vllmlite.structured_output_params import StructuredOutputsParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "PoolingParams", "RequestOutput", "CompletionOutput",
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "StructuredOutputsParams", "PoolingParams", "RequestOutput", "CompletionOutput",
            "EmbeddingRequestOutput", "EmbeddingOutput", "Logprob", "__version__"]

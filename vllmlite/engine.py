@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,11 +30,20 @@ from vllmlite.sampling_params import SamplingParams
 from vllmlite.scheduler import Scheduler
 from vllmlite.speculative import make_proposer
 from vllmlite.stats import EngineStats, KVOccupancy
+from vllmlite.structured_output import GrammarCompiler
 from vllmlite.threads import THREAD_ENV, THREAD_ENV_APPLIED
 
 logger = logging.getLogger(__name__)
 
 Prompt = str | list[int]
+GRAMMAR_WAIT_SECONDS = 0.05  # an idle step waits this long at most for a grammar to compile
+
+
+class _Compiling(NamedTuple):
+    """A request whose grammar is compiling: it joins the scheduler when the future is done."""
+
+    grammar: Future
+    samples: list[Request]
 
 
 class LLMEngine:
@@ -70,6 +81,8 @@ class LLMEngine:
         self.weights_bytes = loaded.weights.num_bytes
         self._seed_rng = np.random.default_rng(config.seed)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self._grammar_compiler: GrammarCompiler | None = None  # made by the first constrained request
+        self._compiling: list[_Compiling] = []
 
     def memory_report(self) -> dict[str, int]:
         """Bytes held by weights, the device KV cache and the host swap arena."""
@@ -130,8 +143,12 @@ class LLMEngine:
                 parent_id=None if i == 0 else request_id, sample_index=i))
         self.output_processor.add_request(request_id, prompt if isinstance(prompt, str) else None, params,
                                           samples)
-        first, *forks = samples
-        self.scheduler.add_request(first, forks)
+        if internal.structured_outputs is None:
+            self.scheduler.add_request(samples[0], samples[1:])
+            return
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+        self._compiling.append(_Compiling(self._grammar_compiler.submit(internal.structured_outputs), samples))
 
     def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
         """Check a prompt against the vocabulary and context length (after `truncate_prompt_tokens`);
@@ -181,6 +198,7 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         """Stop a request (all its samples) and free its blocks; unknown ids are ignored."""
         samples = self.output_processor.abort_request(request_id)
+        self._compiling = [c for c in self._compiling if c.samples[0].request_id != request_id]
         self.scheduler.abort_requests([r.request_id for r in samples])
         self._forget_finished(samples)
 
@@ -192,9 +210,12 @@ class LLMEngine:
         return self.output_processor.num_unfinished_requests
 
     def get_stats(self) -> EngineStats:
-        """A snapshot of the engine's numbers; what other modules read instead of its parts."""
+        """A snapshot of the engine's numbers; what other modules read instead of its parts. A request
+        whose grammar is still compiling counts as waiting."""
         proposer = self.runner.proposer
-        return EngineStats(self.scheduler.make_stats(), self.output_processor.num_unfinished_requests,
+        scheduler_stats = self.scheduler.make_stats()
+        scheduler_stats.num_waiting += len(self._compiling)
+        return EngineStats(scheduler_stats, self.output_processor.num_unfinished_requests,
                            self.runner.num_forward_passes,
                            proposer.num_forward_passes if proposer is not None else 0)
 
@@ -210,9 +231,10 @@ class LLMEngine:
         A fault in one request's part of a stage (scheduling it, running it, applying its result,
         detokenizing it) ends that request in error and no other. Whatever else raises is a fault
         of the engine itself: it propagates."""
+        failed = self._start_compiled_requests()
         scheduled = self.scheduler.schedule()
         result = self._execute(scheduled)
-        touched = self.scheduler.update(scheduled, result)
+        touched = failed + self.scheduler.update(scheduled, result)
         for finish in self.output_processor.detokenize(touched):
             if isinstance(finish, StopStringHit):
                 self.scheduler.finish(finish.request, FinishReason.STOP, finish.stop_str)
@@ -220,6 +242,29 @@ class LLMEngine:
                 self.scheduler.finish(finish.request, FinishReason.ERROR, error=finish.error)
         self._forget_finished(touched)
         return self.output_processor.make_outputs()
+
+    def _start_compiled_requests(self) -> list[Request]:
+        """Queue the requests whose grammar has compiled, each sample with its own grammar state;
+        end in error those whose grammar failed (returned, for their outputs). With nothing else
+        to run, wait a little for a compile rather than spin."""
+        if not self._compiling:
+            return []
+        if not self.scheduler.has_unfinished_requests():
+            wait([c.grammar for c in self._compiling], GRAMMAR_WAIT_SECONDS, FIRST_COMPLETED)
+        failed: list[Request] = []
+        for compiling in [c for c in self._compiling if c.grammar.done()]:
+            self._compiling.remove(compiling)
+            first, *forks = compiling.samples
+            error = compiling.grammar.exception()
+            if error is not None:
+                for request in compiling.samples:
+                    request.finish(FinishReason.ERROR, error=str(error))
+                failed.extend(compiling.samples)
+                continue
+            for request in compiling.samples:
+                request.grammar = self._grammar_compiler.new_state(compiling.grammar.result())
+            self.scheduler.add_request(first, forks)
+        return failed
 
     def _execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         """Run the batch; if it raises, run each sequence alone so only the failing ones end in error.

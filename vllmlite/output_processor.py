@@ -201,8 +201,7 @@ class OutputProcessor:
         first = sample.num_detokenized
         new_ids = request.output_token_ids[first:]
         sample.num_detokenized = request.num_output_tokens
-        if request.is_finished and request.finish_reason is FinishReason.STOP and new_ids \
-                and not isinstance(request.stop_reason, str):
+        if new_ids and self._ends_on_stop_token(request):
             new_ids = new_ids[:-1]  # EOS or a stop token id: kept in token_ids, never in the text
         delta = sample.detokenizer.add_tokens(new_ids) if new_ids else None
         hit = None
@@ -219,6 +218,14 @@ class OutputProcessor:
         if request.is_finished and sample.detokenizer.stop_str is None:
             sample.detokenizer.flush()
         return hit
+
+    def _ends_on_stop_token(self, request: Request) -> bool:
+        """Whether the request stopped on a stop token id or EOS (not a stop string, nor a grammar
+        that completed on an ordinary token)."""
+        if not request.is_finished or request.finish_reason is not FinishReason.STOP:
+            return False
+        return isinstance(request.stop_reason, int) or (
+            request.stop_reason is None and request.output_token_ids[-1] in self.tokenizer.stop_token_ids)
 
     def _group_output(self, group: _Group) -> RequestOutput:
         completions = [self._completion(group, s) for s in group.samples]

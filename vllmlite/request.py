@@ -9,11 +9,15 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from vllmlite.pooling_params import PoolingParams, PoolingType
 from vllmlite.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from vllmlite.structured_output import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -67,6 +71,9 @@ class Request:
     # Embedding requests: [hidden] the last position's final-norm hidden state, or (mean) the sum
     # over the positions computed so far; reset by the chunk that starts at position 0.
     pooled: np.ndarray | None = None
+    # Structured output: this sample's grammar state, set before it is scheduled and advanced by
+    # every token it keeps.
+    grammar: GrammarState | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

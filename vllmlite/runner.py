@@ -16,6 +16,7 @@ from vllmlite.model import LlamaModel
 from vllmlite.pooling_params import PoolingType
 from vllmlite.sampling import Sampler, SamplingBatch, compute_logprobs
 from vllmlite.speculative import Draft, Proposer, verify
+from vllmlite.structured_output import GrammarMasker
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class ModelRunner:
         self.host_cache = [(np.zeros(host_shape, model.dtype), np.zeros(host_shape, model.dtype))
                            for _ in range(c.num_layers)] if num_host_blocks else []
         self.num_forward_passes = 0
+        self.grammar_masker: GrammarMasker | None = None  # made when a constrained request first samples
         # Test-only: called with each step's SchedulerOutput before the forward pass.
         self.fault_hook: Callable[[SchedulerOutput], None] | None = None
 
@@ -116,7 +118,8 @@ class ModelRunner:
         if not samplers:
             return
         requests = [r for _, r in samplers]
-        batch = self._batch(requests, [r.output_token_ids for r in requests])
+        batch = self._batch(requests, [r.output_token_ids for r in requests],
+                            self._allowed_mask([(r.grammar, []) for r in requests]))
         sampled = self.sampler(logits, batch)
         for j, request in enumerate(requests):
             result.sampled_token_ids[request.request_id] = [int(sampled.token_ids[j])]
@@ -133,7 +136,8 @@ class ModelRunner:
             for j in range(len(draft.token_ids) + 1):
                 requests.append(seq.request)
                 outputs.append(seq.request.output_token_ids + draft.token_ids[:j])
-        probs = self.sampler.probs(logits, self._batch(requests, outputs))          # [rows, vocab]
+        masks = self._allowed_mask([(seq.request.grammar, draft.token_ids) for seq, draft in spec])
+        probs = self.sampler.probs(logits, self._batch(requests, outputs, masks))   # [rows, vocab]
         start = 0
         for seq, draft in spec:
             request, num_rows = seq.request, len(draft.token_ids) + 1
@@ -150,11 +154,20 @@ class ModelRunner:
             self.proposer.verified(seq, len(draft.token_ids), len(emitted) - 1)
             start += num_rows
 
-    def _batch(self, requests: list, outputs: list) -> SamplingBatch:
+    def _batch(self, requests: list, outputs: list, allowed_mask: np.ndarray | None) -> SamplingBatch:
         return SamplingBatch(params=[r.sampling_params for r in requests],
                              prompt_token_ids=[r.prompt_token_ids for r in requests],
                              output_token_ids=outputs, generators=[r.generator for r in requests],
-                             stop_token_ids=self.stop_token_ids)
+                             stop_token_ids=self.stop_token_ids, allowed_mask=allowed_mask)
+
+    def _allowed_mask(self, entries: list) -> np.ndarray | None:
+        """What the grammars allow at each sampling row ([rows, vocab] bool), None if no row has one;
+        entries are (grammar state or None, guesses) per sequence, as GrammarMasker.masks takes."""
+        if all(state is None for state, _ in entries):
+            return None
+        if self.grammar_masker is None:
+            self.grammar_masker = GrammarMasker(self.model.config.vocab_size)
+        return self.grammar_masker.masks(entries)
 
     @staticmethod
     def _prompt_logprobs(logits: np.ndarray, next_ids: np.ndarray, owners: list, result: RunnerOutput) -> None:

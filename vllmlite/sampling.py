@@ -6,6 +6,8 @@ Order of operations, per row (float64 throughout; the input logits are never mod
   0. logprobs   log_softmax of the RAW logits, only for rows with `params.logprobs` set
                 (what vLLM returns by default: before penalties, bias and temperature).
   1. processed_logits():
+     -  grammar mask        structured output: tokens the row's grammar forbids -> -inf (first, so
+                            no later step can bring one back; greedy rows see it too)
      a. repetition_penalty  over prompt AND output tokens, HF sign rule:
                             seen token: logit > 0 ? logit / rp : logit * rp
      b. frequency/presence  over output tokens only (OpenAI):
@@ -56,10 +58,13 @@ class SamplingBatch:
     output_token_ids: list[Sequence[int]]  # tokens generated so far, before this step
     generators: list[np.random.Generator]  # one per row, owned by the request
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)  # EOS, end-of-turn
+    allowed_mask: np.ndarray | None = None  # [batch, vocab] bool: what each row's grammar allows
 
     def __post_init__(self) -> None:
         lengths = {len(self.params), len(self.prompt_token_ids), len(self.output_token_ids),
                    len(self.generators)}
+        if self.allowed_mask is not None:
+            lengths.add(len(self.allowed_mask))
         if len(lengths) != 1:
             raise ValueError(f"SamplingBatch lists must have equal lengths, got {sorted(lengths)}")
         self.stop_token_ids = frozenset(self.stop_token_ids)
@@ -153,10 +158,13 @@ class Sampler:
         return SamplerOutput(token_ids, self._logprobs(logits, token_ids, batch))
 
     def processed_logits(self, logits: np.ndarray, batch: SamplingBatch) -> np.ndarray:
-        """Penalties, logit_bias, then allowed_token_ids, bad_words and min_tokens masking. Returns a
-        new [batch, vocab] float64 array; rows that need none of them are the input logits unchanged."""
+        """The grammar mask, penalties, logit_bias, then allowed_token_ids, bad_words and min_tokens
+        masking. Returns a new [batch, vocab] float64 array; rows that need none of them are the
+        input logits unchanged."""
         self._check_shape(logits, batch)
         processed = np.array(logits, dtype=np.float64, order="C")  # [batch, vocab], a copy
+        if batch.allowed_mask is not None:
+            np.copyto(processed, -np.inf, where=~batch.allowed_mask)
         self._apply_penalties(processed, batch)
         self._apply_logit_bias(processed, batch)
         self._apply_allowed_token_ids(processed, batch)

@@ -3,6 +3,8 @@
 Owns the OpenAI/vLLM sampling knobs, their defaults and their bounds. Knows nothing of models or
 numpy; `verify(vocab_size)` is the only check that needs the model, and `update_from_tokenizer()`
 the only code that calls a tokenizer (its `encode`, to find the token ids of `bad_words`).
+StructuredOutputsParams (vLLM's constraint on the output: a JSON schema, regex, choice or grammar)
+lives in structured_output_params.py.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from vllmlite.structured_output_params import StructuredOutputsParams
 
 MAX_N = 128  # n and best_of: each one forks a sequence, so hostile input must not fork millions
 MAX_STOP_STRINGS = 16
@@ -23,7 +27,7 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 # Fields of vLLM's SamplingParams that vllmlite does not implement: passing one is an error, so a
 # script written for vLLM is told instead of silently getting different behaviour.
 UNSUPPORTED_VLLM_FIELDS = frozenset({
-    "guided_decoding", "structured_outputs", "logits_processors", "output_kind", "extra_args",
+    "guided_decoding", "logits_processors", "output_kind", "extra_args",
     "spaces_between_special_tokens", "skip_clone", "flat_logprobs", "skip_reading_prefix_cache",
     "output_text_buffer_length", "use_beam_search", "length_penalty", "early_stopping",
 })
@@ -177,6 +181,7 @@ class SamplingParams:
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
     detokenize: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
     # Set by update_from_tokenizer(), never by the caller.
     _bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -185,7 +190,8 @@ class SamplingParams:
         init_fields = {f.name for f in dataclasses.fields(cls) if f.init}
         for name in kwargs:
             if name in UNSUPPORTED_VLLM_FIELDS:
-                raise TypeError(f"SamplingParams: {name} is a vLLM field that vllmlite does not support")
+                hint = " (use structured_outputs, its current name)" if name == "guided_decoding" else ""
+                raise TypeError(f"SamplingParams: {name} is a vLLM field that vllmlite does not support{hint}")
             if name not in init_fields:
                 raise TypeError(f"SamplingParams got an unexpected keyword argument {name!r}")
         return super().__new__(cls)
@@ -196,6 +202,9 @@ class SamplingParams:
         self._validate_filters()
         self._validate_stops()
         self._validate_outputs()
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}")
 
     def _validate_counts(self) -> None:
         self.n = _int("n", self.n, 1, MAX_N)
@@ -272,7 +281,10 @@ class SamplingParams:
 
     def verify(self, vocab_size: int) -> None:
         """Raise ValueError if a token id (stop_token_ids, logit_bias key, allowed_token_ids, or a
-        tokenized bad word) is outside the vocab."""
+        tokenized bad word) is outside the vocab, or if the structured output constraint (a JSON
+        schema, regex or grammar) does not compile."""
+        if self.structured_outputs is not None:
+            self.structured_outputs.verify()
         vocab_size = _int("vocab_size", vocab_size, 1)
         bad_word_ids = [t for ids in self._bad_words_token_ids or () for t in ids]
         for name, token_ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", self.logit_bias or {}),

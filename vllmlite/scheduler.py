@@ -393,6 +393,11 @@ class Scheduler:
     def _append_tokens(self, request: Request, token_ids: list[int], logprobs: list | None) -> None:
         params = request.sampling_params
         for i, token_id in enumerate(token_ids):
+            if request.grammar is not None and not request.grammar.accept(token_id):
+                # The sampler's mask makes this unreachable; were it reached, no invalid output.
+                self.finish(request, FinishReason.ERROR, error=f"the grammar rejected token {token_id}: "
+                            f"{request.grammar.error}")
+                return
             request.append_token(token_id)
             if logprobs is not None:
                 request.logprobs.append(logprobs[i])
@@ -408,6 +413,8 @@ class Scheduler:
                 return FinishReason.STOP, token_id
             if not params.ignore_eos and token_id in self.stop_token_ids:
                 return FinishReason.STOP, None
+        if request.grammar is not None and request.grammar.is_terminated:
+            return FinishReason.STOP, None  # complete, and nothing may follow: even with ignore_eos
         if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH, None
         return None, None

@@ -1,0 +1,165 @@
+"""Structured output with llguidance: grammars compiled off the step thread and cached, one grammar
+state per sample, and the allowed-token masks the sampler applies.
+
+Knows llguidance, numpy and the Tokenizer classes; knows nothing of the scheduler or the model. The
+grammar state advances only on tokens a sample keeps (the scheduler calls `accept`), so a rejected
+speculative guess never reaches it: the masks of guess positions come from a walk along the guesses
+that is rolled back at once (`LLMatcher.rollback`). A sample whose grammar is complete (nothing may
+follow) finishes with "stop", even under ignore_eos; max_tokens may still cut a document short.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import llguidance
+import llguidance.numpy
+import numpy as np
+
+from vllmlite.structured_output_params import StructuredOutputsParams
+from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+
+GRAMMAR_CACHE_SIZE = 64
+
+
+def make_llg_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
+    """llguidance's view of our vocabulary: an HF tokenizer through its tokenizer.json text, the byte
+    tokenizer through its 256 byte tokens and two special ones. Every stop token (EOS, end of turn)
+    is an end the grammar may allow once it is complete."""
+    eos = sorted(tokenizer.stop_token_ids)
+    if isinstance(tokenizer, HFTokenizer):
+        return llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab_size, eos_token=eos)
+    if isinstance(tokenizer, ByteTokenizer):
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary(tokenizer)), eos_token=eos)
+    raise ValueError(f"structured output does not support the {type(tokenizer).__name__}")
+
+
+class _ByteVocabulary:
+    """What llguidance.TokenizerWrapper reads: each token's bytes, the special ids, an encoder."""
+
+    def __init__(self, tokenizer: ByteTokenizer) -> None:
+        self.eos_token_id = tokenizer.eos_token_id
+        self.bos_token_id = tokenizer.bos_token_id
+        self.special_token_ids = sorted(tokenizer.special_token_ids)
+        self.tokens = [tokenizer.decode([i]).encode() if i in tokenizer.special_token_ids else bytes([i])
+                       for i in range(tokenizer.vocab_size)]
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        return list(text if isinstance(text, bytes) else text.encode("utf-8"))
+
+
+class GrammarCompiler:
+    """Compiles constraints into llguidance matchers on one background thread, so the engine loop
+    never waits for a large schema; keeps the last GRAMMAR_CACHE_SIZE by `params.key`. A cached
+    matcher is never advanced: each sample gets `deep_copy()` of it (a few microseconds)."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._llg_tokenizer: llguidance.LLTokenizer | None = None  # built on the worker, once
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllmlite-grammar")
+        self._cache: OrderedDict[tuple, Future] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def submit(self, params: StructuredOutputsParams) -> Future:
+        """A future of the compiled (pristine) matcher; it raises ValueError if the grammar is bad."""
+        key = params.key
+        with self._lock:
+            future = self._cache.get(key)
+            if future is None or (future.done() and future.exception() is not None):
+                future = self._pool.submit(self._compile, params)
+                self._cache[key] = future
+            self._cache.move_to_end(key)
+            while len(self._cache) > GRAMMAR_CACHE_SIZE:
+                self._cache.popitem(last=False)
+            return future
+
+    def new_state(self, compiled: llguidance.LLMatcher) -> GrammarState:
+        """A fresh grammar state for one sample, from a compiled matcher `submit` produced."""
+        return GrammarState(compiled.deep_copy(), self._llg_tokenizer.vocab_size)
+
+    def _compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
+        if self._llg_tokenizer is None:
+            self._llg_tokenizer = make_llg_tokenizer(self._tokenizer, self._vocab_size)
+        matcher = llguidance.LLMatcher(self._llg_tokenizer, params.grammar_text(), log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"structured_outputs.{params.kind} is invalid: {matcher.get_error()}")
+        return matcher
+
+
+class GrammarState:
+    """One sample's position in its grammar: advanced by the tokens it keeps, never by guesses."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self.matcher = matcher
+        self.vocab_size = vocab_size  # the grammar's vocabulary: tokens past it are never allowed
+
+    def accept(self, token_id: int) -> bool:
+        """Advance over a kept token; False if the grammar forbids it (the state is then an error)."""
+        return self.matcher.consume_token(token_id)
+
+    @property
+    def is_terminated(self) -> bool:
+        """The grammar is complete and allows no token but EOS: the sample ends here."""
+        return self.matcher.is_stopped()
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error()
+
+
+class GrammarMasker:
+    """Allowed-token masks for a batch of rows, computed by llguidance's executor (it releases the
+    GIL); rows without a grammar allow everything."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self._executor = llguidance.LLExecutor()
+
+    def masks(self, entries: list[tuple[GrammarState | None, list[int]]]) -> np.ndarray | None:
+        """One entry per sequence: its grammar (or None) and the guesses that follow its last token.
+        An entry covers 1 + len(guesses) rows: row j allows what the grammar allows after the first
+        j guesses. Rows after a guess the grammar forbids allow everything (verification stops at
+        that guess anyway). Returns [rows, vocab] bool, or None if no entry has a grammar.
+
+        entries [(g, [5, 7]), (None, [])] -> 4 rows: g now, g after 5, g after 5 7, all True.
+        """
+        if all(state is None for state, _ in entries):
+            return None
+        num_rows = sum(1 + len(guesses) for _, guesses in entries)
+        bitmask = llguidance.numpy.allocate_token_bitmask(num_rows, self.vocab_size)  # [rows, words] int32, all set
+        plain, row, starts = [], 0, []
+        for state, guesses in entries:
+            if state is not None:
+                if guesses:
+                    _fill_along_guesses(state.matcher, guesses, bitmask, row)
+                else:
+                    plain.append((state.matcher, row))
+                starts.append((row, 1 + len(guesses), state.vocab_size))
+            row += 1 + len(guesses)
+        if plain:
+            llguidance.numpy.fill_next_token_bitmask_par(self._executor, plain, bitmask)
+        bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")  # [rows, 32 * words] uint8
+        allowed = bits[:, :self.vocab_size].astype(bool)  # [rows, vocab]; bit t of the row is token t
+        for start, num_rows, grammar_vocab_size in starts:
+            allowed[start:start + num_rows, grammar_vocab_size:] = False
+        return allowed
+
+
+def _fill_along_guesses(matcher: llguidance.LLMatcher, guesses: list[int], bitmask: np.ndarray, row: int) -> None:
+    """Rows row .. row + len(guesses) of `bitmask`: the mask now, then after each guess in turn,
+    up to the first guess the grammar forbids; then the matcher is rolled back to where it was.
+
+    guesses [5, 9] where 9 is forbidden after 5: rows row (now) and row + 1 (after 5) are filled,
+    row + 2 keeps its all-allowed bits, the matcher consumes 5 and rolls it back.
+    """
+    num_consumed = 0
+    for j in range(len(guesses) + 1):
+        llguidance.numpy.fill_next_token_bitmask(matcher, bitmask, row + j)
+        if j == len(guesses) or matcher.try_consume_tokens([guesses[j]]) != 1:
+            break
+        num_consumed += 1
+    if num_consumed and not matcher.rollback(num_consumed):
+        raise RuntimeError(f"the grammar could not roll back {num_consumed} guesses: {matcher.get_error()}")

@@ -1,0 +1,128 @@
+"""StructuredOutputsParams: a constraint on a request's output (vLLM's names), and its grammar text.
+
+Owns the fields, their validation and the translation into an llguidance grammar; knows nothing of
+tokenizers, models or requests. Compiling a grammar against a vocabulary is structured_output.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_CHOICES = 1024
+
+# vLLM fields this implementation refuses when set (they name other backends' features).
+_UNSUPPORTED = ("disable_additional_properties", "whitespace_pattern", "structural_tag")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Exactly one constraint: `json` (a JSON schema, as a dict or its JSON text), `regex`, `choice`
+    (the output is one of these strings), `grammar` (Lark, or GBNF/EBNF as llama.cpp writes it) or
+    `json_object=True` (any JSON object).
+
+    >>> StructuredOutputsParams(choice=["yes", "no"]).kind
+    'choice'
+    >>> StructuredOutputsParams(regex="a", choice=["a"])
+    Traceback (most recent call last):
+    ...
+    ValueError: structured_outputs takes exactly one of json, regex, choice, grammar, json_object; got regex, choice
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_fallback: bool = False           # one backend, nothing to fall back to: accepted, moot
+    disable_any_whitespace: bool = False     # JSON: no whitespace between tokens of the JSON text
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+    # The key verify() last passed: the engine loop re-verifies what the HTTP thread checked, free.
+    _verified_key: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in _UNSUPPORTED:
+            if getattr(self, name):
+                raise ValueError(f"structured_outputs.{name} is not supported by vllmlite")
+        for name in ("disable_fallback", "disable_any_whitespace"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"structured_outputs.{name} must be a boolean")
+        set_kinds = [k for k in ("json", "regex", "choice", "grammar", "json_object")
+                     if getattr(self, k) not in (None, False)]
+        if len(set_kinds) != 1:
+            raise ValueError("structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
+                             f"got {', '.join(set_kinds) or 'none'}")
+        self._check_types()
+
+    def _check_types(self) -> None:
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError("structured_outputs.json must be a JSON schema (a dict or its JSON text)")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+        if self.choice is not None:
+            if (not isinstance(self.choice, (list, tuple)) or not self.choice or len(self.choice) > MAX_CHOICES
+                    or not all(isinstance(c, str) and c for c in self.choice)):
+                raise ValueError(f"structured_outputs.choice must be a list of 1 to {MAX_CHOICES} non-empty strings")
+            self.choice = list(self.choice)
+        if self.json_object is not None and not isinstance(self.json_object, bool):
+            raise ValueError("structured_outputs.json_object must be a boolean")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set: "json", "regex", "choice", "grammar" or "json_object"."""
+        return next(k for k in ("json", "regex", "choice", "grammar", "json_object")
+                    if getattr(self, k) not in (None, False))
+
+    @property
+    def key(self) -> tuple[str, str, bool]:
+        """What identifies the compiled grammar (the compile cache's key): equal schemas written
+        with keys in another order share it."""
+        spec: Any = getattr(self, self.kind)
+        if self.kind == "json" and isinstance(spec, str):
+            spec = _parse_json(spec)
+        text = spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True)
+        return self.kind, text, self.disable_any_whitespace
+
+    def grammar_text(self) -> str:
+        """The llguidance grammar (its JSON form) for this constraint; ValueError for JSON text that
+        does not parse. Other errors (a bad regex) show when it is verified or compiled."""
+        import llguidance  # imported here: only requests with a constraint need it
+
+        kind, spec, no_whitespace = self.key
+        if kind in ("json", "json_object"):
+            schema = spec if kind == "json" else '{"type": "object"}'
+            options = {"whitespace_flexible": not no_whitespace}
+            try:
+                return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
+            except ValueError as error:
+                raise ValueError(f"structured_outputs.json is not a valid JSON schema: {error}") from None
+        fmt = {"regex": "regex", "choice": "choice", "grammar": "grammar"}[kind]
+        try:
+            return llguidance.grammar_from(fmt, spec)
+        except ValueError as error:
+            raise ValueError(f"structured_outputs.{kind} is invalid: {error}") from None
+
+    def verify(self) -> None:
+        """Raise ValueError (a client's error, with llguidance's message) unless the constraint
+        compiles. Needs no tokenizer; pure, so the HTTP thread may call it."""
+        import llguidance
+
+        key = self.key
+        if key == self._verified_key:
+            return
+        error = llguidance.LLMatcher.validate_grammar(self.grammar_text())
+        if error:
+            raise ValueError(f"structured_outputs.{self.kind} is invalid: {error.strip()}")
+        self._verified_key = key
+
+
+def _parse_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"structured_outputs.json is not valid JSON: {error}") from None
