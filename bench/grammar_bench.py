@@ -25,7 +25,7 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 # isort: split
 import numpy as np
 
-from bench.report import REPO_ROOT, machine_info, module_command
+from bench.report import REPO_ROOT, machine_info, module_command, write_json
 from vllmlite.engine import LLMEngine
 from vllmlite.engine_args import EngineArgs
 from vllmlite.sampling_params import SamplingParams
@@ -142,8 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"grammar {result['grammar']['per_step_ms']:.2f} ms/step = {result['grammar']['fraction_of_step_time']:.1%} "
           f"of step time; cold compile {cold_compile_s:.2f} s", file=sys.stderr)
     out = args.out or REPO_ROOT / "results" / ("bench_grammar_quick.json" if args.quick else "bench_grammar.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out, result)
     print(f"wrote {out}", file=sys.stderr)
     return result
 
