@@ -270,8 +270,10 @@ class Sampler:
         top_k = np.array([min(p.top_k or vocab_size, vocab_size) for p in params])  # [r]
         _apply_top_k(scaled, top_k)
         top = scaled.max(axis=1, keepdims=True)  # [r, 1]
-        is_infinite = np.isposinf(top)  # [r, 1]; softmax's limit is uniform over a row's +inf logits
-        probs = np.where(is_infinite, np.isposinf(scaled), np.exp(scaled - np.where(is_infinite, 0.0, top)))
+        infinite = np.isposinf(top[:, 0])  # [r]: a tiny repetition penalty sent logits to +inf
+        probs = np.exp(scaled - np.where(infinite[:, None], 0.0, top))  # [r, vocab]
+        if infinite.any():  # softmax's limit: uniform over the row's +inf logits
+            probs[infinite] = np.isposinf(scaled[infinite])
         probs /= probs.sum(axis=1, keepdims=True)
         _apply_top_p(probs, np.array([p.top_p for p in params]))
         _apply_min_p(probs, np.array([p.min_p for p in params]))
