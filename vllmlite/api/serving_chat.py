@@ -94,15 +94,19 @@ def render_messages(ctx: ServingContext, messages: Sequence[ChatMessage], add_ge
         raise bad_request(f"messages are longer than this model's context of {ctx.engine.max_model_len} "
                           "tokens can hold", "messages")
     tokenizer = ctx.engine.tokenizer
+    trusted = ctx.special_tokens_in_messages
     try:
-        text, caller_spans = render_with_caller_spans(tokenizer.chat_template, dicts, add_generation_prompt,
-                                                      tokenizer.bos_token, tokenizer.eos_token)
+        if trusted:  # no spans to find: one rendering
+            text = tokenizer.apply_chat_template(dicts, tokenize=False, add_generation_prompt=add_generation_prompt)
+        else:
+            text, caller_spans = render_with_caller_spans(tokenizer.chat_template, dicts, add_generation_prompt,
+                                                          tokenizer.bos_token, tokenizer.eos_token)
     except ValueError as error:
         raise bad_request(str(error), "messages") from error
     if len(text) > max_chars:
         raise bad_request(f"the rendered messages have {len(text)} characters, more than this model's context "
                           f"of {ctx.engine.max_model_len} tokens can hold", "messages")
-    if ctx.special_tokens_in_messages:
+    if trusted:
         return tokenizer.encode(text, add_special_tokens=add_special_tokens)
     if caller_spans is None:
         _reject_special_text(tokenizer, dicts)  # the template reworks the fields: no span is known
