@@ -55,7 +55,7 @@ def test_generation_routes_declare_json_and_server_sent_events(document):
 
 def test_fields_accepted_only_to_be_rejected_list_the_values_that_pass(document):
     chat = document["components"]["schemas"]["ChatCompletionRequest"]["properties"]
-    assert chat["use_beam_search"]["enum"] == [None, False] and chat["tools"]["enum"] == [None, []]
+    assert chat["use_beam_search"]["enum"] == [None, False] and chat["functions"]["enum"] == [None, []]
     assert chat["chat_template"]["enum"] == [None]
 
 

@@ -60,11 +60,18 @@ BAD_COMPLETIONS = [
     ({"prompt": [1, "a"]}, "prompt"),
     ({"prompt": []}, "prompt"),
     ({"prompt": "", "add_special_tokens": False}, "prompt"),  # no BOS: nothing left to run on
-    ({"prompt": "x", "guided_json": {"type": "object"}}, "guided_json"),
-    ({"prompt": "x", "guided_choice": ["a", "b"]}, "guided_choice"),
-    ({"prompt": "x", "guided_regex": "(a+)+$"}, "guided_regex"),
-    ({"prompt": "x", "structured_outputs": {"choice": ["a"]}}, "structured_outputs"),
-    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "x", "guided_json": {"type": "object", "properties": 5}}, "guided_json"),
+    ({"prompt": "x", "guided_json": "{not json"}, "guided_json"),
+    ({"prompt": "x", "guided_choice": []}, "guided_choice"),
+    ({"prompt": "x", "guided_regex": "(a+"}, "guided_regex"),
+    ({"prompt": "x", "guided_grammar": "start: undefined_rule"}, "guided_grammar"),
+    ({"prompt": "x", "guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+    ({"prompt": "x", "structured_outputs": {"choice": ["a"], "regex": "a"}}, "structured_outputs"),
+    ({"prompt": "x", "structured_outputs": {"choice": ["a"], "backend": "xgrammar"}}, "structured_outputs.backend"),
+    ({"prompt": "x", "structured_outputs": {"structural_tag": "{}"}}, "structured_outputs"),
+    ({"prompt": "x", "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"prompt": "x", "response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
     ({"prompt": [300]}, "prompt"),
     ({"prompt": ["x"] * 65}, "prompt"),
     ({"prompt": ["x"] * 20, "n": 16}, "n"),
@@ -84,10 +91,23 @@ BAD_CHATS = [
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user"}]}, "messages.0.content"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages.0.content"),
-    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
+     "tools.0.function.parameters"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools.0.function.name"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}] * 2}, "tools"),
+    ({"messages": USER, "tools": [{"type": "retrieval"}]}, "tools.0.type"),
     ({"messages": USER, "tool_choice": "auto"}, "tool_choice"),
+    ({"messages": USER, "tool_choice": "always", "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tool_choice"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice.function.name"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+      "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
+                                                        "function": {"name": "f"}}]}]}, "messages.0.tool_calls.0.function.arguments"),
     ({"messages": USER, "functions": [{"name": "f"}]}, "functions"),
-    ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     "response_format.json_schema.schema"),
     ({"messages": USER, "chat_template": "{{ 7 * 7 }}"}, "chat_template"),
     ({"messages": USER, "top_logprobs": 2}, "top_logprobs"),
     ({"messages": USER, "add_generation_prompt": "yes"}, "add_generation_prompt"),
@@ -119,7 +139,7 @@ def test_openai_client_raises_bad_request_and_the_server_keeps_serving(client):
     assert caught.value.status_code == 400 and caught.value.body["param"] == "suffix"
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL, messages=USER, tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {}}}])
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": 3}}}])
     assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).choices[0].text is not None
 
 

@@ -335,10 +335,8 @@ def test_tokenize_messages_honours_add_special_tokens(server):
 
 
 UNUSED_VLLM_FIELDS = [
-    ("guided_json", {"type": "object"}), ("guided_regex", "a+"), ("guided_choice", ["a", "b"]),
-    ("guided_grammar", "root ::= 'a'"), ("structured_outputs", {"json": {}}), ("use_beam_search", True),
-    ("logits_processors", ["my.module:proc"]), ("return_token_ids", True), ("spaces_between_special_tokens", False),
-    ("response_format", {"type": "json_object"}),
+    ("use_beam_search", True), ("logits_processors", ["my.module:proc"]), ("return_token_ids", True),
+    ("spaces_between_special_tokens", False),
 ]
 UNUSED_CHAT_FIELDS = [("echo", True), ("continue_final_message", True), ("documents", [{"text": "d"}])]
 

@@ -205,6 +205,8 @@ def test_invalid_constraint_is_refused_before_queueing(make_engine, constraint, 
     ({}, "exactly one .* got none"), ({"regex": "a", "choice": ["a"]}, "got regex, choice"),
     ({"choice": []}, "choice must be"), ({"choice": ["a", 1]}, "choice must be"), ({"json": 3}, "json must be"),
     ({"regex": "a", "whitespace_pattern": " "}, "whitespace_pattern is not supported"),
+    ({"regex": "a" * 70000}, "regex has 70000 characters; at most 65536"),
+    ({"json": {"enum": ["x" * 40000, "y" * 40000]}}, "json has 800.. characters"),
 ])
 def test_structured_outputs_params_take_exactly_one_valid_constraint(kwargs, message):
     with pytest.raises(ValueError, match=message):

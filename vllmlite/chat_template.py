@@ -15,6 +15,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -81,8 +82,10 @@ def render_chat_template(
     add_generation_prompt: bool,
     bos_token: str | None,
     eos_token: str | None,
+    tools: list[dict] | None = None,
 ) -> str:
-    """The prompt text for `messages` under `template` (ChatML when None).
+    """The prompt text for `messages` (and `tools`, for a template with a tools section) under
+    `template` (ChatML when None).
 
     Messages are normalized first (see `normalize_messages`). Raises ValueError when the template
     is not valid jinja, calls `raise_exception`, or is stopped by the sandbox.
@@ -91,6 +94,7 @@ def render_chat_template(
     try:
         return compiled.render(
             messages=normalize_messages(messages),
+            tools=tools,
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token or "",
             eos_token=eos_token or "",
@@ -111,6 +115,7 @@ def render_with_caller_spans(
     add_generation_prompt: bool,
     bos_token: str | None,
     eos_token: str | None,
+    tools: list[dict] | None = None,
 ) -> tuple[str, list[tuple[int, int]] | None]:
     """The prompt text, as `render_chat_template` gives it, and the (start, end) spans in it of every
     caller-written field (`CALLER_TEXT_FIELDS`), so a tokenizer can read them as plain text.
@@ -119,7 +124,7 @@ def render_with_caller_spans(
     exact when putting the fields back into that rendering gives the prompt itself. A template that
     changes what it writes (trims it, splits it, branches on it) gives None: the spans are unknown.
     """
-    text = render_chat_template(template, messages, add_generation_prompt, bos_token, eos_token)
+    text = render_chat_template(template, messages, add_generation_prompt, bos_token, eos_token, tools)
     nonce = uuid.uuid4().hex
     marked, values = [], {}
     for index, message in enumerate(normalize_messages(messages)):
@@ -132,7 +137,7 @@ def render_with_caller_spans(
         marked.append(copy)
     if not values:
         return text, []
-    skeleton = render_chat_template(template, marked, add_generation_prompt, bos_token, eos_token)
+    skeleton = render_chat_template(template, marked, add_generation_prompt, bos_token, eos_token, tools)
     pattern = "|".join(re.escape(marker) for marker in values)
     pieces, spans, position, last = [], [], 0, 0
     for match in re.finditer(pattern, skeleton):
@@ -145,6 +150,15 @@ def render_with_caller_spans(
         last = match.end()
     pieces.append(skeleton[last:])
     return text, (spans if "".join(pieces) == text else None)
+
+
+@lru_cache(maxsize=32)
+def template_uses_tools(template: str | None) -> bool:
+    """Whether `template` reads a `tools` variable (it has a tools section of its own)."""
+    if template is None:
+        return False
+    env = _compile(template).environment
+    return "tools" in jinja2.meta.find_undeclared_variables(env.parse(template))
 
 
 @lru_cache(maxsize=32)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_CHOICES = 1024
+MAX_SPEC_CHARS = 1 << 16  # a schema (as JSON text), regex, grammar or all choices: bounds compile time
 
 # vLLM fields this implementation refuses when set (they name other backends' features).
 _UNSUPPORTED = ("disable_additional_properties", "whitespace_pattern", "structural_tag")
@@ -56,6 +57,11 @@ class StructuredOutputsParams:
             raise ValueError("structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
                              f"got {', '.join(set_kinds) or 'none'}")
         self._check_types()
+        spec = getattr(self, self.kind)
+        size = len(spec) if isinstance(spec, str) else len(json.dumps(spec))
+        if size > MAX_SPEC_CHARS:
+            raise ValueError(f"structured_outputs.{self.kind} has {size} characters; at most {MAX_SPEC_CHARS} "
+                             "are accepted")
 
     def _check_types(self) -> None:
         if self.json is not None and not isinstance(self.json, (str, dict)):

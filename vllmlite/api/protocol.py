@@ -1,7 +1,7 @@
 """Request and response models in OpenAI's shapes (pydantic 2), with every request field bounded.
 
-Requests are parsed strictly from JSON (no "1" for 1, no 1.0 for an int, no NaN); unknown fields
-are ignored as OpenAI does. Every size a client controls is capped here, before anything is
+Requests are parsed strictly from JSON (no "1" for 1, no 1.0 for an int, no NaN); an unknown
+top-level field is a 400 (serving.reject_unknown_fields). Every size a client controls is capped here, before anything is
 tokenized or allocated. Knows nothing of the engine, tokenizers or HTTP routing.
 """
 
@@ -11,6 +11,21 @@ import time
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_serializer, field_validator
+
+from vllmlite.api.protocol_tools import (
+    MAX_CALL_ID_CHARS,
+    MAX_CHOICES,
+    MAX_SPEC_CHARS,
+    MAX_TOOL_CALLS,
+    MAX_TOOLS,
+    ChatTool,
+    ResponseFormat,
+    StructuredOutputs,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallOut,
+    ToolChoice,
+)
 
 MAX_N = 16                     # n and best_of
 MAX_PROMPTS = 64               # prompts in one completions request
@@ -160,13 +175,14 @@ class SamplingFields(_Request):
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     return_tokens_as_token_ids: bool = False  # logprob tokens read "token_id:123"
     add_special_tokens: bool | None = None    # None: vLLM's default, True for a prompt, False for messages
+    # Structured output (api/constraints.py): at most one of these
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = Field(None, max_length=MAX_SPEC_CHARS)
+    guided_choice: list[str] | None = Field(None, max_length=MAX_CHOICES)
+    guided_grammar: str | None = Field(None, max_length=MAX_SPEC_CHARS)
     # vLLM extensions not implemented here: declared only to be rejected (serving.UNSUPPORTED_FIELDS).
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    structured_outputs: Any = None
-    response_format: Any = None
     use_beam_search: Any = None
     logits_processors: Any = None
     return_token_ids: Any = None
@@ -242,6 +258,8 @@ class ChatMessage(_Request):
     # validated to a str; its JSON schema is _message_schema's
     content: Annotated[Any, WithJsonSchema(_CONTENT_SCHEMA)] = Field(None, validate_default=True)
     name: str | None = _name_field()
+    tool_calls: list[ToolCall] | None = Field(None, max_length=MAX_TOOL_CALLS)  # an assistant's calls
+    tool_call_id: str | None = Field(None, min_length=1, max_length=MAX_CALL_ID_CHARS)  # a tool's answer
 
     @field_validator("content")
     @classmethod
@@ -258,9 +276,13 @@ class ChatMessage(_Request):
 
     def as_dict(self) -> dict:
         """The message as the chat template sees it."""
-        message = {"role": self.role, "content": self.content}
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
         return message
 
 
@@ -281,9 +303,10 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
     add_generation_prompt: bool = True
+    tools: list[ChatTool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None  # None: "auto" with tools, "none" without
+    parallel_tool_calls: bool | None = None  # None: one call per answer (llama.cpp's default)
     # Accepted only to be rejected with a clear message (serving.UNSUPPORTED_FIELDS, serving_chat).
-    tools: Any = None
-    tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
     chat_template: Any = None
@@ -394,7 +417,8 @@ class ChatLogprobs(_Response):
 
 class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
-    content: str = ""
+    content: str | None = ""  # None when the answer is only tool calls
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
 
 
 class ChatChoice(_Response):
@@ -418,6 +442,7 @@ class ChatCompletionResponse(_Response):
 class DeltaMessage(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatStreamChoice(_Response):

@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from vllmlite import __version__
 from vllmlite.api.cli import ServerArgs, parse_config
+from vllmlite.api.constraints import is_constrained
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
 from vllmlite.api.middleware import RequestGuard, header_timeout_protocol
 from vllmlite.api.openapi import GENERATE, GUARDED, install_openapi, route_doc
@@ -67,6 +68,8 @@ from vllmlite.metrics import EngineMetrics
 
 logger = logging.getLogger("vllmlite.api.server")
 Model = TypeVar("Model", bound=BaseModel)
+Req = TypeVar("Req", bound=SamplingFields)
+Prepared = TypeVar("Prepared")
 SSE_HEADERS = {"Cache-Control": "no-cache"}
 
 
@@ -219,7 +222,7 @@ def _add_generate_routes(app: FastAPI, ctx: ServingContext, config: ServerArgs) 
                                              errors=GENERATE))
     async def completions(request: Request) -> Response:
         req = await parse_body(request, CompletionRequest)
-        prepared = prepare_completion(ctx, req)
+        prepared = await _prepare(prepare_completion, ctx, req)
         admission = _admission(request, "cmpl", req)
         return await respond(request, create_completion(ctx, prepared, admission))
 
@@ -227,7 +230,7 @@ def _add_generate_routes(app: FastAPI, ctx: ServingContext, config: ServerArgs) 
                                                   stream=ChatCompletionChunk, errors=GENERATE))
     async def chat_completions(request: Request) -> Response:
         req = await parse_body(request, ChatCompletionRequest)
-        prepared = prepare_chat(ctx, req)
+        prepared = await _prepare(prepare_chat, ctx, req)
         admission = _admission(request, "chatcmpl", req)
         return await respond(request, create_chat(ctx, prepared, admission))
 
@@ -249,6 +252,14 @@ class _EventStream(EventSourceResponse):
         except SendTimeoutError:
             logger.warning("%s %s: the client took no data for %g s; its stream is closed and its request aborted",
                            scope["method"], scope["path"], self.send_timeout)
+
+
+async def _prepare(prepare: Callable[[ServingContext, Req], Prepared], ctx: ServingContext, req: Req) -> Prepared:
+    """`prepare(ctx, req)`; on a worker thread if the request constrains its output, since checking a
+    large schema can take a tenth of a second: the event loop keeps serving the others meanwhile."""
+    if is_constrained(req):
+        return await asyncio.to_thread(prepare, ctx, req)
+    return prepare(ctx, req)
 
 
 def _admission(request: Request, prefix: str, req: SamplingFields) -> Admission:

@@ -70,16 +70,9 @@ def encode_prompt(ctx: ServingContext, text: str, param: str, add_special_tokens
 
 _LEADING_NAME = re.compile(r"^([a-z_]+)\b")
 
-NO_TOOLS = "no tool calling or structured output"
 # Request fields of both endpoints (OpenAI's or vLLM's) this server does not implement: (name, the
 # values that mean "not used", why). Any other value is a 400 naming the field, never ignored.
 UNSUPPORTED_FIELDS = (
-    ("response_format", (None, {"type": "text"}), NO_TOOLS),
-    ("guided_json", (None,), NO_TOOLS),
-    ("guided_regex", (None,), NO_TOOLS),
-    ("guided_choice", (None,), NO_TOOLS),
-    ("guided_grammar", (None,), NO_TOOLS),
-    ("structured_outputs", (None,), NO_TOOLS),
     ("use_beam_search", (None, False), "no beam search"),
     ("logits_processors", (None, []), "no custom logits processors"),
     ("return_token_ids", (None, False), "logprobs with return_tokens_as_token_ids give the ids"),
@@ -88,10 +81,10 @@ UNSUPPORTED_FIELDS = (
 
 
 # Top-level fields of OpenAI's API accepted and ignored, since ignoring them changes no output: metadata
-# for OpenAI's own storage and billing, hints for caching and prediction, and tool-call parallelism
-# (tools themselves are refused). Any other field a request model does not declare is a 400.
+# for OpenAI's own storage and billing, and hints for caching, prediction and reasoning models. Any
+# other field a request model does not declare is a 400.
 NO_OP_FIELDS = frozenset({"store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
-                          "parallel_tool_calls", "prediction", "reasoning_effort"})
+                          "prediction", "reasoning_effort"})
 
 
 def reject_unknown_fields(req: BaseModel) -> None:

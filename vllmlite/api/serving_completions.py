@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from vllmlite.api.constraints import request_constraint
 from vllmlite.api.errors import bad_request
 from vllmlite.api.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 from vllmlite.api.serving import (
@@ -115,7 +116,8 @@ class _StreamState:
 
 
 def prepare_completion(ctx: ServingContext, req: CompletionRequest) -> PreparedCompletion:
-    """Validate and tokenize every prompt; raise APIError (400/404) before anything is queued."""
+    """Validate and tokenize every prompt; raise APIError (400/404) before anything is queued. May
+    take a while for a large schema (it is compiled once to check it): run it off the event loop then."""
     check_model(ctx, req.model)
     if req.suffix is not None:
         raise bad_request("suffix is not supported by this server", "suffix")
@@ -127,8 +129,10 @@ def prepare_completion(ctx: ServingContext, req: CompletionRequest) -> PreparedC
                           "accepted per request", "n")
     if req.stream and req.best_of is not None and req.best_of > req.n:
         raise bad_request("best_of cannot be used with stream (it ranks finished samples)", "best_of")
+    constraint = request_constraint(req)
     params = sampling_params(req, max_tokens=16 if req.max_tokens is None else req.max_tokens,
-                             logprobs=req.logprobs, best_of=req.best_of, prompt_logprobs=_engine_prompt_logprobs(req))
+                             logprobs=req.logprobs, best_of=req.best_of, prompt_logprobs=_engine_prompt_logprobs(req),
+                             structured_outputs=None if constraint is None else constraint[1])
     texts, token_lists = [], []
     for i, prompt in enumerate(req.prompt):
         param = "prompt" if len(req.prompt) == 1 else f"prompt.{i}"
