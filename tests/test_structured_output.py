@@ -220,14 +220,18 @@ def test_sampling_params_refuse_other_types_and_guided_decoding():
         SamplingParams(guided_decoding=None)
 
 
-def test_schemas_equal_but_for_key_order_share_one_compile(make_engine):
-    a = StructuredOutputsParams(json={"type": "object", "properties": {"x": {"type": "integer"}}})
-    b = StructuredOutputsParams(json='{"properties": {"x": {"type": "integer"}}, "type": "object"}')
+def test_a_schema_as_dict_or_text_shares_one_compile_and_keeps_its_property_order(make_engine):
+    schema = {"type": "object", "additionalProperties": False, "required": ["zeta", "alpha"],
+              "properties": {"zeta": {"enum": [1]}, "alpha": {"enum": [2]}}}
+    a = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+    b = StructuredOutputsParams(json=json.dumps(schema), disable_any_whitespace=True)
     assert a.key == b.key
     engine = make_engine()
-    run_to_completion(engine, [([1], SamplingParams(structured_outputs=a, max_tokens=3)),
-                               ([2], SamplingParams(structured_outputs=b, max_tokens=3))])
+    outputs = run_to_completion(engine, [([1], SamplingParams(structured_outputs=a, max_tokens=40)),
+                                         ([2], SamplingParams(structured_outputs=b, max_tokens=40))])
     assert len(engine._grammar_compiler._cache) == 1
+    # properties come in the schema's order, not sorted (a sorted key once forced {"alpha"... first)
+    assert [o.outputs[0].text for o in outputs] == ['{"zeta":1,"alpha":2}'] * 2
 
 
 def test_a_slow_compile_does_not_stall_other_requests(make_engine, monkeypatch):

@@ -86,12 +86,13 @@ class StructuredOutputsParams:
 
     @property
     def key(self) -> tuple[str, str, bool]:
-        """What identifies the compiled grammar (the compile cache's key): equal schemas written
-        with keys in another order share it."""
+        """What identifies the compiled grammar (the compile cache's key): a schema as a dict or
+        as JSON text shares it. Key order is kept, never sorted: a schema's properties are written
+        in the order it lists them, as in vLLM."""
         spec: Any = getattr(self, self.kind)
         if self.kind == "json" and isinstance(spec, str):
             spec = _parse_json(spec)
-        text = spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True)
+        text = spec if isinstance(spec, str) else json.dumps(spec)
         return self.kind, text, self.disable_any_whitespace
 
     def grammar_text(self) -> str:

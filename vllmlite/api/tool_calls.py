@@ -109,16 +109,18 @@ def template_messages(messages: Sequence[dict]) -> list[dict]:
 
 def forced_call_grammar(tools: Sequence[ChatTool], choice: str | NamedToolChoice,
                         parallel: bool) -> StructuredOutputsParams:
-    """The grammar of `tool_choice` "required" (one or more calls of any tool; one if not `parallel`)
-    or a named function (calls of that tool only): nothing but calls, each one's arguments valid
-    against its tool's parameters schema."""
+    """The grammar of `tool_choice` "required" (a call of any tool; one or more if `parallel`) or a
+    named function (calls of that tool only): nothing but calls, each one's arguments valid against
+    its tool's parameters schema."""
     if isinstance(choice, NamedToolChoice):
         tools = [t for t in tools if t.function.name == choice.function.name]
     call_schemas = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                      "properties": {"name": {"const": t.function.name},
                                     "arguments": t.function.parameters or {"type": "object", "maxProperties": 0}}}
                     for t in tools]
-    body = json.dumps({"anyOf": call_schemas})
+    # Written as json.dumps writes it (the prompt's example): no whitespace for a model to loop on.
+    body = json.dumps({"x-guidance": {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "},
+                       "anyOf": call_schemas})
     repeat = ' ("\\n" call)*' if parallel else ""
     lark = (f"start: call{repeat}\n"
             f'call: "{CALL_START}\\n" body "\\n{CALL_END}"\n'
