@@ -190,6 +190,8 @@ class LMFormatEnforcer:
 
 
 BACKENDS: dict[str, type[GrammarBackend]] = {
-    "llguidance": LLGuidance, "outlines-core": OutlinesCore, "lm-format-enforcer": LMFormatEnforcer,
-    "xgrammar": XGrammar,
+    # xgrammar before lm-format-enforcer: that one imports torch whenever it can, so after it
+    # torch_loaded_by_import would say nothing.
+    "llguidance": LLGuidance, "outlines-core": OutlinesCore, "xgrammar": XGrammar,
+    "lm-format-enforcer": LMFormatEnforcer,
 }

@@ -1,5 +1,5 @@
 """Grammar (constrained decoding) backends compared on one tokenizer (the default model's): llguidance
-(what vllmlite uses), outlines-core, lm-format-enforcer and xgrammar, whichever import.
+(what vllmlite uses), outlines-core, xgrammar and lm-format-enforcer, whichever import.
 
     python -m bench.grammar_backends                                  # every backend, 3 repetitions
     python -m bench.grammar_backends --quick --backends llguidance   # smoke test, 1 repetition
@@ -12,7 +12,7 @@ allowed at the end. A document that breaks one constraint of the case must be re
 its walk. Some backends compile lazily (llguidance builds its lexer as the walk goes), so compile +
 first mask is reported too, and a second (warm) walk on a fresh matcher from the same compiled grammar. Times are medians over the repetitions of each repetition's figure (a p99 is over one walk's
 masks). `needs_torch`: the distribution requires torch; whether importing it loaded torch is
-recorded too. A backend that does not import is "not installed". Raw results:
+recorded too, and the disk its files and its direct requirements' files take. A backend that does not import is "not installed". Raw results:
 results/bench_grammar_backends.json.
 """
 
@@ -150,10 +150,28 @@ def _summary(reps: list[dict], name: str) -> dict:
     }
 
 
-def _declares_torch(dist: str) -> bool:
-    """The distribution lists torch among its unconditional requirements."""
+def _required_dists(dist: str) -> list[str]:
+    """The names of the distribution's unconditional requirements (extras left out)."""
     requirements = importlib.metadata.requires(dist) or []
-    return any(re.split(r"[\s<>=!~;\[(]", r, maxsplit=1)[0] == "torch" and "extra ==" not in r for r in requirements)
+    return [re.split(r"[\s<>=!~;\[(]", r, maxsplit=1)[0] for r in requirements if "extra ==" not in r]
+
+
+def _installed_mb(dist: str) -> float | None:
+    """What the distribution's installed files take on disk, or None if it is not installed."""
+    try:
+        files = importlib.metadata.distribution(dist).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    sizes = (f.locate().stat().st_size for f in files if f.locate().is_file())
+    return sum(sizes) / 1e6
+
+
+def _footprint(dist: str) -> dict:
+    """Disk taken by the backend and by each of its direct requirements (not theirs)."""
+    requirements = {name: _installed_mb(name) for name in _required_dists(dist)}
+    own = _installed_mb(dist)
+    return {"installed_mb": own, "requirements_mb": requirements,
+            "with_requirements_mb": own + sum(mb for mb in requirements.values() if mb)}
 
 
 def measure(name: str, tokenizer: HFTokenizer, vocab_size: int, cases: list[Case], num_repetitions: int) -> dict:
@@ -167,9 +185,9 @@ def measure(name: str, tokenizer: HFTokenizer, vocab_size: int, cases: list[Case
     reps = [_repetition(backend, tokenizer, vocab_size, cases) for _ in range(num_repetitions)]
     return {
         "status": "ok", "version": importlib.metadata.version(backend.dist),
-        "needs_torch": _declares_torch(backend.dist), "torch_loaded_before": torch_before,
+        "needs_torch": "torch" in _required_dists(backend.dist), "torch_loaded_before": torch_before,
         "torch_loaded_by_import": torch_after_import and not torch_before,
-        "torch_loaded_after_run": "torch" in sys.modules,
+        "torch_loaded_after_run": "torch" in sys.modules, **_footprint(backend.dist),
         "vocabulary_ms": statistics.median(rep["vocabulary_s"] * 1e3 for rep in reps),
         "cases": {case.name: _summary(reps, case.name) for case in cases},
     }
@@ -185,7 +203,8 @@ def format_table(backends: dict[str, dict]) -> str:
             lines.append(f"{name:18} {report['status']}")
             continue
         torch = "needs torch" if report["needs_torch"] else "no torch"
-        lines.append(f"{name:18} {'(vocabulary)':18} {report['vocabulary_ms']:10.1f}  {report['version']}, {torch}")
+        lines.append(f"{name:18} {'(vocabulary)':18} {report['vocabulary_ms']:10.1f}  {report['version']}, {torch}, "
+                     f"{report['with_requirements_mb']:.0f} MB with its direct requirements")
         for case, row in report["cases"].items():
             if "error" in row:
                 lines.append(f"{'':18} {case:18} error: {row['error'][:80]}")
