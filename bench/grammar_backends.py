@@ -10,10 +10,11 @@ valid document (the tokenizer's encoding of it): the full allowed-token bitmask 
 int32) before every token and after the last one; each token must be allowed and consumed, and EOS
 allowed at the end. A document that breaks one constraint of the case must be refused somewhere on
 its walk. Some backends compile lazily (llguidance builds its lexer as the walk goes), so compile +
-first mask is reported too, and a second (warm) walk on a fresh matcher from the same compiled grammar. Times are medians over the repetitions of each repetition's figure (a p99 is over one walk's
-masks). `needs_torch`: the distribution requires torch; whether importing it loaded torch is
-recorded too, and the disk its files and its direct requirements' files take. A backend that does not import is "not installed". Raw results:
-results/bench_grammar_backends.json.
+first mask is reported too, and a second (warm) walk on a fresh matcher from the same compiled
+grammar. Times are medians over the repetitions of each repetition's figure (a p99 is over one
+walk's masks). `needs_torch`: the distribution requires torch; whether importing it loaded torch is
+recorded too, and the disk its files and its direct requirements' files take. A backend that does
+not import is "not installed". Raw results: results/bench_grammar_backends.json.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
 
@@ -84,9 +86,15 @@ def _is_allowed(bitmask: np.ndarray, token_id: int) -> bool:
     return bool((int(bitmask[0, token_id // 32]) >> (token_id % 32)) & 1)
 
 
-def walk(backend: GrammarBackend, compiled, token_ids: list[int], eos_token_id: int, vocab_size: int) -> dict:
-    """Mask, check and consume each token in turn, then one more mask for EOS. Stops at the first
-    token the grammar forbids; `mask_s` holds the time of every mask computed."""
+class Walk(NamedTuple):
+    mask_s: list[float]  # the time of every mask computed
+    accepted_all: bool  # every token was allowed by the mask before it and consumed
+    eos_at_end: bool  # ... and the mask after the last one allows EOS
+
+
+def walk(backend: GrammarBackend, compiled, token_ids: list[int], eos_token_id: int, vocab_size: int) -> Walk:
+    """Mask, check and consume each token in turn, then one more mask for EOS; stops at the first
+    token the grammar forbids. A fresh matcher from `compiled`, so walks do not disturb each other."""
     matcher = backend.matcher(compiled)
     bitmask = np.zeros((1, -(-vocab_size // 32)), dtype=np.int32)  # [1, words]; vocab 49152 -> 1536 words
     mask_s, num_accepted = [], 0
@@ -98,8 +106,8 @@ def walk(backend: GrammarBackend, compiled, token_ids: list[int], eos_token_id: 
         if token_id == eos_token_id or not _is_allowed(bitmask, token_id) or not backend.consume(matcher, token_id):
             break
         num_accepted += 1
-    return {"mask_s": mask_s, "accepted_all": num_accepted == len(token_ids),
-            "eos_at_end": num_accepted == len(token_ids) and _is_allowed(bitmask, eos_token_id)}
+    accepted_all = num_accepted == len(token_ids)
+    return Walk(mask_s, accepted_all, accepted_all and _is_allowed(bitmask, eos_token_id))
 
 
 def _repetition(backend: GrammarBackend, tokenizer: HFTokenizer, vocab_size: int, cases: list[Case]) -> dict:
@@ -121,10 +129,9 @@ def _repetition(backend: GrammarBackend, tokenizer: HFTokenizer, vocab_size: int
         invalid = walk(backend, compiled, tokenizer.encode(case.invalid, add_special_tokens=False),
                        tokenizer.eos_token_id, vocab_size)
         result["cases"][case.name] = {
-            "compile_s": compile_s, "mask_s": cold["mask_s"], "warm_mask_s": warm["mask_s"],
-            "accepted_all": cold["accepted_all"] and warm["accepted_all"],
-            "eos_at_end": cold["eos_at_end"] and warm["eos_at_end"],
-            "rejects_invalid": not (invalid["accepted_all"] and invalid["eos_at_end"])}
+            "compile_s": compile_s, "mask_s": cold.mask_s, "warm_mask_s": warm.mask_s,
+            "accepted_all": cold.accepted_all and warm.accepted_all, "eos_at_end": cold.eos_at_end and warm.eos_at_end,
+            "rejects_invalid": not invalid.eos_at_end}
     return result
 
 
@@ -196,8 +203,8 @@ def measure(name: str, tokenizer: HFTokenizer, vocab_size: int, cases: list[Case
 def format_table(backends: dict[str, dict]) -> str:
     """Per backend its vocabulary line, then one line per case: compile ms, compile + first mask ms,
     mean / p99 mask us, and the checks (valid document accepted, EOS at its end, invalid refused)."""
-    lines = [f"{'backend':18} {'case':18} {'compile ms':>10} {'+1st mask':>9} {'mean us':>8} {'p99 us':>8} {'warm mean':>9} {'p99':>6}  "
-             "valid eos   refuses-invalid"]
+    lines = [f"{'backend':18} {'case':18} {'compile ms':>10} {'+1st mask':>9} {'mean us':>8} {'p99 us':>8} "
+             f"{'warm mean':>9} {'p99':>6}  valid eos   refuses-invalid"]
     for name, report in backends.items():
         if report["status"] != "ok":
             lines.append(f"{name:18} {report['status']}")
@@ -225,6 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     num_repetitions = 1 if args.quick else args.repetitions
+    machine = machine_info()
     loaded = load_model(args.model, "float32", 0)
     tokenizer, vocab_size = loaded.tokenizer, loaded.config.vocab_size
     for case in CASES:  # the walk must feed exactly the document
@@ -234,13 +242,12 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name} ...", file=sys.stderr)
         backends[name] = measure(name, tokenizer, vocab_size, CASES, num_repetitions)
     result = {
-        "machine": machine_info(), "command": module_command("bench.grammar_backends", argv), "model": args.model,
+        "machine": dict(machine, loadavg_end=list(os.getloadavg())), "command": module_command("bench.grammar_backends", argv), "model": args.model,
         "vocab_size": vocab_size, "num_repetitions": num_repetitions,
         "cases": [{"name": c.name, "kind": c.kind, "spec": c.spec, "valid": c.valid, "invalid": c.invalid,
                    "num_valid_tokens": len(tokenizer.encode(c.valid, add_special_tokens=False))} for c in CASES],
         "backends": backends,
     }
-    result["machine"]["loadavg_end"] = list(os.getloadavg())
     print(format_table(backends))
     out = args.out or REPO_ROOT / "results" / ("bench_grammar_backends_quick.json" if args.quick
                                                else "bench_grammar_backends.json")
