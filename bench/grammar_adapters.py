@@ -120,6 +120,7 @@ class XGrammar:
 
     def __init__(self) -> None:
         self.xgr = importlib.import_module("xgrammar")
+        self.torch = importlib.import_module("torch")  # xgrammar's masks are torch tensors
 
     def vocabulary(self, tokenizer: HFTokenizer, vocab_size: int):
         vocab = tokenizer.backend.get_vocab(with_added_tokens=True)  # {text: id}
@@ -140,14 +141,10 @@ class XGrammar:
         return self.xgr.GrammarMatcher(compiled)
 
     def fill(self, matcher, bitmask: np.ndarray) -> None:
-        matcher.fill_next_token_bitmask(self._torch_view(bitmask))
+        matcher.fill_next_token_bitmask(self.torch.from_numpy(bitmask))  # a view: writes into bitmask
 
     def consume(self, matcher, token_id: int) -> bool:
         return matcher.accept_token(token_id)
-
-    def _torch_view(self, bitmask: np.ndarray):
-        torch = importlib.import_module("torch")
-        return torch.from_numpy(bitmask)
 
 
 class LMFormatEnforcer:
