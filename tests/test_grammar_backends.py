@@ -1,7 +1,7 @@
 """Smoke test of the grammar backend comparison: `python -m bench.grammar_backends --quick` with
 llguidance (and xgrammar, reported "not installed" where it is absent, as in CI).
 
-Checks what the walks found, not how fast anything is.
+Checks what the walks found, not how fast anything is. Uses the default model's tokenizer (~6 s).
 """
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.real_model
 def test_llguidance_accepts_every_valid_document_and_refuses_every_invalid_one(tmp_path):
     out = tmp_path / "bench_grammar_backends.json"
     result = subprocess.run([sys.executable, "-m", "bench.grammar_backends", "--quick",
