@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from vllmlite.structured_output import make_llg_tokenizer
+from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.tokenizer import HFTokenizer
 
 
@@ -59,13 +60,7 @@ class LLGuidance:
         return make_llg_tokenizer(tokenizer, vocab_size)
 
     def compile(self, vocabulary, kind: str, spec: dict | str):
-        # Not StructuredOutputsParams.grammar_text(): it sorts the schema's keys, and llguidance
-        # orders properties as the schema lists them, so the documents here (in schema order) fail.
-        if kind == "json":
-            grammar = self.llg.LLMatcher.grammar_from_json_schema(json.dumps(spec),
-                                                                  defaults={"whitespace_flexible": True})
-        else:
-            grammar = self.llg.grammar_from("regex", spec)
+        grammar = StructuredOutputsParams(**{kind: spec}).grammar_text()  # exactly the server's grammar
         matcher = self.llg.LLMatcher(vocabulary, grammar, log_level=0)
         if matcher.is_error():
             raise ValueError(matcher.get_error())

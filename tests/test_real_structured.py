@@ -181,7 +181,7 @@ def test_speculative_decoding_with_a_constraint_gives_the_same_valid_output(real
     with running_server(loaded, model="default", dtype="float32", num_blocks=512,
                         speculative_config=spec) as live:
         client = openai.OpenAI(base_url=live.base_url, api_key="x", max_retries=0, timeout=600)
-        for name in ("person", "array_of_objects"):
+        for name in ("array_of_objects",):
             text, finish = json_answer(client, name, stream=False)
             assert finish == "stop"
             jsonschema.validate(json.loads(text), SCHEMAS[name])
