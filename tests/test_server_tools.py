@@ -176,3 +176,37 @@ def test_bad_constraints_are_400s_and_the_server_keeps_serving(client):
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model=MODEL, max_tokens=4, **kwargs)
     assert client.chat.completions.create(model=MODEL, messages=USER, max_tokens=4).choices
+
+
+def deep_array(depth: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema, "maxItems": 2}
+    return schema
+
+
+HOSTILE = [  # the grammar ReDoS class: each is checked and compiled in bounded time, or refused
+    {"guided_regex": "(a+)+$"}, {"guided_regex": "(a|aa)*b"}, {"guided_regex": "(a{1,1000}){1,1000}"},
+    {"guided_regex": "(.*a.{20}b)*"}, {"guided_regex": "(x|y)*" + "a" * 5000},
+    {"guided_json": {"enum": [f"value-{i}" for i in range(2000)]}},
+    {"guided_json": {"anyOf": [{"type": "string", "pattern": f"^[a-z]{{{i}}}$"} for i in range(1, 300)]}},
+    {"guided_json": deep_array(40)}, {"guided_json": deep_array(400)},
+    {"guided_json": {"type": "string", "pattern": "^(a+)+$"}},
+    {"guided_grammar": "start: a\na: \"x\" a | \"y\""},
+    {"guided_choice": [f"option {i}" for i in range(1024)]},
+]
+
+
+def test_hostile_grammars_are_bounded_and_leave_the_server_healthy(server):
+    import httpx
+
+    def send(extra: dict) -> int:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 16, "temperature": 1.0, "seed": 1, **extra}
+        response = httpx.post(server.base_url + "/completions", json=body, timeout=120)
+        assert response.status_code in (200, 400), response.text
+        return response.status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        statuses = list(pool.map(send, HOSTILE))
+    assert 200 in statuses  # most are legal, just large: they must run, not only be refused
+    assert send({}) == 200 and httpx.get(server.url + "/health").status_code == 200
