@@ -16,6 +16,7 @@ import numpy as np
 
 from vllmlite.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.block_manager import BlockManager
+from vllmlite.chunking import ChunkingPolicy
 from vllmlite.config import EngineConfig, ceil_div
 from vllmlite.kernels import get_kernels, resolve_backend
 from vllmlite.loader import LoadedModel, load_model
@@ -64,9 +65,10 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.cache.block_size,
                                           config.cache.enable_prefix_caching, num_host_blocks)
         spec = config.speculative
+        self.chunking = ChunkingPolicy(sched, config.cache.block_size)  # fed each step's measured time
         self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
                                    config.cache.preemption_mode, stop_ids,
-                                   spec.num_speculative_tokens if spec else 0)
+                                   spec.num_speculative_tokens if spec else 0, self.chunking)
         kernels = get_kernels(config.kernels)
         model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
@@ -232,6 +234,7 @@ class LLMEngine:
         detokenizing it) ends that request in error and no other. Whatever else raises is a fault
         of the engine itself: it propagates."""
         failed = self._start_compiled_requests()
+        started = time.perf_counter()
         scheduled = self.scheduler.schedule()
         result = self._execute(scheduled)
         touched = failed + self.scheduler.update(scheduled, result)
@@ -241,7 +244,9 @@ class LLMEngine:
             else:
                 self.scheduler.finish(finish.request, FinishReason.ERROR, error=finish.error)
         self._forget_finished(touched)
-        return self.output_processor.make_outputs()
+        outputs = self.output_processor.make_outputs()
+        self.chunking.observe(scheduled, time.perf_counter() - started)
+        return outputs
 
     def _start_compiled_requests(self) -> list[Request]:
         """Queue the requests whose grammar has compiled, each sample with its own grammar state;

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from vllmlite.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.block_manager import BlockManager, PrefixHit
+from vllmlite.chunking import ChunkingPolicy, PrefillShare, StepLoad
 from vllmlite.config import SchedulerConfig, ceil_div
 from vllmlite.pooling_params import PoolingType
 from vllmlite.request import FinishReason, Request, RequestStatus, internal_error
@@ -27,7 +28,8 @@ T = TypeVar("T")
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int,
-                 preemption_mode: str, stop_token_ids: frozenset[int], num_speculative_tokens: int = 0) -> None:
+                 preemption_mode: str, stop_token_ids: frozenset[int], num_speculative_tokens: int = 0,
+                 chunking: ChunkingPolicy | None = None) -> None:
         self.config = config
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -42,6 +44,8 @@ class Scheduler:
         self._static_batch_open = False  # batching="static": the current batch still takes requests
         self.num_speculative_tokens = num_speculative_tokens
         self._spec_counts = _SpecDecodeCounts(num_speculative_tokens)
+        self.chunking = chunking or ChunkingPolicy(config, block_manager.block_size)
+        self._prefill = PrefillShare(0, 0)  # this step's prompt tokens (chunking.py)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -107,13 +111,15 @@ class Scheduler:
             num_kv_blocks=bm.num_blocks, num_kv_blocks_used=bm.num_blocks - num_free,
             num_kv_blocks_cached=bm.num_cached_blocks, num_kv_blocks_free=num_free,
             prefix_cache_queries=bm.prefix_queries, prefix_cache_hits=bm.prefix_hits,
-            num_preemptions=self.num_preemptions, spec_decode=self._spec_counts.snapshot())
+            num_preemptions=self.num_preemptions, spec_decode=self._spec_counts.snapshot(),
+            chunking=self.chunking.snapshot())
 
     # --- schedule -------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        self._prefill = self.chunking.prefill_share(self._step_load())
         budget = self._schedule_running(out, budget)
         if out.num_preempted == 0:
             budget = self._schedule_swapped(out, budget)
@@ -124,6 +130,18 @@ class Scheduler:
                 self._static_batch_open = False
         out.blocks_to_copy = self.block_manager.take_copies()
         return out
+
+    def _step_load(self) -> StepLoad:
+        """The decodes this step will run and the prompts in line behind them (chunking's input)."""
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        head = self.waiting.peek()
+        prompt = next((r for r in self.running if r.num_tokens - r.num_computed_tokens > 1), head)
+        return StepLoad(num_decode_rows=len(decodes) * (1 + self.num_speculative_tokens),
+                        decode_attention_pairs=sum(r.num_tokens for r in decodes),
+                        prefill_start=prompt.num_computed_tokens if prompt is not None else 0,
+                        prompt_tokens_left=prompt.num_tokens - prompt.num_computed_tokens if prompt is not None else 0,
+                        next_prompt_tokens=head.num_tokens - head.num_computed_tokens if head is not None else None,
+                        num_free_blocks=self.block_manager.num_free_blocks)
 
     def _may_admit(self) -> bool:
         """Continuous batching admits whenever there is room. Static batching (a benchmark baseline)
@@ -140,7 +158,7 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_scheduled = self._guarded(out, request, self._schedule_running_one, out, request, index, budget)
-            if num_scheduled is not None:
+            if num_scheduled is not None:  # 0: a prompt held back by the prefill share
                 budget -= num_scheduled
                 index += 1
         return budget
@@ -148,7 +166,9 @@ class Scheduler:
     def _schedule_running_one(self, out: SchedulerOutput, request: Request, index: int, budget: int) -> int | None:
         """Grow `request` (running[index]) by its next tokens, preempting the newest if needed; the
         tokens scheduled, or None if it left the running list (preempted, or finished for lack of room)."""
-        num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+        num_new = self._prefill.chunk(request.num_tokens - request.num_computed_tokens, budget)
+        if num_new == 0:
+            return 0
         num_drafts = self._num_draft_slots(request, budget)
         if num_drafts and not self._allocate(request, num_new + num_drafts):
             num_drafts = 0  # under memory pressure, guesses go before any request is preempted
@@ -181,9 +201,9 @@ class Scheduler:
         bm = self.block_manager
         while self.swapped and budget > 0 and self._has_seats_for(self.swapped[0]):
             request = self.swapped[0]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._prefill.chunk(request.num_tokens - request.num_computed_tokens, budget)
             needed = ceil_div(request.num_computed_tokens + num_new, bm.block_size)
-            if not bm.can_swap_in(request.request_id) or bm.num_free_blocks < needed:
+            if not num_new or not bm.can_swap_in(request.request_id) or bm.num_free_blocks < needed:
                 break
             if self._guarded(out, request, self._swap_in, out, request, num_new) is not None:
                 budget -= num_new
@@ -230,7 +250,9 @@ class Scheduler:
         (0 if there is no room for them)."""
         bm = self.block_manager
         hit = self._prefix_hit(request)
-        num_new = min(request.num_tokens - hit.num_tokens, budget)
+        num_new = self._prefill.chunk(request.num_tokens - hit.num_tokens, budget)
+        if num_new == 0:
+            return 0
         try:
             if not bm.allocate(request.request_id, hit.num_tokens, hit.num_tokens + num_new, hit):
                 return 0
@@ -293,6 +315,7 @@ class Scheduler:
 
     def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int, num_drafts: int = 0) -> None:
         start = request.num_computed_tokens
+        self._prefill.spend(num_new)
         samples = start + num_new == request.num_tokens
         samplers = [request] + self.forks.get(request.request_id, []) if samples else []
         if request.is_pooling:
