@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import logging
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 from conftest import greedy, make_prompts, run_to_completion
 from reference import dense_greedy
 
+from vllmlite import chunking
 from vllmlite.chunking import MIN_OBSERVATIONS, ChunkingPolicy, StepLoad, StepShape, StepTimeModel
 from vllmlite.config import SchedulerConfig
 from vllmlite.kernels import BACKENDS
@@ -51,6 +53,10 @@ def load(**values) -> StepLoad:
 def outputs_of(engine, prompts, arrivals=None) -> list[list[int]]:
     results = run_to_completion(engine, [(p, greedy(MAX_TOKENS)) for p in prompts], arrivals=arrivals)
     return [r.outputs[0].token_ids for r in results]
+
+
+def test_the_worked_examples_in_the_docstrings_hold():
+    assert doctest.testmod(chunking).failed == 0
 
 
 # --- the step-time model --------------------------------------------------------------------------

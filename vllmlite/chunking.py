@@ -138,7 +138,7 @@ class PrefillShare:
     >>> share = PrefillShare(num_left=100, per_request=60)
     >>> share.chunk(num_left=1, budget=256), share.chunk(500, 256), share.chunk(30, 256), share.chunk(500, 20)
     (1, 60, 30, 20)
-    >>> share.spend(60); share.chunk(500, 256)
+    >>> share.spend(60, num_left=500); share.chunk(500, 256)
     40
     """
 
@@ -152,8 +152,9 @@ class PrefillShare:
             return min(num_left, budget)
         return max(0, min(num_left, budget, self.num_left, self.per_request))
 
-    def spend(self, num_scheduled: int) -> None:
-        if num_scheduled > 1:
+    def spend(self, num_scheduled: int, num_left: int) -> None:
+        """A request with `num_left` tokens to compute was given `num_scheduled`."""
+        if num_left > 1:
             self.num_left -= num_scheduled
 
 

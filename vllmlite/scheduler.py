@@ -315,7 +315,7 @@ class Scheduler:
 
     def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int, num_drafts: int = 0) -> None:
         start = request.num_computed_tokens
-        self._prefill.spend(num_new)
+        self._prefill.spend(num_new, request.num_tokens - start)
         samples = start + num_new == request.num_tokens
         samplers = [request] + self.forks.get(request.request_id, []) if samples else []
         if request.is_pooling:
