@@ -9,7 +9,6 @@ reports what ran and how long it took (`observe`).
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -24,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 NUM_FEATURES = 4  # [1, decode rows, prefill tokens, attention pairs / 1000]
 MIN_OBSERVATIONS = 8  # steps seen before the fit is trusted; until then the whole budget goes to prefill
+# [15, NUM_FEATURES]: each non-empty subset of the features as a 0/1 row (the fit tries them all)
+_SUBSETS = np.array([[(mask >> i) & 1 for i in range(NUM_FEATURES)] for mask in range(1, 1 << NUM_FEATURES)],
+                    dtype=float)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,61 +63,92 @@ def attention_pairs(num_tokens: int, start: int) -> int:
     return num_tokens * start + num_tokens * (num_tokens + 1) // 2
 
 
+class _Window:
+    """The last `size` (features, seconds) samples and their least-squares sums, kept as samples come
+    and go: gram = X^T X, xty = X^T y, yty = y . y over the window."""
+
+    def __init__(self, size: int) -> None:
+        self.samples: deque[tuple[np.ndarray, float]] = deque()
+        self.size = size
+        self.gram = np.zeros((NUM_FEATURES, NUM_FEATURES))  # [NUM_FEATURES, NUM_FEATURES]
+        self.xty = np.zeros(NUM_FEATURES)                  # [NUM_FEATURES]
+        self.yty = 0.0
+
+    def add(self, x: np.ndarray, y: float) -> None:
+        if len(self.samples) == self.size:
+            self._account(*self.samples.popleft(), sign=-1.0)
+        self.samples.append((x, y))
+        self._account(x, y, sign=1.0)
+
+    def _account(self, x: np.ndarray, y: float, sign: float) -> None:
+        self.gram += sign * np.outer(x, x)
+        self.xty += sign * x * y
+        self.yty += sign * y * y
+
+
 class StepTimeModel:
     """Step seconds ~= coef . [1, decode rows, prefill tokens, attention kpairs], coefficients >= 0.
 
-    Fitted by least squares over recent steps: the last `window` steps, plus the last `window // 4`
-    steps that computed prefill, kept apart so a long stretch of pure decoding cannot push out
-    what prefill costs. Non-negative by exhaustion: of the 2^4 subsets of features, the best fit
-    whose coefficients are all >= 0 (a negative cost is noise, and would invite a huge chunk).
+    Fitted by least squares over recent steps: the last `window` steps without prefill, plus the
+    last `window // 4` with, kept apart so a long stretch of pure decoding cannot push out what
+    prefill costs. Non-negative by exhaustion: of the 15 non-empty subsets of the 4 features, the
+    best fit whose coefficients are all >= 0 (a negative cost is noise, and would invite a huge
+    chunk). The fit solves normal equations kept as running sums, so it costs the same however
+    many steps the windows hold.
     """
 
     def __init__(self, window: int = 256) -> None:
-        self._recent: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
-        self._recent_prefill: deque[tuple[np.ndarray, float]] = deque(maxlen=window // 4)
-        self.coefficients = np.zeros(NUM_FEATURES)  # [NUM_FEATURES] seconds per unit of each feature
-        self.rms_error = 0.0                        # seconds, over the fitted steps
-        self.num_observations = 0                   # cumulative
+        self._decode = _Window(window)
+        self._prefill = _Window(max(1, window // 4))
+        self._coefficients = np.zeros(NUM_FEATURES)  # [NUM_FEATURES] seconds per unit of each feature
+        self._rms_error = 0.0                        # seconds, over the fitted steps
+        self._is_stale = False                       # observed since the last fit (fitted when next read)
+        self.num_observations = 0                    # cumulative
 
     @property
     def is_fitted(self) -> bool:
         return self.num_observations >= MIN_OBSERVATIONS
 
+    @property
+    def coefficients(self) -> np.ndarray:
+        if self._is_stale:
+            self._fit()
+        return self._coefficients
+
     def observe(self, shape: StepShape, seconds: float) -> None:
-        """Add one measured step and refit."""
-        sample = (shape.features, seconds)
-        (self._recent_prefill if shape.num_prefill_tokens else self._recent).append(sample)
+        """Add one measured step (the fit is redone when next read)."""
+        (self._prefill if shape.num_prefill_tokens else self._decode).add(shape.features, seconds)
         self.num_observations += 1
-        self._fit()
+        self._is_stale = True
 
     def predict(self, shape: StepShape) -> float:
         return float(shape.features @ self.coefficients)
 
     def _fit(self) -> None:
-        x = np.array([f for f, _ in itertools.chain(self._recent, self._recent_prefill)])  # [steps, NUM_FEATURES]
-        y = np.array([s for _, s in itertools.chain(self._recent, self._recent_prefill)])  # [steps]
-        scale = np.maximum(np.abs(x).max(axis=0), 1e-12)  # columns scaled to [0, 1] for the solve
-        xs = x / scale
-        best, best_error = np.zeros(NUM_FEATURES), float(y @ y)
-        for size in range(1, NUM_FEATURES + 1):
-            for subset in itertools.combinations(range(NUM_FEATURES), size):
-                cols = list(subset)
-                coef, *_ = np.linalg.lstsq(xs[:, cols], y, rcond=None)
-                if (coef < 0).any():
-                    continue
-                error = float(np.sum((xs[:, cols] @ coef - y) ** 2))
-                if error < best_error - 1e-15:
-                    best = np.zeros(NUM_FEATURES)
-                    best[cols] = coef
-                    best_error = error
-        self.coefficients = best / scale
-        self.rms_error = (best_error / len(y)) ** 0.5
+        """Every subset's normal equations solved at once: a subset's system is the full one with the
+        rows and columns of the features it leaves out replaced by the identity (their coefficient 0)."""
+        gram = self._decode.gram + self._prefill.gram   # [NUM_FEATURES, NUM_FEATURES]
+        xty = self._decode.xty + self._prefill.xty      # [NUM_FEATURES]
+        yty = self._decode.yty + self._prefill.yty
+        scale = np.sqrt(np.maximum(np.diag(gram), 1e-24))  # columns scaled to unit norm for the solve
+        gram_s, xty_s = gram / np.outer(scale, scale), xty / scale
+        kept = _SUBSETS[:, :, None] * _SUBSETS[:, None, :]  # [subsets, F, F]: 1 where both features are in
+        systems = gram_s * kept + np.eye(NUM_FEATURES) * (1 - _SUBSETS)[:, None, :] + 1e-10 * np.eye(NUM_FEATURES)
+        coef = np.linalg.solve(systems, (xty_s * _SUBSETS)[:, :, None])[:, :, 0]  # [subsets, F]
+        errors = yty - 2 * coef @ xty_s + np.einsum("si,ij,sj->s", coef, gram_s, coef)  # [subsets]
+        errors[(coef < 0).any(axis=1)] = np.inf  # a negative cost is noise: that subset is out
+        best = int(np.argmin(errors))
+        squared_error = min(max(float(errors[best]), 0.0), yty)  # yty: all zeros, the empty subset
+        self._coefficients = coef[best] / scale if errors[best] < yty else np.zeros(NUM_FEATURES)
+        num_samples = len(self._decode.samples) + len(self._prefill.samples)
+        self._rms_error = (squared_error / max(num_samples, 1)) ** 0.5
+        self._is_stale = False
 
     def snapshot(self) -> StepTimeFit:
         ms = self.coefficients * 1000.0
         return StepTimeFit(intercept_ms=float(ms[0]), per_decode_row_ms=float(ms[1]),
                            per_prefill_token_ms=float(ms[2]), per_attention_kpair_ms=float(ms[3]),
-                           rms_error_ms=self.rms_error * 1000.0, num_observations=self.num_observations)
+                           rms_error_ms=self._rms_error * 1000.0, num_observations=self.num_observations)
 
 
 @dataclass(frozen=True, slots=True)
