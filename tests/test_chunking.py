@@ -25,11 +25,11 @@ def synthetic_seconds(shape: StepShape) -> float:
 
 
 def trained(policy: ChunkingPolicy, steps: int = 40, seed: int = 0) -> ChunkingPolicy:
-    """`policy` with its model fitted to COST over varied steps."""
+    """`policy` with its model fitted to COST over varied steps, as large as these tests' shares."""
     rng = np.random.default_rng(seed)
     for _ in range(steps):
-        rows, tokens = int(rng.integers(0, 16)), int(rng.integers(0, 200)) * int(rng.integers(0, 2))
-        shape = StepShape(rows, tokens, int(rng.integers(0, 50_000)))
+        rows, tokens = int(rng.integers(0, 16)), int(rng.integers(0, 600)) * int(rng.integers(0, 2))
+        shape = StepShape(rows, tokens, int(rng.integers(0, 300_000)))
         policy.model.observe(shape, synthetic_seconds(shape))
     return policy
 
@@ -122,11 +122,29 @@ def test_decodes_get_the_largest_share_that_meets_the_target():
     assert policy.prefill_share(load(num_decode_rows=60)).num_left == 16
 
 
-def test_an_unfitted_model_leaves_the_whole_budget():
-    config = SchedulerConfig(max_num_batched_tokens=512, prefill_chunking="adaptive", target_tpot_ms=1.0)
+def test_an_unfitted_model_gives_prompts_one_block_beside_decodes():
+    config = SchedulerConfig(max_num_batched_tokens=512, prefill_chunking="adaptive", target_tpot_ms=1000.0)
     policy = ChunkingPolicy(config, block_size=16)
     assert not policy.model.is_fitted and MIN_OBSERVATIONS > 0
-    assert policy.prefill_share(load(num_decode_rows=10)).num_left == 502  # budget less the decode rows
+    assert policy.prefill_share(load(num_decode_rows=10)).num_left == 16
+    assert policy.prefill_share(load(num_decode_rows=0)).num_left == 512  # nothing decoding: the whole budget
+
+
+def test_the_share_grows_by_doublings_past_the_largest_step_measured():
+    """Fitted on short prompts only, the model would let a huge long-context chunk through (its
+    attention never measured); the share may reach twice what was seen, then twice that."""
+    config = SchedulerConfig(max_num_batched_tokens=2048, prefill_chunking="adaptive", target_tpot_ms=10_000.0)
+    policy = ChunkingPolicy(config, block_size=16)
+    for tokens in [0, 64] * 8:
+        shape = StepShape(8, tokens, 8 * 100 + tokens * (tokens + 1) // 2)
+        policy.model.observe(shape, synthetic_seconds(shape))
+    share = policy.prefill_share(load(num_decode_rows=8, decode_attention_pairs=800, prompt_tokens_left=2000))
+    # Twice the most attention measured, 2 * (800 + 64 * 65 / 2) = 5760 pairs: 800 + 99 * 100 / 2 fits, 100 does not.
+    assert share.num_left == 99
+    shape = StepShape(8, 120, 800 + 120 * 121 // 2)
+    policy.model.observe(shape, synthetic_seconds(shape))
+    grown = policy.prefill_share(load(num_decode_rows=8, decode_attention_pairs=800, prompt_tokens_left=2000))
+    assert 120 < grown.num_left <= 240
 
 
 def test_few_free_blocks_shrink_the_share_keeping_room_for_the_decodes():

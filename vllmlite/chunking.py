@@ -104,6 +104,8 @@ class StepTimeModel:
         self._rms_error = 0.0                        # seconds, over the fitted steps
         self._is_stale = False                       # observed since the last fit (fitted when next read)
         self.num_observations = 0                    # cumulative
+        self.max_prefill_tokens = 0                  # the most prefill tokens, and attention pairs, of any
+        self.max_attention_pairs = 0                 # step measured: the model is trusted up to twice these
 
     @property
     def is_fitted(self) -> bool:
@@ -119,10 +121,19 @@ class StepTimeModel:
         """Add one measured step (the fit is redone when next read)."""
         (self._prefill if shape.num_prefill_tokens else self._decode).add(shape.features, seconds)
         self.num_observations += 1
+        self.max_prefill_tokens = max(self.max_prefill_tokens, shape.num_prefill_tokens)
+        self.max_attention_pairs = max(self.max_attention_pairs, shape.attention_pairs)
         self._is_stale = True
 
     def predict(self, shape: StepShape) -> float:
         return float(shape.features @ self.coefficients)
+
+    def is_trusted(self, shape: StepShape) -> bool:
+        """Whether `shape` lies within twice the largest step measured. A fit to short prompts knows
+        nothing of long-context attention; a chunk past what was seen could cost many times its
+        prediction, so the policy grows into the unknown by doublings, measuring each."""
+        return (self.is_fitted and shape.num_prefill_tokens <= 2 * self.max_prefill_tokens
+                and shape.attention_pairs <= 2 * self.max_attention_pairs)
 
     def _fit(self) -> None:
         """Every subset's normal equations solved at once: a subset's system is the full one with the
@@ -197,7 +208,9 @@ class ChunkingPolicy:
 
     - nothing decoding: the whole token budget;
     - else the largest share P whose predicted step time stays within target_tpot_ms, at least one
-      block's worth (prompts always progress), at most the budget less the decode rows;
+      block's worth (prompts always progress), at most the budget less the decode rows, and no
+      larger than the model can vouch for (`StepTimeModel.is_trusted`: until it is fitted, one
+      block; then up to twice the largest step measured);
     - memory: while anything decodes, the first prompt in line goes ahead only if the free blocks
       hold the rest of it plus the blocks the decodes may open before it is done (one per
       block_size steps each); else it waits (P = 0). So admission and chunks shrink before the
@@ -237,17 +250,18 @@ class ChunkingPolicy:
         """The largest prefill share meeting the target (binary search: predicted time grows with
         it), and the predicted step time with that share."""
         limit = max(0, self.token_budget - load.num_decode_rows)
-        if load.num_decode_rows == 0 or not self.model.is_fitted:
-            return limit, self._predict(load, limit)
+        if load.num_decode_rows == 0:
+            return limit, self.model.predict(self._shape(load, limit))
         floor = min(self.block_size, limit)
         low, high = floor, limit  # the answer lies in [low, high]
         while low < high:
             middle = (low + high + 1) // 2
-            if self._predict(load, middle) * 1000 <= self.target_tpot_ms:
+            shape = self._shape(load, middle)
+            if self.model.is_trusted(shape) and self.model.predict(shape) * 1000 <= self.target_tpot_ms:
                 low = middle
             else:
                 high = middle - 1
-        return low, self._predict(load, low)
+        return low, self.model.predict(self._shape(load, low))
 
     def _by_memory(self, load: StepLoad, by_time: int) -> int:
         """Prompt tokens the free blocks allow this step.
@@ -264,9 +278,10 @@ class ChunkingPolicy:
             return 0
         return (load.num_free_blocks - reserve) * self.block_size
 
-    def _predict(self, load: StepLoad, num_prefill: int) -> float:
+    @staticmethod
+    def _shape(load: StepLoad, num_prefill: int) -> StepShape:
         pairs = load.decode_attention_pairs + attention_pairs(num_prefill, load.prefill_start)
-        return self.model.predict(StepShape(load.num_decode_rows, num_prefill, pairs))
+        return StepShape(load.num_decode_rows, num_prefill, pairs)
 
     def observe(self, scheduled: SchedulerOutput, seconds: float) -> None:
         """Feed the model one measured step (a step that computed nothing teaches nothing)."""
