@@ -46,7 +46,7 @@ def frozen_adaptive(engine, target_tpot_ms: float):
 
 def load(**values) -> StepLoad:
     defaults = dict(num_decode_rows=0, decode_attention_pairs=0, prefill_start=0, prompt_tokens_left=100,
-                    next_prompt_tokens=None, num_free_blocks=1000)
+                    short_prompt_tokens=0, num_free_blocks=1000)
     return StepLoad(**{**defaults, **values})
 
 
@@ -100,7 +100,7 @@ def test_a_quiet_stretch_of_decoding_does_not_forget_what_prefill_costs():
 
 def test_fixed_policy_gives_prompts_the_whole_budget():
     policy = trained(ChunkingPolicy(SchedulerConfig(max_num_batched_tokens=256), block_size=16))
-    share = policy.prefill_share(load(num_decode_rows=12, num_free_blocks=1, next_prompt_tokens=5))
+    share = policy.prefill_share(load(num_decode_rows=12, num_free_blocks=1, short_prompt_tokens=5))
     assert (share.num_left, share.per_request) == (256, 256)
 
 
@@ -162,11 +162,13 @@ def test_few_free_blocks_shrink_the_share_keeping_room_for_the_decodes():
     assert policy.prefill_share(load(num_free_blocks=2, prompt_tokens_left=4000)).num_left == 32
 
 
-def test_a_short_prompt_at_the_head_of_the_queue_gets_room_beside_a_long_one():
+def test_short_prompts_waiting_get_room_beside_a_long_one():
     config = SchedulerConfig(max_num_batched_tokens=256, prefill_chunking="adaptive")
     policy = ChunkingPolicy(config, block_size=16)
-    assert policy.prefill_share(load(next_prompt_tokens=40)).per_request == 256 - 40
-    assert policy.prefill_share(load(next_prompt_tokens=200)).per_request == 256  # long: first come, first served
+    assert policy.long_prompt_threshold == 256 // 8
+    assert policy.prefill_share(load(short_prompt_tokens=40)).per_request == 256 - 40
+    assert policy.prefill_share(load(short_prompt_tokens=200)).per_request == 128  # the long one keeps half
+    assert policy.prefill_share(load(short_prompt_tokens=0)).per_request == 256
 
 
 # --- the engine under the policy ---------------------------------------------------------------------
@@ -230,13 +232,32 @@ def test_a_short_prompt_behind_a_long_one_is_admitted_in_the_same_step(make_engi
     engine.add_request("short", list(range(1, 9)), greedy(4))
     engine.step()
     progress = {r.request_id: r.num_computed_tokens for r in engine.scheduler.running}
-    assert progress == {"long": 64 + 64 - 8, "short": 8}
+    assert progress == {"long": 64 + 64 - 8, "short": 8}  # 8 tokens: short (the threshold is 64 // 8)
     fixed = make_engine(max_num_batched_tokens=64, block_size=4)
     fixed.add_request("long", list(range(1, 200)), greedy(4))
     fixed.step()
     fixed.add_request("short", list(range(1, 9)), greedy(4))
     fixed.step()
     assert [r.request_id for r in fixed.scheduler.running] == ["long"]  # fixed: it waits behind the long one
+
+
+def test_short_prompts_pass_a_long_one_waiting_behind_another_long_one(make_engine):
+    engine = make_engine(prefill_chunking="adaptive", max_num_batched_tokens=64, block_size=4)
+    engine.add_request("long-a", list(range(1, 200)), greedy(4))
+    engine.step()
+    engine.add_request("long-b", list(range(1, 200)), greedy(4))
+    engine.add_request("short", list(range(1, 7)), greedy(4))
+    engine.step()
+    progress = {r.request_id: r.num_computed_tokens for r in engine.scheduler.running}
+    assert progress == {"long-a": 64 + 64 - 6, "short": 6}  # long-b waits for long-a; the short one passes it
+    assert [r.request_id for r in engine.scheduler.waiting] == ["long-b"]
+    fixed = make_engine(max_num_batched_tokens=64, block_size=4)
+    results = run_to_completion(fixed, [(list(range(1, 200)), greedy(4)), (list(range(1, 200)), greedy(4)),
+                                        (list(range(1, 7)), greedy(4))], arrivals={1: 1, 2: 1})
+    adaptive = make_engine(prefill_chunking="adaptive", max_num_batched_tokens=64, block_size=4)
+    assert [r.outputs[0].token_ids for r in run_to_completion(
+        adaptive, [(list(range(1, 200)), greedy(4)), (list(range(1, 200)), greedy(4)), (list(range(1, 7)), greedy(4))],
+        arrivals={1: 1, 2: 1})] == [r.outputs[0].token_ids for r in results]
 
 
 def test_under_memory_pressure_chunks_shrink_before_any_preemption(make_engine):

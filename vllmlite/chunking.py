@@ -170,7 +170,7 @@ class StepLoad:
     decode_attention_pairs: int      # their (query, key) pairs: sum of their context lengths
     prefill_start: int               # computed tokens of the first prompt in line (its chunk's offset)
     prompt_tokens_left: int          # tokens that prompt has still to compute (0: none)
-    next_prompt_tokens: int | None   # prompt tokens left of the waiting queue's head, if any
+    short_prompt_tokens: int         # tokens left of the waiting prompts no longer than the long-prompt threshold
     num_free_blocks: int
 
 
@@ -188,6 +188,11 @@ class PrefillShare:
 
     num_left: int
     per_request: int
+    long_prompt_threshold: int | None = None  # adaptive: prompts with more left than this are long
+
+    def is_long(self, num_left: int) -> bool:
+        """A long prompt waits in line while another long one is being prefilled (short ones pass it)."""
+        return self.long_prompt_threshold is not None and num_left > self.long_prompt_threshold
 
     def chunk(self, num_left: int, budget: int) -> int:
         """Tokens a request with `num_left` to compute gets, with `budget` left of the step's tokens
@@ -215,8 +220,9 @@ class ChunkingPolicy:
       hold the rest of it plus the blocks the decodes may open before it is done (one per
       block_size steps each); else it waits (P = 0). So admission and chunks shrink before the
       decodes, growing, must preempt someone;
-    - a long prompt leaves room for a short one at the head of the waiting queue (a prompt of at
-      most P / 2 tokens): the long one takes at most P less that prompt.
+    - long prompts (more than `long_prompt_threshold` tokens left) never block short ones: one long
+      prompt is prefilled at a time, short ones pass the others in the waiting queue, and the
+      long one takes at most P less what the short ones waiting need (but at least P / 2).
     """
 
     def __init__(self, config: SchedulerConfig, block_size: int) -> None:
@@ -224,6 +230,8 @@ class ChunkingPolicy:
         self.token_budget = config.max_num_batched_tokens
         self.target_tpot_ms = config.target_tpot_ms
         self.block_size = block_size
+        # vLLM's long_prefill_token_threshold, as a share of the budget (256 of 2048; never under a block)
+        self.long_prompt_threshold = max(block_size, self.token_budget // 8) if self.policy == "adaptive" else None
         self.model = StepTimeModel()
         self._decision = ChunkingStats(self.policy, self.target_tpot_ms, self.token_budget, self.token_budget)
         self._last_step_ms: float | None = None
@@ -235,16 +243,15 @@ class ChunkingPolicy:
         by_time, predicted = self._by_time(load)
         by_memory = self._by_memory(load, by_time)
         num_tokens = min(by_time, by_memory)
-        per_request = num_tokens
-        if load.next_prompt_tokens is not None and load.next_prompt_tokens <= num_tokens // 2:
-            per_request = num_tokens - load.next_prompt_tokens
+        # Short prompts waiting get what they need of the share; a long one keeps at least half.
+        per_request = max(num_tokens - load.short_prompt_tokens, num_tokens // 2)
         logger.debug("prefill budget %d tokens (%d per prompt): %d decode rows, by time %d (predicted %.1f ms, "
                      "target %.1f ms), by memory %d (%d free blocks)", num_tokens, per_request,
                      load.num_decode_rows, by_time, predicted * 1000, self.target_tpot_ms, by_memory,
                      load.num_free_blocks)
         self._decision = ChunkingStats(self.policy, self.target_tpot_ms, num_tokens, per_request, by_time, by_memory,
                                        predicted * 1000)
-        return PrefillShare(num_tokens, per_request)
+        return PrefillShare(num_tokens, per_request, self.long_prompt_threshold)
 
     def _by_time(self, load: StepLoad) -> tuple[int, float]:
         """The largest prefill share meeting the target (binary search: predicted time grows with

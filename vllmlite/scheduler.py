@@ -134,13 +134,14 @@ class Scheduler:
     def _step_load(self) -> StepLoad:
         """The decodes this step will run and the prompts in line behind them (chunking's input)."""
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        head = self.waiting.peek()
-        prompt = next((r for r in self.running if r.num_tokens - r.num_computed_tokens > 1), head)
+        prompt = next((r for r in self.running if r.num_tokens - r.num_computed_tokens > 1), self.waiting.peek())
+        threshold = self.chunking.long_prompt_threshold
         return StepLoad(num_decode_rows=len(decodes) * (1 + self.num_speculative_tokens),
                         decode_attention_pairs=sum(r.num_tokens for r in decodes),
                         prefill_start=prompt.num_computed_tokens if prompt is not None else 0,
                         prompt_tokens_left=prompt.num_tokens - prompt.num_computed_tokens if prompt is not None else 0,
-                        next_prompt_tokens=head.num_tokens - head.num_computed_tokens if head is not None else None,
+                        short_prompt_tokens=sum(r.num_tokens for r in self.waiting
+                                                if threshold is not None and r.num_tokens <= threshold),
                         num_free_blocks=self.block_manager.num_free_blocks)
 
     def _may_admit(self) -> bool:
@@ -229,7 +230,7 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
         while budget > 0:
-            request = self.waiting.peek()
+            request = self._next_waiting()
             if request is None:
                 return
             if not self._has_seats_for(request):
@@ -244,6 +245,17 @@ class Scheduler:
             if num_scheduled == 0:
                 return  # no room for the head of the queue: nobody behind it jumps ahead
             budget -= num_scheduled or 0
+
+    def _next_waiting(self) -> Request | None:
+        """The head of the waiting queue; but while a long prompt is being prefilled, a long head
+        waits and the first short prompt behind it goes (adaptive chunking only: `is_long`)."""
+        head = self.waiting.peek()
+        if head is None or not self._prefill.is_long(head.num_tokens - head.num_computed_tokens):
+            return head
+        if not any(self._prefill.is_long(r.num_tokens - r.num_computed_tokens) for r in self.running):
+            return head
+        return next((r for r in self.waiting if not self._prefill.is_long(r.num_tokens - r.num_computed_tokens)),
+                    None)
 
     def _admit(self, out: SchedulerOutput, request: Request, budget: int) -> int:
         """Move the head of the waiting queue to running with its first chunk; the tokens scheduled
@@ -263,7 +275,7 @@ class Scheduler:
         if request.num_preemptions == 0:
             request.num_cached_tokens = hit.num_tokens
         request.num_computed_tokens = hit.num_tokens
-        self.waiting.pop()
+        self.waiting.pop(request)
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         self._add_scheduled(out, request, num_new)
