@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> dict:
     report["machine"]["loadavg_end"] = list(os.getloadavg())
     out = args.out or REPO_ROOT / "results" / ("bench_chunking_quick.json" if args.quick else "bench_chunking.json")
     png = out.with_suffix(".png")
-    report["plot"] = str(png) if not args.no_plot and plot(report, png) else None
+    drawn = not args.no_plot and plot(report, png)
+    report["plot"] = (str(png.relative_to(REPO_ROOT)) if png.is_relative_to(REPO_ROOT) else str(png)) if drawn else None
     write_json(out, report)
     print(format_table(report), file=sys.stderr)
     print(f"wrote {out}", file=sys.stderr)

@@ -133,7 +133,9 @@ class SchedulerConfig:
     max_model_len: int | None = None  # defaults to the model's context length
     batching: str = "continuous"  # "static": admit a new batch only when the running one is done (a baseline)
     prefill_chunking: str = "fixed"  # "adaptive": prompt chunks sized to meet target_tpot_ms (chunking.py)
-    target_tpot_ms: float = 250.0  # adaptive: step time the running decodes should see (bench/chunking.py)
+    # adaptive: the step time running decodes should see; 1.5x the 8-stream ITL p50 of bench/chunking.py
+    # at the lightest load measured (147 ms), rounded up (bench/README.md).
+    target_tpot_ms: float = 250.0
 
     def __post_init__(self) -> None:
         _require(self.batching in ("continuous", "static"),
