@@ -135,13 +135,13 @@ class Scheduler:
         """The decodes this step will run and the prompts in line behind them (chunking's input)."""
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         prompt = next((r for r in self.running if r.num_tokens - r.num_computed_tokens > 1), self.waiting.peek())
-        threshold = self.chunking.long_prompt_threshold
+        threshold = self.chunking.long_prompt_threshold  # None under fixed chunking: no prompt is short or long
+        short = sum(r.num_tokens for r in self.waiting if r.num_tokens <= threshold) if threshold is not None else 0
         return StepLoad(num_decode_rows=len(decodes) * (1 + self.num_speculative_tokens),
                         decode_attention_pairs=sum(r.num_tokens for r in decodes),
                         prefill_start=prompt.num_computed_tokens if prompt is not None else 0,
                         prompt_tokens_left=prompt.num_tokens - prompt.num_computed_tokens if prompt is not None else 0,
-                        short_prompt_tokens=sum(r.num_tokens for r in self.waiting
-                                                if threshold is not None and r.num_tokens <= threshold),
+                        short_prompt_tokens=short,
                         num_free_blocks=self.block_manager.num_free_blocks)
 
     def _may_admit(self) -> bool:
