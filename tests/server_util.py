@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import httpx
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from vllmlite.api.cli import ServerArgs
 from vllmlite.api.server import build_app, make_async_engine, uvicorn_config
@@ -149,42 +150,21 @@ class SubprocessServer:
 
 # --- Prometheus text format -----------------------------------------------------------------------
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*",?)*\})? (\S+)$')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\.)*)"')
-
-
-@dataclass
-class Sample:
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
 def parse_prometheus(text: str) -> tuple[dict[str, str], list[Sample]]:
-    """Strictly parse text format 0.0.4: every line is `# HELP`, `# TYPE` or `name{labels} value`.
-
-    Returns (metric name -> type, samples). Checks that each sample belongs to a declared metric,
-    and that each histogram's buckets are monotone, end in +Inf and that +Inf equals `_count`.
+    """Parse text format 0.0.4 with prometheus_client's own parser (it raises ValueError on a
+    malformed line). Returns (metric name -> type, samples); a counter is named as its samples are
+    (`..._total`). Checks that every sample belongs to a declared metric, and that each histogram's
+    buckets are monotone, end in +Inf and that +Inf equals `_count`.
     """
     assert text.endswith("\n"), "the exposition must end with a newline"
     types: dict[str, str] = {}
     samples: list[Sample] = []
-    for line in text.rstrip("\n").split("\n"):
-        if line.startswith("# HELP "):
-            assert len(line.split(" ", 3)) == 4, line
-        elif line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ")
-            assert kind in ("counter", "gauge", "histogram", "summary", "untyped"), line
-            assert name not in types, f"{name} declared twice"
-            types[name] = kind
-        else:
-            match = _SAMPLE.match(line)
-            assert match, f"not a sample line: {line!r}"
-            labels = dict(_LABEL.findall(match.group(2) or ""))
-            samples.append(Sample(match.group(1), labels, float(match.group(3))))
-    for sample in samples:
-        base = re.sub(r"_(bucket|sum|count)$", "", sample.name)
-        assert sample.name in types or types.get(base) == "histogram", f"undeclared {sample.name}"
+    for family in text_string_to_metric_families(text):
+        assert family.type != "unknown", f"{family.name} has samples but no # TYPE"
+        name = family.name + "_total" if family.type == "counter" else family.name
+        assert name not in types, f"{name} declared twice"
+        types[name] = family.type
+        samples += family.samples
     for name, kind in types.items():
         if kind == "histogram":
             _check_histogram(name, samples)

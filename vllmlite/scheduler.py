@@ -10,6 +10,7 @@ state the runner handed back. Owns request lifecycles; never touches tensors.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -292,6 +293,8 @@ class Scheduler:
         self.waiting.push_front(request)
 
     def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int, num_drafts: int = 0) -> None:
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.monotonic()
         start = request.num_computed_tokens
         samples = start + num_new == request.num_tokens
         samplers = [request] + self.forks.get(request.request_id, []) if samples else []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vllmlite.engine_args import EngineArgs, knob, parse_bytes
+from vllmlite.metrics import DEFAULT_PREFIX
 from vllmlite.model_source import DEFAULT_ALIASES, RANDOM_MODEL
 
 ENV_PREFIX = "VLLMLITE_"
@@ -67,8 +69,13 @@ class ServerArgs(EngineArgs):
     served_model_name: str | None = knob(None, "the name clients must send as `model` (default: "
                                                f"{DEFAULT_SERVED_NAME} for the default model, 'random', "
                                                "else the path's name)")
-    api_key: str | None = knob(None, "require `Authorization: Bearer <key>` on every route but /health "
-                                     "(prefer the environment variable: flags show in `ps`)")
+    api_key: str | None = knob(None, "require `Authorization: Bearer <key>` on every route but /health, "
+                                     "/metrics and /version (prefer the environment variable: flags show in `ps`)")
+    api_key_on_metrics: bool = knob(False, "with --api-key, require the key on /metrics and /version too")
+    metrics_prefix: str = knob(DEFAULT_PREFIX, "prefix of the Prometheus metric names; 'vllm' makes vLLM's own "
+                                               "Grafana dashboard read them unchanged")
+    log_stats_interval: float = knob(10.0, "seconds between the engine's stats log lines (throughput, "
+                                           "requests, KV usage, prefix hit rate; 0: none)")
     max_queue: int | None = knob(256, "most requests waiting to run; beyond it requests get 503 with Retry-After")
     request_timeout: float | None = knob(None, "seconds a request may run before it is aborted with an error "
                                                "(default: no limit)")
@@ -110,6 +117,9 @@ class ServerArgs(EngineArgs):
             (self.stream_ping_interval >= 0, f"stream_ping_interval must be >= 0, got {self.stream_ping_interval}"),
             (self.log_level in LOG_LEVELS, f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}"),
             (self.api_key is None or len(self.api_key) > 0, "api_key must not be empty"),
+            (re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.metrics_prefix) is not None,
+             f"metrics_prefix must be a Prometheus name (letters, digits, _), got {self.metrics_prefix!r}"),
+            (self.log_stats_interval >= 0, f"log_stats_interval must be >= 0, got {self.log_stats_interval}"),
         ]
         for ok, message in checks:
             if not ok:

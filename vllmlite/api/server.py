@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -30,7 +31,7 @@ from vllmlite import __version__
 from vllmlite.api.cli import ServerArgs, parse_config
 from vllmlite.api.constraints import is_constrained
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
-from vllmlite.api.middleware import RequestGuard, header_timeout_protocol
+from vllmlite.api.middleware import OPEN_PATHS, RequestGuard, header_timeout_protocol
 from vllmlite.api.openapi import GENERATE, GUARDED, install_openapi, route_doc
 from vllmlite.api.protocol import (
     MAX_NAME_CHARS,
@@ -64,6 +65,7 @@ from vllmlite.api.serving_embeddings import create_embeddings, prepare_embedding
 from vllmlite.async_engine import AsyncLLMEngine
 from vllmlite.engine import LLMEngine
 from vllmlite.loader import LoadedModel
+from vllmlite.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from vllmlite.metrics import EngineMetrics
 
 logger = logging.getLogger("vllmlite.api.server")
@@ -76,7 +78,8 @@ SSE_HEADERS = {"Cache-Control": "no-cache"}
 def make_async_engine(config: ServerArgs, loaded: LoadedModel | None = None) -> AsyncLLMEngine:
     """Load the model and wrap its LLMEngine for serving (the thread starts with the app)."""
     engine = LLMEngine(config.create_engine_config(), loaded)
-    return AsyncLLMEngine(engine, EngineMetrics(config.model_name), max_queue=config.max_queue,
+    metrics = EngineMetrics(config.model_name, config.metrics_prefix, engine.max_model_len)
+    return AsyncLLMEngine(engine, metrics, max_queue=config.max_queue,
                           request_timeout=config.request_timeout, heartbeat_timeout=config.heartbeat_timeout)
 
 
@@ -85,7 +88,9 @@ def build_app(engine: AsyncLLMEngine, config: ServerArgs) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine.start()
+        stats_logger = asyncio.ensure_future(_log_stats(engine, config.log_stats_interval))
         yield
+        stats_logger.cancel()
         await asyncio.to_thread(engine.shutdown, config.shutdown_timeout)
 
     app = FastAPI(title="vllmlite", version=__version__, lifespan=lifespan)
@@ -97,14 +102,26 @@ def build_app(engine: AsyncLLMEngine, config: ServerArgs) -> FastAPI:
     _add_token_routes(app, ctx)
     _add_generate_routes(app, ctx, config)
     install_openapi(app)
+    open_paths = frozenset({"/health"}) if config.api_key_on_metrics else OPEN_PATHS
     app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                       body_timeout=config.body_timeout)
+                       body_timeout=config.body_timeout, open_paths=open_paths)
     # Added last, so outermost: a browser's preflight (which carries no API key) is answered before
     # the guard, and the guard's errors carry the CORS headers a page needs to read them.
     app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
                        allow_methods=list(config.allowed_methods), allow_headers=list(config.allowed_headers),
                        allow_credentials=config.allow_credentials)
     return app
+
+
+async def _log_stats(engine: AsyncLLMEngine, interval: float) -> None:
+    """vLLM's stats line every `interval` seconds: at INFO while there is work, DEBUG when idle."""
+    if not interval or engine.metrics is None:
+        return
+    engine.metrics.log_line(time.monotonic())  # the first interval starts now
+    while True:
+        await asyncio.sleep(interval)
+        line, is_busy = engine.metrics.log_line(time.monotonic())
+        logger.log(logging.INFO if is_busy else logging.DEBUG, line)
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -176,7 +193,7 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
              **route_doc({"type": "string"}, media_type="text/plain"))
     async def metrics() -> Response:
         text = engine.metrics.render() if engine.metrics is not None else ""
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(text, media_type=METRICS_CONTENT_TYPE)
 
 
 def _add_token_routes(app: FastAPI, ctx: ServingContext) -> None:
