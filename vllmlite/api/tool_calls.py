@@ -118,7 +118,9 @@ def forced_call_grammar(tools: Sequence[ChatTool], choice: str | NamedToolChoice
                      "properties": {"name": {"const": t.function.name},
                                     "arguments": t.function.parameters or {"type": "object", "maxProperties": 0}}}
                     for t in tools]
-    body = json.dumps({"anyOf": call_schemas})
+    # Compact JSON (llguidance's option): free whitespace between tokens lets a weak model pad a
+    # call forever (the tiny test model always does); the parser re-serializes arguments anyway.
+    body = json.dumps({"x-guidance": {"whitespace_flexible": False}, "anyOf": call_schemas})
     repeat = ' ("\\n" call)*' if parallel else ""
     lark = (f"start: call{repeat}\n"
             f'call: "{CALL_START}\\n" body "\\n{CALL_END}"\n'
