@@ -217,7 +217,8 @@ OutputItem = Annotated[OutputMessage | OutputFunctionCall, Field(discriminator="
 
 
 class InputTokensDetails(_Response):
-    cached_tokens: int = 0
+    cached_tokens: int = 0      # prompt tokens found in the prefix cache
+    cache_write_tokens: int = 0  # OpenAI's explicit (billed) cache writes: there are none here
 
 
 class OutputTokensDetails(_Response):
