@@ -173,6 +173,7 @@ def prepare_response(ctx: ServingContext, req: ChatCompletionRequest) -> Prepare
 async def create_response(ctx: ServingContext, req: ResponsesRequest, prepared: PreparedChat,
                           admission: Admission) -> ResponsesResponse | AsyncIterator[bytes]:
     """Queue the request; return the Response object, or its server-sent events when streaming."""
+    created_at = int(time.time())
     streams = admit(ctx, [prepared.prompt_token_ids], prepared.params, admission)
     if req.stream:
         writer = _EventWriter(ctx, req, admission.request_id)
@@ -187,7 +188,7 @@ async def create_response(ctx: ServingContext, req: ResponsesRequest, prepared: 
         items.append(_message_item(_new_item_id("msg"), message.content, status))
     items += [_call_item(_new_item_id("fc"), call.id, call.function.name, call.function.arguments)
               for call in message.tool_calls]
-    return response_object(ctx, req, admission.request_id, int(time.time()), items, choice.finish_reason, chat.usage)
+    return response_object(ctx, req, admission.request_id, created_at, items, choice.finish_reason, chat.usage)
 
 
 def response_object(ctx: ServingContext, req: ResponsesRequest, response_id: str, created_at: int,
