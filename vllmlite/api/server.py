@@ -51,6 +51,7 @@ from vllmlite.api.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
+from vllmlite.api.protocol_responses import STREAM_EVENTS, ResponsesRequest, ResponsesResponse
 from vllmlite.api.serving import (
     Admission,
     ServingContext,
@@ -62,6 +63,7 @@ from vllmlite.api.serving import (
 from vllmlite.api.serving_chat import create_chat, prepare_chat, render_messages
 from vllmlite.api.serving_completions import create_completion, prepare_completion
 from vllmlite.api.serving_embeddings import create_embeddings, prepare_embeddings
+from vllmlite.api.serving_responses import chat_request, create_response, new_response_id, prepare_response
 from vllmlite.async_engine import AsyncLLMEngine
 from vllmlite.engine import LLMEngine
 from vllmlite.loader import LoadedModel
@@ -250,6 +252,15 @@ def _add_generate_routes(app: FastAPI, ctx: ServingContext, config: ServerArgs) 
         prepared = await _prepare(prepare_chat, ctx, req)
         admission = _admission(request, "chatcmpl", req)
         return await respond(request, create_chat(ctx, prepared, admission))
+
+    @app.post("/v1/responses", **route_doc(ResponsesResponse, body=ResponsesRequest, stream=STREAM_EVENTS,
+                                           errors=GENERATE))
+    async def responses(request: Request) -> Response:
+        req = await parse_body(request, ResponsesRequest)
+        chat_req = chat_request(req)
+        prepared = await _prepare(prepare_response, ctx, chat_req)
+        admission = Admission(new_response_id(), _client_id(request, req.user))
+        return await respond(request, create_response(ctx, req, prepared, admission))
 
     @app.post("/v1/embeddings", **route_doc(EmbeddingResponse, body=EmbeddingRequest, errors=GENERATE))
     async def embeddings(request: Request) -> Response:
