@@ -3,8 +3,6 @@ counts, the `vllm` prefix for vLLM's Grafana dashboard, and the periodic stats l
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from server_util import metric_value, parse_prometheus
 
