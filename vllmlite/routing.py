@@ -1,0 +1,101 @@
+"""Which replica serves a request: prefix-aware (consistent hashing with bounded loads), round robin,
+least loaded. Pure Python, no Ray.
+
+Owns the routing policies and a prompt's routing key (the prefix-cache key of its first block, as the
+block manager makes it). Knows nothing of Ray, HTTP or engines: replicas are indices, loads are counts.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+from collections.abc import Sequence
+
+from vllmlite.block import block_key
+
+
+class RoutingPolicy(str, enum.Enum):
+    PREFIX_AWARE = "prefix_aware"
+    ROUND_ROBIN = "round_robin"
+    LEAST_LOADED = "least_loaded"
+
+
+def routing_key(token_ids: Sequence[int], block_size: int, cache_salt: str | None = None) -> bytes | None:
+    """The prefix-cache key of the prompt's first full block (`block_key(None, first block, salt)`,
+    exactly the key the block manager publishes it under), or None for a prompt shorter than a block:
+    such a prompt can share no cached block, so it is routed by load alone.
+
+    >>> routing_key([1, 2, 3], 4) is None, routing_key([1, 2, 3, 4, 5], 4) == routing_key([1, 2, 3, 4, 9], 4)
+    (True, True)
+    """
+    if len(token_ids) < block_size:
+        return None
+    return block_key(None, list(token_ids[:block_size]), () if cache_salt is None else (cache_salt,))
+
+
+def _score(key: bytes, replica: int) -> bytes:
+    return hashlib.sha256(key + replica.to_bytes(4, "little")).digest()
+
+
+def preference_order(key: bytes, num_replicas: int) -> list[int]:
+    """Replicas in rendezvous-hashing order for `key` (highest random weight first).
+
+    Consistent: removing a replica moves only the keys whose first choice it was, each to its own
+    second choice; the relative order of the others never changes.
+    """
+    return sorted(range(num_replicas), key=lambda r: _score(key, r), reverse=True)
+
+
+def load_capacity(loads: Sequence[int], healthy: Sequence[bool], epsilon: float, min_capacity: int) -> int:
+    """Most requests a healthy replica may hold after taking the new one: ceil((1+eps) * mean load,
+    the new request included) as Mirrokni et al.'s bounded loads, but never below `min_capacity` (a
+    replica batching a few requests is not overloaded: without this floor, at low load every request
+    would spill off its prefix's replica). Worked example: loads [3, 0, 1], eps 0.25, floor 1 ->
+    ceil(1.25 * 5 / 3) = 3, so the replica holding 3 is full and the next in order gets the request.
+    """
+    live = [load for load, ok in zip(loads, healthy) if ok]
+    return max(min_capacity, math.ceil((1 + epsilon) * (sum(live) + 1) / max(len(live), 1)))
+
+
+class Router:
+    """Picks a replica per request under one policy; unhealthy replicas are never chosen.
+
+    `choose(key, loads, healthy)`: `loads[i]` is replica i's in-flight requests, `healthy[i]` whether
+    it may take one. Prefix-aware takes the first replica in `key`'s rendezvous order whose load is
+    below `load_capacity`, so one hot prefix spills onto its second choice (which then caches it too)
+    instead of overloading its first; a key of None (a short prompt) goes to the least loaded.
+    Raises NoReplicaError when no replica is healthy.
+    """
+
+    def __init__(self, policy: RoutingPolicy | str, epsilon: float = 0.25, min_capacity: int = 1) -> None:
+        self.policy = RoutingPolicy(policy)
+        self.epsilon = epsilon
+        self.min_capacity = min_capacity
+        self._next = 0  # round robin's cursor
+
+    def choose(self, key: bytes | None, loads: Sequence[int], healthy: Sequence[bool]) -> int:
+        live = [i for i, ok in enumerate(healthy) if ok]
+        if not live:
+            raise NoReplicaError("no replica is healthy")
+        if self.policy is RoutingPolicy.ROUND_ROBIN:
+            return self._round_robin(len(healthy), healthy)
+        if self.policy is RoutingPolicy.LEAST_LOADED or key is None:
+            return min(live, key=lambda i: (loads[i], i))
+        capacity = load_capacity(loads, healthy, self.epsilon, self.min_capacity)
+        for replica in preference_order(key, len(healthy)):
+            if healthy[replica] and loads[replica] + 1 <= capacity:
+                return replica
+        return min(live, key=lambda i: (loads[i], i))  # unreachable: some live load is below the mean
+
+    def _round_robin(self, num_replicas: int, healthy: Sequence[bool]) -> int:
+        for _ in range(num_replicas):
+            replica = self._next % num_replicas
+            self._next = replica + 1
+            if healthy[replica]:
+                return replica
+        raise NoReplicaError("no replica is healthy")
+
+
+class NoReplicaError(RuntimeError):
+    """Every replica is down (dead or restarting)."""
