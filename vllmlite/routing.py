@@ -47,34 +47,37 @@ def preference_order(key: bytes, num_replicas: int) -> list[int]:
     return sorted(range(num_replicas), key=lambda r: _score(key, r), reverse=True)
 
 
-def load_capacity(loads: Sequence[int], healthy: Sequence[bool], epsilon: float, min_capacity: int) -> int:
-    """Most requests a healthy replica may hold after taking the new one: ceil((1+eps) * mean load,
-    the new request included) as Mirrokni et al.'s bounded loads, but never below `min_capacity` (a
-    replica batching a few requests is not overloaded: without this floor, at low load every request
-    would spill off its prefix's replica). Worked example: loads [3, 0, 1], eps 0.25, floor 1 ->
-    ceil(1.25 * 5 / 3) = 3, so the replica holding 3 is full and the next in order gets the request.
+def load_capacity(loads: Sequence[float], healthy: Sequence[bool], epsilon: float, cost: float = 1.0,
+                  min_capacity: float = 0.0) -> float:
+    """Most load a healthy replica may hold after taking a new request of `cost`: (1+eps) x the mean
+    load with the new request included, as in Mirrokni et al.'s consistent hashing with bounded loads
+    (loads may be request counts, cost 1, or tokens), but never below `min_capacity`.
+    Worked example, counts: loads [3, 0, 1], eps 0.25 -> 1.25 * (4 + 1) / 3 = 2.08, so the replica
+    holding 3 is full and the next one in the key's order gets the request.
     """
     live = [load for load, ok in zip(loads, healthy) if ok]
-    return max(min_capacity, math.ceil((1 + epsilon) * (sum(live) + 1) / max(len(live), 1)))
+    bound = (1 + epsilon) * (sum(live) + cost) / max(len(live), 1)
+    return max(min_capacity, math.ceil(bound / cost) * cost)
 
 
 class Router:
     """Picks a replica per request under one policy; unhealthy replicas are never chosen.
 
-    `choose(key, loads, healthy)`: `loads[i]` is replica i's in-flight requests, `healthy[i]` whether
-    it may take one. Prefix-aware takes the first replica in `key`'s rendezvous order whose load is
-    below `load_capacity`, so one hot prefix spills onto its second choice (which then caches it too)
+    `choose(key, loads, healthy, cost)`: `loads[i]` is replica i's in-flight load (requests, or their
+    tokens), `healthy[i]` whether it may take one, `cost` the new request's load (1, or its tokens).
+    Prefix-aware takes the first replica in `key`'s rendezvous order that stays within
+    `load_capacity` after taking it, so one hot prefix spills onto its second choice (which then caches it too)
     instead of overloading its first; a key of None (a short prompt) goes to the least loaded.
     Raises NoReplicaError when no replica is healthy.
     """
 
-    def __init__(self, policy: RoutingPolicy | str, epsilon: float = 0.25, min_capacity: int = 1) -> None:
+    def __init__(self, policy: RoutingPolicy | str, epsilon: float = 0.25, min_capacity: float = 0.0) -> None:
         self.policy = RoutingPolicy(policy)
         self.epsilon = epsilon
         self.min_capacity = min_capacity
         self._next = 0  # round robin's cursor
 
-    def choose(self, key: bytes | None, loads: Sequence[int], healthy: Sequence[bool]) -> int:
+    def choose(self, key: bytes | None, loads: Sequence[float], healthy: Sequence[bool], cost: float = 1.0) -> int:
         live = [i for i, ok in enumerate(healthy) if ok]
         if not live:
             raise NoReplicaError("no replica is healthy")
@@ -82,9 +85,9 @@ class Router:
             return self._round_robin(len(healthy), healthy)
         if self.policy is RoutingPolicy.LEAST_LOADED or key is None:
             return min(live, key=lambda i: (loads[i], i))
-        capacity = load_capacity(loads, healthy, self.epsilon, self.min_capacity)
+        capacity = load_capacity(loads, healthy, self.epsilon, cost, self.min_capacity)
         for replica in preference_order(key, len(healthy)):
-            if healthy[replica] and loads[replica] + 1 <= capacity:
+            if healthy[replica] and loads[replica] + cost <= capacity:
                 return replica
         return min(live, key=lambda i: (loads[i], i))  # unreachable: some live load is below the mean
 
