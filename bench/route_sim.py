@@ -8,13 +8,13 @@ The trace: `tenants` tenants, each with its own system prompt (512-2048 random t
 a short user suffix (16-128 tokens) and 32-128 decoded tokens; the tenant of each request is
 Zipf-distributed (exponent 1.0: a few hot tenants, a long tail); arrivals are Poisson. A replica is
 `lanes` parallel servers (continuous batching, modelled as concurrent requests at full speed) over
-one `BlockManager` of `--blocks` blocks of 16 tokens (default 1024: 16k tokens, about 720 MiB of
-SmolLM2-135M's float32 KV): a request starting service looks up its prefix hit and allocates its
+one `BlockManager` of `--blocks` blocks of 16 tokens (default 512: 8k tokens, 360 MiB of
+SmolLM2-135M's float32 KV; a tenth of the 64 system prompts, about 82k tokens, so caches evict): a request starting service looks up its prefix hit and allocates its
 blocks exactly as the scheduler does, publishes its prompt's full blocks, and frees them when done
 (cached blocks stay in the LRU until evicted). Its service time is `prefill_cost` per uncached prompt
 token plus `decode_cost` per output token. The arrival rate is set so round robin without any cache
 hit would keep the cluster `utilization` busy. The router sees each replica's in-flight requests
-(queued + running), the same signal the Ray ingress has.
+(queued + running) weighted by their tokens (prompt + output), the same signal the Ray ingress has.
 
 Reported per (N, policy), over the trace after its first `warmup` fraction: the prefix hit rate
 (hit prompt tokens / prompt tokens, vLLM's prefix_cache_hits / queries), prefill tokens saved, the
@@ -55,7 +55,7 @@ class SimConfig:
     tenants: int = 64
     num_requests: int = 6000
     zipf: float = 1.0
-    blocks: int = 1024
+    blocks: int = 512
     lanes: int = 4
     prefill_cost: float = 1.0   # time units per uncached prompt token
     decode_cost: float = 4.0    # time units per output token

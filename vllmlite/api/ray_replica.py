@@ -98,3 +98,9 @@ def replica_app(server_args: dict, index: int, num_cpus: float | None = None) ->
     if num_cpus is not None:
         options["ray_actor_options"] = {"num_cpus": num_cpus}
     return EngineReplica.options(**options).bind(server_args)
+
+
+def build_replica(args: dict) -> serve.Application:
+    """Serve's application builder for a config file (`serve deploy`, `serve run`): args
+    `{"index": i, "server_args": {...ServerArgs fields...}}`; see examples/ray_serve_config.yaml."""
+    return replica_app(dict(args.get("server_args", {})), int(args["index"]))

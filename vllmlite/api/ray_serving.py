@@ -231,12 +231,7 @@ class RemoteEngine:
         except Exception as error:
             self._mark_down(replica, f"no answer to a health check ({type(error).__name__})")
             return
-        if replica.pid is not None and health.pid != replica.pid:
-            logger.info("replica %d restarted (process %d -> %d)", replica.index, replica.pid, health.pid)
-            # A new process: requests still forwarded to the old one will never get an answer.
-            if replica.num_in_flight:
-                self._mark_down(replica, "restarted")
-        replica.pid = health.pid
+        replica.pid = health.pid  # requests on a process that died fail in _pump (Ray raises ActorDiedError)
         if health.health_error is not None:
             self._mark_down(replica, health.health_error)
         elif not replica.is_healthy:
@@ -254,8 +249,9 @@ def _cost(request: GenerateRequest) -> float:
 
 def launch_replicas(config: ServerArgs) -> RemoteEngine:
     """Connect to Ray (`config.ray_address`, else a local instance), run `config.num_replicas`
-    EngineReplica deployments (no Serve HTTP proxy: this process is the ingress), and return the
-    ingress's engine once every replica is up."""
+    EngineReplica deployments (no Serve HTTP proxy: this process is the ingress), or attach to them
+    if a cluster already runs them (examples/ray_serve_config.yaml), and return the ingress's engine
+    once every replica is up."""
     owns_ray = not ray.is_initialized() and config.ray_address is None
     # Ray's agents start as Python processes: on a busy small machine they take longer than the 30 s
     # its node waits for them by default, and the node then aborts.
@@ -264,11 +260,16 @@ def launch_replicas(config: ServerArgs) -> RemoteEngine:
     if not ray.is_initialized():
         ray.init(address=config.ray_address, logging_level=logging.WARNING, include_dashboard=False)
     serve.start(proxy_location="Disabled")
-    server_args = config.replica_args()
-    num_cpus = max(0.1, min(1.0, (ray.available_resources().get("CPU", 1.0)) / config.num_replicas))
-    targets = [serve.RunTarget(replica_app(server_args, i, num_cpus), name=f"vllmlite-replica-{i}", route_prefix=None)
-               for i in range(config.num_replicas)]
-    handles = serve.run_many(targets)
+    names = [f"vllmlite-replica-{i}" for i in range(config.num_replicas)]
+    running = serve.status().applications
+    if config.ray_address is not None and all(name in running for name in names):
+        logger.info("attaching to the running applications %s (e.g. from serve deploy)", ", ".join(names))
+        handles = [serve.get_app_handle(name) for name in names]
+    else:
+        server_args = config.replica_args()
+        num_cpus = max(0.1, min(1.0, ray.available_resources().get("CPU", 1.0) / config.num_replicas))
+        handles = serve.run_many([serve.RunTarget(replica_app(server_args, i, num_cpus), name=name, route_prefix=None)
+                                  for i, name in enumerate(names)])
     facts: ReplicaFacts = handles[0].facts.remote().result()
     return RemoteEngine(handles, facts, config, owns_ray)
 
