@@ -137,8 +137,11 @@ def simulate(cfg: SimConfig, trace: list[TraceRequest], num_replicas: int, polic
             totals.latencies.append(now - trace[index].arrival) if index >= measured_from else None
         replica = replicas[placement[index]]
         while replica.queue and replica.num_running < cfg.lanes:
-            started = replica.queue.popleft()
+            started = replica.queue[0]
             service = _start(cfg, replica, trace[started], str(started), totals if started >= measured_from else None)
+            if service is None:  # too few free blocks until a running request finishes (as the scheduler)
+                break
+            replica.queue.popleft()
             if started >= measured_from:
                 replica.busy_time += service
                 replica.num_requests += 1
@@ -147,14 +150,18 @@ def simulate(cfg: SimConfig, trace: list[TraceRequest], num_replicas: int, polic
     return _figures(cfg, replicas, totals)
 
 
-def _start(cfg: SimConfig, replica: SimReplica, req: TraceRequest, request_id: str, totals: Totals | None) -> float:
-    """Admit one request as the scheduler does: prefix hit, allocate, publish. Its service time."""
+def _start(cfg: SimConfig, replica: SimReplica, req: TraceRequest, request_id: str,
+           totals: Totals | None) -> float | None:
+    """Admit one request as the scheduler does: prefix hit, allocate, publish. Its service time, or
+    None (nothing changed) when its blocks do not fit beside the running requests'."""
     manager = replica.manager
     hit = manager.find_prefix_hit(req.token_ids)
     num_tokens = len(req.token_ids) + req.num_output_tokens
-    replica.num_running += 1
     if not manager.allocate(request_id, hit.num_tokens, num_tokens, hit):
-        raise RuntimeError(f"a replica's {cfg.blocks} blocks cannot hold {cfg.lanes} running requests")
+        if replica.num_running == 0:
+            raise RuntimeError(f"{num_tokens} tokens cannot fit in a replica's {cfg.blocks} blocks")
+        return None
+    replica.num_running += 1
     manager.take_copies()
     manager.record_prefix_lookup(len(req.token_ids), hit)
     manager.publish_full_blocks(request_id, req.token_ids, len(req.token_ids))

@@ -106,3 +106,26 @@ def test_random_loads_respect_bound_and_health():
         assert healthy[chosen]
         cap = load_capacity(loads, healthy, 0.25, 2)
         assert loads[chosen] + 1 <= cap or loads[chosen] == min(x for x, h in zip(loads, healthy) if h)
+
+
+def test_core_and_single_engine_server_never_import_ray():
+    """Ray is an optional extra: the server module, the CLI and routing load without it."""
+    import subprocess
+    import sys
+    code = ("import sys, vllmlite.api.server, vllmlite.routing, vllmlite.llm; "
+            "sys.exit(1 if any(m == 'ray' or m.startswith('ray.') for m in sys.modules) else 0)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_server_args_replica_knobs():
+    from vllmlite.api.cli import ServerArgs, parse_config
+    args = parse_config(["--model", "random", "--num-replicas", "3", "--routing", "least_loaded"], {})
+    assert (args.num_replicas, args.routing, args.uses_ray) == (3, "least_loaded", True)
+    assert parse_config(["--model", "random"], {}).uses_ray is False
+    assert parse_config(["--model", "random", "--ray-address", "auto"], {}).uses_ray is True
+    replica = args.replica_args()
+    assert (replica["num_replicas"], replica["ray_address"], replica["model"]) == (1, None, "random")
+    assert ServerArgs(**replica).uses_ray is False
+    for bad in (["--num-replicas", "0"], ["--routing", "random"]):
+        with pytest.raises(SystemExit):
+            parse_config(["--model", "random", *bad], {})
