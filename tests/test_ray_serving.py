@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import signal
+import subprocess
 import threading
 import time
 
@@ -42,8 +43,13 @@ def ray_server(tmp_path_factory):
     print(f"ray: 2 replicas up in {time.monotonic() - started:.1f} s")
     try:
         yield server
-    finally:
-        server.kill()
+    finally:  # a test failed before the drain test: stop it gracefully, so its local Ray stops too
+        if server.process.poll() is None:
+            server.process.send_signal(signal.SIGTERM)
+            try:
+                server.process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
 
 def _replicas(server: SubprocessServer) -> dict:

@@ -57,18 +57,19 @@ def load_capacity(loads: Sequence[float], healthy: Sequence[bool], epsilon: floa
     """
     live = [load for load, ok in zip(loads, healthy) if ok]
     bound = (1 + epsilon) * (sum(live) + cost) / max(len(live), 1)
-    return max(min_capacity, math.ceil(bound / cost) * cost)
+    return max(min_capacity, math.ceil(bound / cost) * cost if cost > 0 else bound)
 
 
 class Router:
     """Picks a replica per request under one policy; unhealthy replicas are never chosen.
 
     `choose(key, loads, healthy, cost)`: `loads[i]` is replica i's in-flight load (requests, or their
-    tokens), `healthy[i]` whether it may take one, `cost` the new request's load (1, or its tokens).
+    tokens), `healthy[i]` whether it may take one, `cost` the new request's load (1, or its tokens),
+    or per replica (`cost[i]`: its tokens less those replica i likely has cached).
     Prefix-aware takes the first replica in `key`'s rendezvous order that stays within
-    `load_capacity` after taking it, so one hot prefix spills onto its second choice (which then caches it too)
-    instead of overloading its first; a key of None (a short prompt) goes to the least loaded.
-    Raises NoReplicaError when no replica is healthy.
+    `load_capacity` after taking it, so one hot prefix spills onto its second choice (which then
+    caches it too) instead of overloading its first; a key of None (a short prompt) goes to the
+    least loaded. Raises NoReplicaError when no replica is healthy.
     """
 
     def __init__(self, policy: RoutingPolicy | str, epsilon: float = 0.25, min_capacity: float = 0.0) -> None:
@@ -77,7 +78,8 @@ class Router:
         self.min_capacity = min_capacity
         self._next = 0  # round robin's cursor
 
-    def choose(self, key: bytes | None, loads: Sequence[float], healthy: Sequence[bool], cost: float = 1.0) -> int:
+    def choose(self, key: bytes | None, loads: Sequence[float], healthy: Sequence[bool],
+               cost: float | Sequence[float] = 1.0) -> int:
         live = [i for i, ok in enumerate(healthy) if ok]
         if not live:
             raise NoReplicaError("no replica is healthy")
@@ -85,11 +87,13 @@ class Router:
             return self._round_robin(len(healthy), healthy)
         if self.policy is RoutingPolicy.LEAST_LOADED or key is None:
             return min(live, key=lambda i: (loads[i], i))
-        capacity = load_capacity(loads, healthy, self.epsilon, cost, self.min_capacity)
+        costs = [float(cost)] * len(loads) if isinstance(cost, (int, float)) else cost
         for replica in preference_order(key, len(healthy)):
-            if healthy[replica] and loads[replica] + cost <= capacity:
+            capacity = load_capacity(loads, healthy, self.epsilon, costs[replica], self.min_capacity)
+            if healthy[replica] and loads[replica] + costs[replica] <= capacity:
                 return replica
-        return min(live, key=lambda i: (loads[i], i))  # unreachable: some live load is below the mean
+        # None within the bound (loads are not whole multiples of this request's cost): the lightest.
+        return min(live, key=lambda i: (loads[i], i))
 
     def _round_robin(self, num_replicas: int, healthy: Sequence[bool]) -> int:
         for _ in range(num_replicas):

@@ -144,8 +144,10 @@ class ServerArgs(EngineArgs):
         return self.num_replicas > 1 or self.ray_address is not None
 
     def replica_args(self) -> dict[str, Any]:
-        """These args as a dict for one replica: a single engine, no Ray of its own."""
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "num_replicas": 1, "ray_address": None}
+        """These args as a dict for one replica: a single engine, no Ray of its own, and no API key
+        (the ingress checks it; a deployment's arguments are visible to anyone who can see the cluster)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "num_replicas": 1, "ray_address": None,
+                "api_key": None}
 
 
 @dataclass(frozen=True)

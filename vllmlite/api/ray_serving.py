@@ -75,7 +75,7 @@ class RemoteEngine:
     """The AsyncLLMEngine interface the API uses, served by Ray Serve replicas."""
 
     def __init__(self, handles: list[serve.handle.DeploymentHandle], facts: ReplicaFacts, config: ServerArgs,
-                 owns_ray: bool) -> None:
+                 owns_ray: bool, owns_replicas: bool) -> None:
         self.replicas = [ReplicaState(i, handle) for i, handle in enumerate(handles)]
         self.facts = facts
         self.router = Router(config.routing)
@@ -84,6 +84,7 @@ class RemoteEngine:
         self.metrics = ReplicaMetrics(self.replicas)
         self.is_draining = False
         self._owns_ray = owns_ray
+        self._owns_replicas = owns_replicas  # False when attached to applications deployed from a config file
         self._pumps: dict[str, tuple[asyncio.Task, ReplicaState, RequestStream]] = {}
         self._poller: asyncio.Task | None = None
         self._stopped = False
@@ -132,12 +133,18 @@ class RemoteEngine:
 
     def shutdown(self, timeout: float = 0.0) -> None:
         """Admit nothing new; every replica finishes its in-flight requests within `timeout`
-        seconds and stops; then the Serve applications are deleted (and Ray, if we started it)."""
+        seconds and stops; then the Serve applications we deployed are deleted (and Ray stopped, if
+        we started it). Idempotent: SIGTERM's drain and the app's lifespan both call it."""
         if self._stopped:
             return
         self.begin_draining()
-        drains = [r.handle.drain.remote(timeout) for r in self.replicas if r.is_healthy]
         deadline = time.monotonic() + timeout + 10.0
+        if not self._owns_replicas:  # replicas deployed from a config file outlive this ingress
+            while self._pumps and time.monotonic() < deadline - 10.0:
+                time.sleep(0.1)
+            self._stopped = True
+            return
+        drains = [r.handle.drain.remote(timeout) for r in self.replicas if r.is_healthy]
         for drain in drains:
             try:
                 drain.result(timeout_s=max(deadline - time.monotonic(), 0.1))
@@ -149,8 +156,9 @@ class RemoteEngine:
         if self._owns_ray:  # our own local Ray: stopping it stops Serve and the (drained) replicas at once
             ray.shutdown()
             return
-        for replica in self.replicas:
-            serve.delete(f"vllmlite-replica-{replica.index}", _blocking=False)
+        if self._owns_replicas:
+            for replica in self.replicas:
+                serve.delete(f"vllmlite-replica-{replica.index}", _blocking=False)
 
     # --- requests ---------------------------------------------------------------------------------
 
@@ -262,7 +270,8 @@ def launch_replicas(config: ServerArgs) -> RemoteEngine:
     serve.start(proxy_location="Disabled")
     names = [f"vllmlite-replica-{i}" for i in range(config.num_replicas)]
     running = serve.status().applications
-    if config.ray_address is not None and all(name in running for name in names):
+    attach = config.ray_address is not None and all(name in running for name in names)
+    if attach:
         logger.info("attaching to the running applications %s (e.g. from serve deploy)", ", ".join(names))
         handles = [serve.get_app_handle(name) for name in names]
     else:
@@ -271,7 +280,7 @@ def launch_replicas(config: ServerArgs) -> RemoteEngine:
         handles = serve.run_many([serve.RunTarget(replica_app(server_args, i, num_cpus), name=name, route_prefix=None)
                                   for i, name in enumerate(names)])
     facts: ReplicaFacts = handles[0].facts.remote().result()
-    return RemoteEngine(handles, facts, config, owns_ray)
+    return RemoteEngine(handles, facts, config, owns_ray, owns_replicas=not attach)
 
 
 def add_replica_routes(app, engine: RemoteEngine) -> None:
