@@ -1,7 +1,7 @@
 """Routing simulator: a multi-tenant trace replayed against N modelled replicas, each with a real
 BlockManager, under prefix-aware, round-robin and least-loaded routing.
 
-    python -m bench.route_sim            # N = 2..64, 3 policies: about 3 minutes on 2 cores
+    python -m bench.route_sim --variants # N = 2..64, 3 policies, + variants: about 10 minutes on 2 cores
     python -m bench.route_sim --quick    # a small smoke run (for the tests)
 
 The trace: `tenants` tenants, each with its own system prompt (512-2048 random tokens), followed by
@@ -63,7 +63,9 @@ class SimConfig:
     warmup: float = 0.2
     epsilon: float = 0.25
     min_capacity: float = 0.0   # the router's floor on a replica's capacity (in load units)
-    load: str = "tokens"        # what the router balances: in-flight "tokens" (prompt + output) or "requests"
+    load: str = "tokens"        # what the router balances: in-flight "tokens" (prompt + output: the ingress's
+    # signal), "requests", "uncached_tokens" (tokens less the hit the replica reported for the prefix's last
+    # request) or "work" (uncached_tokens weighted by this model's prefill and decode costs)
     seed: int = 0
 
 
@@ -94,11 +96,19 @@ class SimReplica:
     busy_time: float = 0.0
     num_requests: int = 0
     load: float = 0.0  # the router's view: the in-flight requests' costs
+    last_hit: int = 0  # the prefix hit of the request started last, in tokens
 
 
-def _cost(cfg: SimConfig, req: TraceRequest) -> float:
-    """A request's load as the router counts it, before knowing its prefix hit."""
-    return float(len(req.token_ids) + req.num_output_tokens) if cfg.load == "tokens" else 1.0
+def _cost(cfg: SimConfig, req: TraceRequest, reported_hit: int) -> float:
+    """A request's load as the router counts it: before it runs, the router knows its tokens and
+    the prefix hit the replica reported for this prefix's last request (the ingress sees it in
+    the outputs' num_cached_tokens)."""
+    if cfg.load == "requests":
+        return 1.0
+    if cfg.load == "work":  # the service time the replica will need, if its cache still holds the hit
+        return (len(req.token_ids) - reported_hit) * cfg.prefill_cost + req.num_output_tokens * cfg.decode_cost
+    tokens = len(req.token_ids) + req.num_output_tokens
+    return float(tokens - reported_hit) if cfg.load == "uncached_tokens" else float(tokens)
 
 
 @dataclass
@@ -119,21 +129,26 @@ def simulate(cfg: SimConfig, trace: list[TraceRequest], num_replicas: int, polic
     events: list[tuple[float, int, int, int]] = []  # (time, order, kind 0 arrive / 1 finish, index)
     for i, req in enumerate(trace):
         heapq.heappush(events, (req.arrival, i, 0, i))
-    order, placement = len(trace), {}
+    order, placement, request_costs = len(trace), {}, {}
+    hits: dict[int, int] = {}  # request -> its prefix hit, in tokens (the engine's num_cached_tokens)
+    reported: dict[tuple[int, bytes | None], int] = {}  # (replica, key) -> the hit its last request reported
     while events:
         now, _, kind, index = heapq.heappop(events)
         if kind == 0:
             req = trace[index]
-            cost = _cost(cfg, req)
-            chosen = router.choose(routing_key(req.token_ids, BLOCK_SIZE), [r.load for r in replicas], healthy, cost)
-            replicas[chosen].load += cost
+            key = routing_key(req.token_ids, BLOCK_SIZE)
+            costs = [_cost(cfg, req, reported.get((i, key), 0)) for i in range(num_replicas)]
+            chosen = router.choose(key, [r.load for r in replicas], healthy, costs)
+            replicas[chosen].load += costs[chosen]
+            request_costs[index] = costs[chosen]
             placement[index] = chosen
             replicas[chosen].queue.append(index)
         else:
             replica = replicas[placement[index]]
             replica.manager.free(str(index))
             replica.num_running -= 1
-            replica.load -= _cost(cfg, trace[index])
+            replica.load -= request_costs.pop(index)
+            reported[(placement[index], routing_key(trace[index].token_ids, BLOCK_SIZE))] = hits[index]
             totals.latencies.append(now - trace[index].arrival) if index >= measured_from else None
         replica = replicas[placement[index]]
         while replica.queue and replica.num_running < cfg.lanes:
@@ -141,6 +156,7 @@ def simulate(cfg: SimConfig, trace: list[TraceRequest], num_replicas: int, polic
             service = _start(cfg, replica, trace[started], str(started), totals if started >= measured_from else None)
             if service is None:  # too few free blocks until a running request finishes (as the scheduler)
                 break
+            hits[started] = replica.last_hit
             replica.queue.popleft()
             if started >= measured_from:
                 replica.busy_time += service
@@ -164,6 +180,7 @@ def _start(cfg: SimConfig, replica: SimReplica, req: TraceRequest, request_id: s
     replica.num_running += 1
     manager.take_copies()
     manager.record_prefix_lookup(len(req.token_ids), hit)
+    replica.last_hit = hit.num_tokens
     manager.publish_full_blocks(request_id, req.token_ids, len(req.token_ids))
     if totals is not None:
         totals.prompt_tokens += len(req.token_ids)
@@ -213,6 +230,22 @@ def check_target(rows: list[dict], num_replicas: int = 16) -> dict | None:
             "load_imbalance": aware["load_imbalance"], "load_imbalance_met": aware["load_imbalance"] <= 1.3}
 
 
+VARIANTS = [("tokens", 0.5), ("requests", 0.25), ("uncached_tokens", 0.25), ("work", 0.25)]
+
+
+def run_variants(cfg: SimConfig, num_replicas: int = 16) -> list[dict]:
+    """Prefix-aware routing at `num_replicas` under other load signals and bounds: the trade-off
+    between hit rate and balance."""
+    rows = []
+    for load, epsilon in VARIANTS:
+        variant = SimConfig(**{**vars(cfg), "load": load, "epsilon": epsilon})
+        row = simulate(variant, make_trace(variant, num_replicas), num_replicas, "prefix_aware")
+        rows.append({"load": load, "epsilon": epsilon, **row})
+        print(f"N {num_replicas} prefix_aware load {load:15s} eps {epsilon:4.2f}: hit {row['prefix_hit_rate']:6.1%}  "
+              f"imbalance {row['load_imbalance']:5.2f}", file=sys.stderr)
+    return rows
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -242,6 +275,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="a small trace and few replica counts")
     parser.add_argument("--replicas", default=None, help="comma-separated replica counts (default 2,4,...,64)")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated routing policies")
+    parser.add_argument("--variants", action="store_true",
+                        help="also prefix-aware at 16 replicas under other load signals and bounds")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
     for name, default in vars(SimConfig()).items():
@@ -255,7 +290,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                                                  else [2, 4, 8, 16, 32, 64])
     rows = run(cfg, counts, args.policies.split(","))
     report = {"machine": machine_info(), "command": module_command("bench.route_sim", argv),
-              "config": vars(cfg), "block_size": BLOCK_SIZE, "rows": rows, "target_16": check_target(rows)}
+              "config": vars(cfg), "block_size": BLOCK_SIZE, "rows": rows, "target_16": check_target(rows),
+              "variants_16": run_variants(cfg) if args.variants else None}
     suffix = "_quick" if args.quick else ""
     write_json(args.out or REPO_ROOT / "results" / f"bench_route_sim{suffix}.json", report)
     plot(rows, args.plot or REPO_ROOT / "results" / f"route_sim{suffix}.png")
