@@ -265,9 +265,11 @@ def launch_replicas(config: ServerArgs) -> RemoteEngine:
     # its node waits for them by default, and the node then aborts.
     os.environ.setdefault("RAY_agent_register_timeout_ms", "180000")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    started = time.monotonic()
     if not ray.is_initialized():
         ray.init(address=config.ray_address, logging_level=logging.WARNING, include_dashboard=False)
     serve.start(proxy_location="Disabled")
+    ray_ready = time.monotonic()
     names = [f"vllmlite-replica-{i}" for i in range(config.num_replicas)]
     running = serve.status().applications
     attach = config.ray_address is not None and all(name in running for name in names)
@@ -280,6 +282,8 @@ def launch_replicas(config: ServerArgs) -> RemoteEngine:
         handles = serve.run_many([serve.RunTarget(replica_app(server_args, i, num_cpus), name=name, route_prefix=None)
                                   for i, name in enumerate(names)])
     facts: ReplicaFacts = handles[0].facts.remote().result()
+    logger.info("Ray and Serve up in %.1f s, %d replicas in %.1f s more", ray_ready - started, len(handles),
+                time.monotonic() - ray_ready)
     return RemoteEngine(handles, facts, config, owns_ray, owns_replicas=not attach)
 
 
