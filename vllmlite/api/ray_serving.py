@@ -11,6 +11,7 @@ HTTP. Imports Ray: the server loads this module only for --num-replicas > 1 or -
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -140,8 +141,7 @@ class RemoteEngine:
         self.begin_draining()
         deadline = time.monotonic() + timeout + 10.0
         if not self._owns_replicas:  # replicas deployed from a config file outlive this ingress
-            while self._pumps and time.monotonic() < deadline - 10.0:
-                time.sleep(0.1)
+            self._wait_for_pumps(deadline - 10.0)
             self._stopped = True
             return
         drains = [r.handle.drain.remote(timeout) for r in self.replicas if r.is_healthy]
@@ -150,6 +150,8 @@ class RemoteEngine:
                 drain.result(timeout_s=max(deadline - time.monotonic(), 0.1))
             except Exception as error:  # a dead replica has nothing to drain
                 logger.warning("draining a replica failed: %s", error)
+        # A replica's last outputs may still be on their way when its drain returns: let them arrive.
+        self._wait_for_pumps(time.monotonic() + 10.0)
         self._stopped = True  # before the deletes: /health must not call the server dead meanwhile
         if self._poller is not None:
             self._poller.get_loop().call_soon_threadsafe(self._poller.cancel)
@@ -159,6 +161,11 @@ class RemoteEngine:
         if self._owns_replicas:
             for replica in self.replicas:
                 serve.delete(f"vllmlite-replica-{replica.index}", _blocking=False)
+
+    def _wait_for_pumps(self, deadline: float) -> None:
+        """Off the event loop: until no request is being forwarded, or `deadline`."""
+        while self._pumps and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     # --- requests ---------------------------------------------------------------------------------
 
@@ -203,16 +210,23 @@ class RemoteEngine:
                     return
             stream.put_nowait(EngineDeadError(f"replica {replica.index} ended the request without a result"))
         except asyncio.CancelledError:
-            outputs.cancel()
+            if request.request_id in self._pumps:  # not our abort (it pops first): Ray's stream was cut
+                self._fail(replica, stream, "its stream was cancelled (Ray shutting down?)")
+                return
+            with contextlib.suppress(Exception):  # Ray may be stopping
+                outputs.cancel()
             raise
         except Exception as error:
-            self._mark_down(replica, f"{type(error).__name__}: {error}".splitlines()[0])
-            stream.put_nowait(EngineDeadError(f"replica {replica.index} failed while serving this request; "
-                                              "retry: other replicas are serving"))
+            self._fail(replica, stream, f"{type(error).__name__}: {error}".splitlines()[0])
         finally:
             replica.load -= cost
             replica.num_in_flight -= 1
             self._pumps.pop(request.request_id, None)
+
+    def _fail(self, replica: ReplicaState, stream: RequestStream, error: str) -> None:
+        self._mark_down(replica, error)
+        stream.put_nowait(EngineDeadError(f"replica {replica.index} failed while serving this request; "
+                                          "retry: other replicas are serving"))
 
     def _mark_down(self, replica: ReplicaState, error: str) -> None:
         """Route around `replica`; end its in-flight requests with a 503 (its process may be gone, and
