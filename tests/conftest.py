@@ -60,13 +60,14 @@ def import_or_skip_unless_ci(name: str) -> ModuleType:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """In CI a skipped `real_model` test is a failure, whatever skipped it (a fixture's importorskip,
+    """In CI a skipped `real_model` or `ray` test is a failure, whatever skipped it (a fixture's importorskip,
     a missing file): those are exactly the tests a broken CI set-up would otherwise lose silently."""
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and is_ci() and item.get_closest_marker("real_model") is not None:
-        report.outcome = "failed"
-        report.longrepr = f"real_model test skipped in CI: {report.longrepr}"
+    for marker in ("real_model", "ray"):
+        if report.skipped and is_ci() and item.get_closest_marker(marker) is not None:
+            report.outcome = "failed"
+            report.longrepr = f"{marker} test skipped in CI: {report.longrepr}"
 
 
 @pytest.fixture(params=sorted(BACKENDS))

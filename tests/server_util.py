@@ -116,6 +116,7 @@ class SubprocessServer:
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
     log_path: Path | None = None
+    start_timeout: float = START_TIMEOUT
 
     @property
     def url(self) -> str:
@@ -127,7 +128,7 @@ class SubprocessServer:
         command = [sys.executable, "-m", "vllmlite.api.server", "--port", str(self.port), *self.args]
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        if not wait_until(self._is_healthy, START_TIMEOUT, interval=0.1):
+        if not wait_until(self._is_healthy, self.start_timeout, interval=0.1):
             self.kill()
             raise RuntimeError(f"server did not start:\n{self.log()}")
 

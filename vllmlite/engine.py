@@ -16,7 +16,7 @@ import numpy as np
 
 from vllmlite.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.block_manager import BlockManager
-from vllmlite.config import EngineConfig, ceil_div
+from vllmlite.config import EngineConfig
 from vllmlite.kernels import get_kernels, resolve_backend
 from vllmlite.loader import LoadedModel, load_model
 from vllmlite.model import LlamaModel
@@ -24,6 +24,7 @@ from vllmlite.output_processor import OutputProcessor, StopStringHit
 from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllmlite.pooling_params import PoolingParams, PoolingType
 from vllmlite.request import FinishReason, Request, internal_error
+from vllmlite.request_limits import RequestLimits, truncated_prompt
 from vllmlite.runner import ModelRunner
 from vllmlite.sampling import make_generator
 from vllmlite.sampling_params import SamplingParams
@@ -130,7 +131,7 @@ class LLMEngine:
         internal = self.output_processor.sampling_params_for(params)
         internal.update_from_tokenizer(self.tokenizer)
         max_tokens = self.check_request(token_ids, internal)
-        token_ids = _truncated_prompt(token_ids, internal)
+        token_ids = truncated_prompt(token_ids, internal)
         samples = []
         for i in range(params.num_sequences):
             # Sample i of a seeded request is that request alone with seed + i (as vLLM does).
@@ -150,50 +151,18 @@ class LLMEngine:
             self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
         self._compiling.append(_Compiling(self._grammar_compiler.submit(internal.structured_outputs), samples))
 
-    def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
-        """Check a prompt against the vocabulary and context length (after `truncate_prompt_tokens`);
-        return the resolved max_tokens (0 for an embedding request, whose prompt may fill the context).
-
-        Pure (changes no state), so the HTTP thread may call it to answer 400 before queueing.
-        Raises ValueError with a message fit for the client."""
-        if not token_ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        if isinstance(params, PoolingParams):
-            if len(token_ids) > self.max_model_len:
-                raise ValueError(f"the input has {len(token_ids)} tokens but this model's maximum context "
-                                 f"length is {self.max_model_len} tokens")
-            self._check_fits_cache(len(token_ids))
-            return 0
-        params.verify(vocab)
-        max_num_seqs = self.config.scheduler.max_num_seqs
-        if params.num_sequences > max_num_seqs:
-            name = "n" if params.best_of is None else "best_of"
-            raise ValueError(f"{name} asks for {params.num_sequences} sequences, more than this server runs at "
-                             f"once (max_num_seqs={max_num_seqs})")
-        token_ids = _truncated_prompt(token_ids, params)
-        self._check_fits_cache(len(token_ids))
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens but this model's maximum context "
-                             f"length is {self.max_model_len} tokens (prompt plus output)")
-        if params.max_tokens is None:
-            return self.max_model_len - len(token_ids)
-        if len(token_ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"this model's maximum context length is {self.max_model_len} tokens, but the request asks "
-                f"for {len(token_ids)} prompt tokens plus {params.max_tokens} output tokens "
-                f"({len(token_ids) + params.max_tokens}); reduce the prompt or max_tokens")
-        return params.max_tokens
-
-    def _check_fits_cache(self, num_prompt_tokens: int) -> None:
-        """A prompt whose K/V (and the next token's) exceeds the whole KV cache can never run: the
-        client's size error, said before queueing (the scheduler would end it in error)."""
+    @property
+    def request_limits(self) -> RequestLimits:
+        """What `check_request` checks against: a small picklable value (an ingress in front of
+        replicas checks requests with it, without a model of its own)."""
         bm = self.block_manager
-        if ceil_div(num_prompt_tokens + 1, bm.block_size) > bm.num_blocks:
-            raise ValueError(f"the prompt has {num_prompt_tokens} tokens but this server's KV cache holds at most "
-                             f"{bm.num_blocks * bm.block_size - 1} prompt tokens")
+        return RequestLimits(self.model_config.vocab_size, self.max_model_len,
+                             self.config.scheduler.max_num_seqs, bm.num_blocks, bm.block_size)
+
+    def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
+        """`RequestLimits.check`: the prompt against the vocabulary, context length and KV cache; the
+        resolved max_tokens. Pure, so the HTTP thread may call it to answer 400 before queueing."""
+        return self.request_limits.check(token_ids, params)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request (all its samples) and free its blocks; unknown ids are ignored."""
@@ -308,12 +277,6 @@ class LLMEngine:
             for request in requests:
                 if request.is_finished:
                     proposer.forget(request.request_id)
-
-
-def _truncated_prompt(token_ids: list[int], params: SamplingParams) -> list[int]:
-    """The last `truncate_prompt_tokens` tokens of the prompt, or all of it if that is None."""
-    k = params.truncate_prompt_tokens
-    return token_ids if k is None else token_ids[-k:]
 
 
 def _generator_states(scheduled: SchedulerOutput) -> dict[str, dict]:

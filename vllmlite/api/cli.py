@@ -20,6 +20,7 @@ from typing import Any
 from vllmlite.engine_args import EngineArgs, knob, parse_bytes
 from vllmlite.metrics import DEFAULT_PREFIX
 from vllmlite.model_source import DEFAULT_ALIASES, RANDOM_MODEL
+from vllmlite.routing import RoutingPolicy
 
 ENV_PREFIX = "VLLMLITE_"
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
@@ -100,6 +101,11 @@ class ServerArgs(EngineArgs):
     allowed_headers: tuple[str, ...] = knob(("*",), "CORS: allowed request headers, a JSON list",
                                             parse=parse_json_list)
     allow_credentials: bool = knob(False, "CORS: let browsers send cookies and credentials")
+    num_replicas: int = knob(1, "engine replicas: above 1, each is a Ray Serve deployment (pip install "
+                                "vllmlite[ray]) behind this server's routes (docs/ray.md)")
+    ray_address: str | None = knob(None, "Ray cluster to run the replicas on (default: start a local Ray)")
+    routing: str = knob(RoutingPolicy.PREFIX_AWARE.value, "how requests pick a replica: "
+                                                          f"{', '.join(p.value for p in RoutingPolicy)}")
 
     def __post_init__(self) -> None:
         checks = [
@@ -120,6 +126,9 @@ class ServerArgs(EngineArgs):
             (re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.metrics_prefix) is not None,
              f"metrics_prefix must be a Prometheus name (letters, digits, _), got {self.metrics_prefix!r}"),
             (self.log_stats_interval >= 0, f"log_stats_interval must be >= 0, got {self.log_stats_interval}"),
+            (self.num_replicas >= 1, f"num_replicas must be >= 1, got {self.num_replicas}"),
+            (self.routing in {p.value for p in RoutingPolicy},
+             f"routing must be one of {[p.value for p in RoutingPolicy]}, got {self.routing!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -129,6 +138,16 @@ class ServerArgs(EngineArgs):
     @property
     def model_name(self) -> str:
         return self.served_model_name or default_served_model_name(self.model)
+
+    @property
+    def uses_ray(self) -> bool:
+        return self.num_replicas > 1 or self.ray_address is not None
+
+    def replica_args(self) -> dict[str, Any]:
+        """These args as a dict for one replica: a single engine, no Ray of its own, and no API key
+        (the ingress checks it; a deployment's arguments are visible to anyone who can see the cluster)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "num_replicas": 1, "ray_address": None,
+                "api_key": None}
 
 
 @dataclass(frozen=True)

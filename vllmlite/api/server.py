@@ -373,9 +373,15 @@ def _log_startup(engine: AsyncLLMEngine, config: ServerArgs) -> None:
 def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = make_async_engine(config)
-    _log_startup(engine, config)
-    app = build_app(engine, config)
+    if config.uses_ray:  # Ray is an optional extra: imported only here
+        from vllmlite.api.ray_serving import add_replica_routes, launch_replicas
+        engine = launch_replicas(config)
+        app = build_app(engine, config)
+        add_replica_routes(app, engine)
+    else:
+        engine = make_async_engine(config)
+        _log_startup(engine, config)
+        app = build_app(engine, config)
     GracefulServer(uvicorn_config(app, config), engine, config.shutdown_timeout).run()
 
 
