@@ -94,6 +94,19 @@ def test_outputs_become_token_counts_and_latencies():
     assert metric_value(text, "vllmlite:request_prompt_tokens_count") == 2
 
 
+def test_samples_of_one_token_each_give_no_time_per_output_token():
+    metrics = EngineMetrics("m")
+    first = RequestOutput("n2", None, [1, 2], [CompletionOutput(i, "", [7], delta_token_ids=[7]) for i in (0, 1)],
+                          False, metrics=RequestMetrics(arrival_time=100.0))
+    done = RequestOutput("n2", None, [1, 2], [CompletionOutput(i, "", [7], finish_reason="length") for i in (0, 1)],
+                         True, metrics=RequestMetrics(arrival_time=100.0))
+    metrics.record_outputs([first], now=100.5)
+    metrics.record_outputs([done], now=100.6)  # two samples, one token each: nothing to divide
+    text = metrics.render()
+    assert metric_value(text, "vllmlite:request_time_per_output_token_seconds_count") == 0
+    assert metric_value(text, "vllmlite:request_generation_tokens_sum") == 2
+
+
 def test_vllm_prefix_serves_every_series_vllms_grafana_dashboard_reads():
     metrics = EngineMetrics("m", prefix="vllm")
     metrics.record_outputs([output("a", [1])], now=100.5)

@@ -221,8 +221,9 @@ class EngineMetrics:
                 self.prefill_time.observe(times.first_token_time - scheduled)
         if times.first_token_time is not None:
             self.decode_time.observe(now - times.first_token_time)
-            if sum(lengths) > 1:
-                self.request_tpot.observe((now - times.first_token_time) / (max(lengths) - 1))
+            longest = max(lengths, default=0)  # samples decode side by side: the longest sets the pace
+            if longest > 1:
+                self.request_tpot.observe((now - times.first_token_time) / (longest - 1))
         reasons = ["stop"] if is_embedding else [c.finish_reason for c in output.outputs if c.finish_reason]
         reason = "error" if output.error else (reasons[0] if reasons else "abort")
         self._request_success.labels(self.model_name, reason).inc()
