@@ -14,7 +14,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from vllmlite.engine import LLMEngine
 from vllmlite.metrics import EngineMetrics
@@ -26,6 +28,9 @@ from vllmlite.stats import EngineStats
 from vllmlite.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+INSPECT_TIMEOUT = 10.0  # seconds `inspect` waits for the engine thread to answer
+ABORT_DISCONNECTED = "client disconnected"  # why a stream's reader stopped listening, in its trace
 
 
 class EngineDeadError(RuntimeError):
@@ -76,7 +81,7 @@ class RequestStream:
     """
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop,
-                 abort: Callable[[str], None], timeout: float | None) -> None:
+                 abort: Callable[..., None], timeout: float | None) -> None:
         self.request_id = request_id
         self.loop = loop
         self._abort = abort
@@ -85,6 +90,7 @@ class RequestStream:
         self._deadline = None if timeout is None else loop.time() + timeout
         self._timeout = timeout
         self.is_finished = False   # the engine has sent its last item
+        self._cancel_why = ABORT_DISCONNECTED  # why cancel() aborts, for the request's trace
 
     def put(self, item: StreamItem) -> None:
         """Called from the engine thread."""
@@ -112,6 +118,7 @@ class RequestStream:
             try:
                 await asyncio.wait_for(self._ready.wait(), self._time_left())
             except asyncio.TimeoutError:
+                self._cancel_why = "timeout"
                 raise RequestTimeoutError(f"the request ran past the server's request timeout "
                                           f"({self._timeout:g} s) and was aborted") from None
         item = self._items.popleft()
@@ -130,7 +137,7 @@ class RequestStream:
         """Abort the request in the engine (its blocks are freed within a step) unless it ended."""
         if not self.is_finished:
             self.is_finished = True
-            self._abort(self.request_id)
+            self._abort(self.request_id, why=self._cancel_why)
 
 
 def put_many(items: list[tuple[RequestStream, StreamItem]]) -> None:
@@ -161,6 +168,15 @@ class _Add:
 class _Abort:
     request_id: str
     error: BaseException | None = None  # sent to the stream, if it still has a listener
+    why: str = ABORT_DISCONNECTED       # recorded in the request's trace
+
+
+@dataclass
+class _Inspect:
+    """Run `read(engine)` on the engine thread between steps; its result (or error) goes to `result`."""
+
+    read: Callable[[LLMEngine], Any]
+    result: Future
 
 
 class AsyncLLMEngine:
@@ -306,11 +322,28 @@ class AsyncLLMEngine:
     def _num_not_running(self) -> int:
         return self._stats.scheduler.num_not_running + sum(isinstance(c, _Add) for c in self._commands)
 
-    def abort(self, request_id: str, error: BaseException | None = None) -> None:
-        """Abort a request from any thread; unknown or finished ids are ignored."""
+    def abort(self, request_id: str, error: BaseException | None = None, why: str = ABORT_DISCONNECTED) -> None:
+        """Abort a request from any thread; unknown or finished ids are ignored. `why` goes into its trace."""
         with self._cond:
-            self._commands.append(_Abort(request_id, error))
+            self._commands.append(_Abort(request_id, error, why))
             self._cond.notify_all()
+
+    async def inspect(self, read: Callable[[LLMEngine], T], timeout: float = INSPECT_TIMEOUT) -> T:
+        """`read(engine)` run on the engine thread between two steps, so it sees consistent state (for
+        snapshots such as `LLMEngine.debug_snapshot`). Without a running engine thread it runs here.
+        Raises EngineDeadError if the engine cannot answer within `timeout` seconds."""
+        if not self.is_running or self._stop_requested:
+            return read(self.engine)  # no other thread touches the engine
+        result: Future = Future()
+        with self._cond:
+            if self.dead_error is not None:
+                raise EngineDeadError(f"the engine loop has failed: {self.dead_error}")
+            self._commands.append(_Inspect(read, result))
+            self._cond.notify_all()
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(result), timeout)
+        except asyncio.TimeoutError:
+            raise EngineDeadError(f"the engine did not answer within {timeout:g} s") from None
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Queue `request` and yield its outputs; a consumer that stops early aborts the request."""
@@ -337,6 +370,7 @@ class AsyncLLMEngine:
             self._die(error)
             return
         self._abort_all(RequestAbortedError("the server shut down before this request finished"))
+        self._fail_inspects(RequestAbortedError("the engine has stopped"))
 
     def _take_commands(self) -> bool:
         """Sleep until there is work; apply queued commands. False once shutdown is requested."""
@@ -347,8 +381,10 @@ class AsyncLLMEngine:
             for command in commands:
                 if isinstance(command, _Add):
                     self._apply_add(command)
-                else:
+                elif isinstance(command, _Abort):
                     self._apply_abort(command)
+                else:
+                    _apply_inspect(command, self.engine)
             self._publish_stats()
             self._cond.notify_all()
             return not self._stop_requested
@@ -372,7 +408,7 @@ class AsyncLLMEngine:
         stream = self._streams.pop(command.request_id, None)
         if stream is None:
             return
-        self.engine.abort_request(command.request_id)
+        self.engine.abort_request(command.request_id, command.why)
         stream.put(command.error or RequestAbortedError("the request was aborted"))
         if self.metrics is not None:
             self.metrics.record_abort(command.request_id)
@@ -396,7 +432,14 @@ class AsyncLLMEngine:
 
     def _abort_all(self, error: BaseException) -> None:
         for request_id in list(self._streams):
-            self._apply_abort(_Abort(request_id, error))
+            self._apply_abort(_Abort(request_id, error, "server shutdown"))
+
+    def _fail_inspects(self, error: BaseException) -> None:
+        with self._cond:
+            pending = [c for c in self._commands if isinstance(c, _Inspect)]
+            self._commands = [c for c in self._commands if not isinstance(c, _Inspect)]
+        for command in pending:
+            command.result.set_exception(error)
 
     def _die(self, error: BaseException) -> None:
         logger.exception("the engine loop failed; the engine is dead")
@@ -404,8 +447,18 @@ class AsyncLLMEngine:
         with self._cond:
             self.dead_error = error
             pending = [c.stream for c in self._commands if isinstance(c, _Add)]
+            inspects = [c for c in self._commands if isinstance(c, _Inspect)]
             self._commands.clear()
             self._cond.notify_all()
         for stream in [*self._streams.values(), *pending]:
             stream.put(dead)
         self._streams.clear()
+        for command in inspects:
+            command.result.set_exception(dead)
+
+
+def _apply_inspect(command: _Inspect, engine: LLMEngine) -> None:
+    try:
+        command.result.set_result(command.read(engine))
+    except Exception as error:  # the reader's fault, not the engine's: the caller gets it
+        command.result.set_exception(error)
