@@ -186,8 +186,8 @@ class RequestTracer(Tracer):
             self._add(request, "prefix_hit", {"num_tokens": num_hit_tokens})
 
     def scheduled(self, request: Request, start: int, num_tokens: int) -> None:
-        # A decode computes the last token only; anything else is a prompt chunk or a re-prefill.
-        if start < request.num_tokens - 1 or start < request.num_prompt_tokens:
+        # A decode computes one token past the prompt; anything else is a prompt chunk or a re-prefill.
+        if num_tokens > 1 or start < len(request.prompt_token_ids):
             self._add(request, "prefill_chunk", {"start": start, "num_tokens": num_tokens})
 
     def preempted(self, request: Request, mode: str) -> None:
@@ -322,14 +322,11 @@ class RequestTracer(Tracer):
 
 
 def _step_record(time_: float, seconds: float, scheduled: Sequence) -> StepRecord:
-    num_decode = num_prefill = 0
-    for seq in scheduled:
-        num = len(seq.token_ids)  # the request has already grown by this step's tokens: compare with the prompt
-        if num == 1 and seq.start_position >= seq.request.num_prompt_tokens:
-            num_decode += 1
-        else:
-            num_prefill += num
-    return StepRecord(time_, seconds * 1e3, num_decode, num_prefill, len(scheduled))
+    # A decode is one token past the prompt (compared with the prompt: the request has already grown).
+    num_decode = sum(len(seq.token_ids) == 1 and seq.start_position >= len(seq.request.prompt_token_ids)
+                     for seq in scheduled)
+    num_tokens = sum(len(seq.token_ids) for seq in scheduled)
+    return StepRecord(time_, seconds * 1e3, num_decode, num_tokens - num_decode, len(scheduled))
 
 
 def _percentiles(values: Iterable[float]) -> tuple[float | None, float | None]:
