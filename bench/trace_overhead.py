@@ -135,10 +135,13 @@ def main(argv: list[str] | None = None) -> None:
         args.requests, args.reps, args.decode_tokens = 32, 2, 20
     machine = machine_info()
     loaded = load_model(args.model, "float32", 0)
-    scenarios = {"mixed": (workload(args.requests, loaded.config.vocab_size), args.max_tokens),
-                 "decode": (workload(4, loaded.config.vocab_size, seed=1), args.decode_tokens)}
-    results = {name: measure(args, loaded, prompts, max_tokens, name) for name, (prompts, max_tokens)
-               in scenarios.items()}
+    mixed = workload(args.requests, loaded.config.vocab_size)
+    decode = workload(4, loaded.config.vocab_size, seed=1)
+    # The control runs tracing off on both sides: how far from 1 the method itself reads.
+    scenarios = {"mixed": (mixed, args.max_tokens, 1000), "decode": (decode, args.decode_tokens, 1000),
+                 "decode_control_off_vs_off": (decode, args.decode_tokens, 0)}
+    results = {name: measure(args, loaded, prompts, max_tokens, ring, name)
+               for name, (prompts, max_tokens, ring) in scenarios.items()}
     hooks = {"off": hook_cost_us(Tracer()), "on": hook_cost_us(RequestTracer(1000, 64))}
     report = {"machine": dict(machine, loadavg_end=list(os.getloadavg())),
               "command": module_command("bench.trace_overhead", argv), "model": args.model,
@@ -158,11 +161,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def measure(args: argparse.Namespace, loaded: LoadedModel, prompts: list[list[int]], max_tokens: int,
-            name: str) -> dict:
+            ring_size: int, name: str) -> dict:
     """`--reps` rounds of one scenario, each with two fresh engines (tracing off and on) in lockstep."""
     rounds = []
     for rep in range(args.reps):
-        engines = {"off": make_engine(args, loaded, 0), "on": make_engine(args, loaded, 1000)}
+        engines = {"off": make_engine(args, loaded, 0), "on": make_engine(args, loaded, ring_size)}
         times, cpu = lockstep(engines, prompts, max_tokens)
         on, off = np.array(times["on"]), np.array(times["off"])
         result = {"off": summarize(times["off"], engines["off"]), "on": summarize(times["on"], engines["on"]),
@@ -181,7 +184,8 @@ def measure(args: argparse.Namespace, loaded: LoadedModel, prompts: list[list[in
                "num_traces": rounds[-1]["read"]["num_traces"],
                "snapshots_ms": float(np.median([r["read"]["snapshots_ms"] for r in rounds])),
                "debug_snapshot_ms": float(np.median([r["read"]["debug_snapshot_ms"] for r in rounds]))}
-    return {"num_requests": len(prompts), "max_tokens": max_tokens, "summary": summary, "rounds": rounds}
+    return {"num_requests": len(prompts), "max_tokens": max_tokens, "on_trace_ring_size": ring_size,
+            "summary": summary, "rounds": rounds}
 
 
 if __name__ == "__main__":

@@ -95,9 +95,8 @@ class _Record:
 
 
 class Tracer:
-    """Tracing switched off: every hook does nothing and nothing is kept."""
-
-    is_enabled = False
+    """Tracing switched off: every hook does nothing and nothing is kept. The interface readers use:
+    `snapshots`, `snapshot`, `recent_steps`, `latency` (call them on the engine thread)."""
 
     def arrived(self, request_id: str, samples: list[Request], prompt: str | None) -> None:
         """A request (all its samples) was accepted by the engine."""
@@ -148,8 +147,6 @@ def make_tracer(config: TraceConfig, decode: Callable[[list[int]], str]) -> Trac
 
 class RequestTracer(Tracer):
     """Records every request's lifecycle; keeps the live ones and the last `ring_size` finished."""
-
-    is_enabled = True
 
     def __init__(self, ring_size: int, max_events: int, store_prompts: bool = False,
                  decode: Callable[[list[int]], str] | None = None) -> None:
