@@ -32,7 +32,7 @@ from vllmlite.batch import ScheduledSequence, SchedulerOutput
 from vllmlite.engine import LLMEngine
 from vllmlite.engine_args import EngineArgs
 from vllmlite.loader import LoadedModel, load_model
-from vllmlite.request import Request
+from vllmlite.request import FinishReason, Request
 from vllmlite.sampling import make_generator
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tracing import RequestTracer, Tracer
@@ -88,16 +88,20 @@ def summarize(times: list[float], engine: LLMEngine) -> dict:
             "prefix_cache_hits": stats.prefix_cache_hits}
 
 
-def read_costs(engine: LLMEngine, reps: int = 5) -> dict:
+def median_ms(fn, reps: int = 5) -> float:
+    """Median milliseconds of `reps` calls of fn()."""
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return 1e3 * float(np.median(times))
+
+
+def read_costs(engine: LLMEngine) -> dict:
     """Milliseconds to snapshot every trace in the ring and to take `debug_snapshot()` (median)."""
-    def median_ms(fn) -> float:
-        times = []
-        for _ in range(reps):
-            started = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - started)
-        return 1e3 * float(np.median(times))
     return {"num_traces": len(engine.tracer.snapshots()), "snapshots_ms": median_ms(engine.tracer.snapshots),
+            "snapshots_with_events_ms": median_ms(lambda: engine.tracer.snapshots(with_events=True)),
             "debug_snapshot_ms": median_ms(engine.debug_snapshot)}
 
 
@@ -117,6 +121,25 @@ def hook_cost_us(tracer: Tracer, batch_size: int = 32, reps: int = 2000) -> floa
             tracer.scheduled(seq.request, seq.start_position, 1)
         tracer.step_done(step_started, out)
     return 1e6 * (time.perf_counter() - started) / reps
+
+
+def full_ring_read_ms(ring_size: int = 1000) -> dict:
+    """Milliseconds to read a full ring (`ring_size` finished requests of 8 events each): the summaries
+    (/debug/requests) and the same with every event."""
+    tracer = RequestTracer(ring_size, 64)
+    for i in range(ring_size):
+        request = Request(str(i), list(range(40)), SamplingParams(), max_tokens=4, generator=make_generator(0))
+        tracer.arrived(request.request_id, [request], None)
+        tracer.queued(request, 1)
+        tracer.admitted(request, 16)
+        for start in range(16, 40, 8):
+            tracer.scheduled(request, start, 8)
+        request.append_token(1)
+        request.finish(FinishReason.STOP)
+        tracer.finished(request)
+        tracer.step_done(time.perf_counter(), SchedulerOutput())
+    return {"num_traces": ring_size, "summaries_ms": median_ms(tracer.snapshots),
+            "with_events_ms": median_ms(lambda: tracer.snapshots(with_events=True))}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -147,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
               "command": module_command("bench.trace_overhead", argv), "model": args.model,
               "requests": args.requests, "max_tokens": args.max_tokens, "num_blocks": args.num_blocks,
               "decode_tokens": args.decode_tokens, "scenarios": results,
-              "decode_step_hook_us_32_sequences": hooks}
+              "decode_step_hook_us_32_sequences": hooks, "full_ring_read": full_ring_read_ms()}
     write_json(args.out, report)
     for name, result in results.items():
         summary = result["summary"]
@@ -157,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{summary['median_step_ms_off']:.2f} ms/step off; snapshot of {summary['num_traces']} traces "
               f"{summary['snapshots_ms']:.2f} ms, debug_snapshot {summary['debug_snapshot_ms']:.2f} ms")
     print(f"hooks of one 32-sequence decode step: {hooks['on']:.1f} us traced, {hooks['off']:.1f} us off")
+    print(f"reading a full ring of {report['full_ring_read']['num_traces']} traces: summaries "
+          f"{report['full_ring_read']['summaries_ms']:.1f} ms, with events {report['full_ring_read']['with_events_ms']:.1f} ms")
     print(f"load {machine['loadavg_start']} -> {report['machine']['loadavg_end']}; wrote {args.out}")
 
 

@@ -125,7 +125,7 @@ class Tracer:
     def step_done(self, started: float, scheduled: SchedulerOutput) -> None:
         """The step that began at `started` (time.perf_counter) has run: close finished traces."""
 
-    def snapshots(self) -> list[RequestTraceSnapshot]:
+    def snapshots(self, with_events: bool = False) -> list[RequestTraceSnapshot]:
         return []
 
     def snapshot(self, request_id: str) -> RequestTraceSnapshot | None:
@@ -266,16 +266,17 @@ class RequestTracer(Tracer):
 
     # --- snapshots (engine thread) --------------------------------------------------------------
 
-    def snapshots(self) -> list[RequestTraceSnapshot]:
-        """Live requests (oldest first), then finished ones newest first; at most `ring_size`."""
+    def snapshots(self, with_events: bool = False) -> list[RequestTraceSnapshot]:
+        """Live requests (oldest first), then finished ones newest first; at most `ring_size`. Without
+        `with_events` their `events` are empty (a list of summaries is the cheap, common read)."""
         records = [*self._live.values(), *reversed(self._done)][:self.ring_size]
-        return [self._snapshot(r) for r in records]
+        return [self._snapshot(r, with_events) for r in records]
 
     def snapshot(self, request_id: str) -> RequestTraceSnapshot | None:
         record = self._live.get(request_id)
         if record is None:
             record = next((r for r in reversed(self._done) if r.request_id == request_id), None)
-        return None if record is None else self._snapshot(record)
+        return None if record is None else self._snapshot(record, with_events=True)
 
     def recent_steps(self) -> list[StepRecord]:
         return list(self._steps)
@@ -298,11 +299,11 @@ class RequestTracer(Tracer):
         """Events held in all records (for memory checks)."""
         return sum(len(r.events) for r in (*self._live.values(), *self._done))
 
-    def _snapshot(self, record: _Record) -> RequestTraceSnapshot:
+    def _snapshot(self, record: _Record, with_events: bool) -> RequestTraceSnapshot:
         self._take_counts(record)
         unix = self._unix_offset
-        events = [TraceEvent(t + unix, name, dict(fields)) for t, name, fields in record.events]
-        if record.first_token_time is not None:  # read from the request, placed in time order
+        events = [TraceEvent(t + unix, name, dict(fields)) for t, name, fields in record.events] if with_events else []
+        if with_events and record.first_token_time is not None:  # read from the request, in time order
             first = TraceEvent(record.first_token_time + unix, "first_token")
             events.insert(bisect.bisect_right([e.time for e in events], first.time), first)
         prompt = record.prompt
