@@ -1,16 +1,17 @@
 """Tracing overhead: engine step time with request tracing on (the default ring) and off.
 
     python -m bench.trace_overhead                  # tiny random model (the worst case: shortest steps)
-    python -m bench.trace_overhead --model default  # SmolLM2-135M, steps 10-100x longer
+    python -m bench.trace_overhead --model default  # SmolLM2-135M: longer steps, so a smaller share
     python -m bench.trace_overhead --quick          # smoke test
 
 The same workload (chunked prompts, a shared prefix that hits the prefix cache, more sequences than
 fit at once, so some are preempted) runs to completion on two engines over one loaded model, tracing
 off (trace_ring_size=0) and on, stepped in turn: both run the same schedule, so step i of one is
 step i of the other and the machine's other load falls on both alike. Reported, over `--reps` rounds
-with fresh engines: the median of each round's ratio on/off of total step time (wall and the process's
-CPU time, which a busy machine disturbs less; and the median per-step wall ratio), the hooks' own cost per decode step (a microbenchmark, load-independent enough to quote in
-microseconds), and what reading costs (a snapshot of every trace in a full ring; `debug_snapshot()`), which is paid
+with fresh engines: the median of each round's ratio on/off of total step time (wall, and the
+process's CPU time, which a busy machine disturbs less; and the median per-step wall ratio); an
+off-vs-off control of the same method; the hooks' own cost per decode step (a microbenchmark); and
+what reading costs (a snapshot of every trace in a full ring; `debug_snapshot()`), which is paid
 only when someone asks. Raw results: results/bench_trace_overhead.json.
 """
 
@@ -180,8 +181,9 @@ def main(argv: list[str] | None = None) -> None:
               f"{summary['median_step_ms_off']:.2f} ms/step off; snapshot of {summary['num_traces']} traces "
               f"{summary['snapshots_ms']:.2f} ms, debug_snapshot {summary['debug_snapshot_ms']:.2f} ms")
     print(f"hooks of one 32-sequence decode step: {hooks['on']:.1f} us traced, {hooks['off']:.1f} us off")
-    print(f"reading a full ring of {report['full_ring_read']['num_traces']} traces: summaries "
-          f"{report['full_ring_read']['summaries_ms']:.1f} ms, with events {report['full_ring_read']['with_events_ms']:.1f} ms")
+    ring = report["full_ring_read"]
+    print(f"reading a full ring of {ring['num_traces']} traces: summaries {ring['summaries_ms']:.1f} ms, "
+          f"with events {ring['with_events_ms']:.1f} ms")
     print(f"load {machine['loadavg_start']} -> {report['machine']['loadavg_end']}; wrote {args.out}")
 
 
