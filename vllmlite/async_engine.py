@@ -373,7 +373,10 @@ class AsyncLLMEngine:
         self._fail_inspects(RequestAbortedError("the engine has stopped"))
 
     def _take_commands(self) -> bool:
-        """Sleep until there is work; apply queued commands. False once shutdown is requested."""
+        """Sleep until there is work; apply queued commands. False once shutdown is requested.
+        Reads (`inspect`) run after the lock is released, still between steps: a slow snapshot never
+        holds up the event loop's `add_request`."""
+        inspects: list[_Inspect] = []
         with self._cond:
             while not (self._commands or self._stop_requested or self.engine.has_unfinished_requests()):
                 self._cond.wait()
@@ -384,10 +387,13 @@ class AsyncLLMEngine:
                 elif isinstance(command, _Abort):
                     self._apply_abort(command)
                 else:
-                    _apply_inspect(command, self.engine)
+                    inspects.append(command)
             self._publish_stats()
             self._cond.notify_all()
-            return not self._stop_requested
+            keep_running = not self._stop_requested
+        for command in inspects:
+            _apply_inspect(command, self.engine)
+        return keep_running
 
     def _apply_add(self, command: _Add) -> None:
         request = command.request
