@@ -152,3 +152,17 @@ def test_stats_shapes_when_tracing_is_off(tiny_model):
         assert stats.latency.window == 0 and stats.latency.ttft_p50 is None and stats.tokens.generation == 2
         assert get(live, "/debug/requests").json() == {"requests": []}
         assert DebugEngineResponse.model_validate(get(live, "/debug/engine").json()).recent_steps == []
+
+
+def test_a_request_timeout_is_recorded_as_an_abort_for_timeout(tiny_model):
+    with running_server(tiny_model, enable_debug_endpoints=True, request_timeout=0.3) as live:
+        body = {"model": "random", "prompt": "slow", "max_tokens": 3000, "ignore_eos": True}
+        response = httpx.post(live.base_url + "/completions", json=body, timeout=60)
+        assert response.status_code == 504
+        assert wait_until(live.is_idle, timeout=30)
+
+        def aborted_traces() -> list[dict]:
+            return [r for r in get(live, "/debug/requests").json()["requests"] if r["state"] == "aborted"]
+        assert wait_until(lambda: len(aborted_traces()) == 1, timeout=10)
+        detail = get(live, f"/debug/requests/{aborted_traces()[0]['request_id']}").json()
+        assert detail["events"][-1]["why"] == "timeout"

@@ -90,7 +90,7 @@ class RequestStream:
         self._deadline = None if timeout is None else loop.time() + timeout
         self._timeout = timeout
         self.is_finished = False   # the engine has sent its last item
-        self._cancel_why = ABORT_DISCONNECTED  # why cancel() aborts, for the request's trace
+        self._cancel_error: BaseException | None = None  # why cancel() aborts, if not a disconnect
 
     def put(self, item: StreamItem) -> None:
         """Called from the engine thread."""
@@ -118,9 +118,9 @@ class RequestStream:
             try:
                 await asyncio.wait_for(self._ready.wait(), self._time_left())
             except asyncio.TimeoutError:
-                self._cancel_why = "timeout"
-                raise RequestTimeoutError(f"the request ran past the server's request timeout "
-                                          f"({self._timeout:g} s) and was aborted") from None
+                self._cancel_error = RequestTimeoutError(f"the request ran past the server's request timeout "
+                                                         f"({self._timeout:g} s) and was aborted")
+                raise self._cancel_error from None
         item = self._items.popleft()
         if not self._items:
             self._ready.clear()
@@ -137,7 +137,10 @@ class RequestStream:
         """Abort the request in the engine (its blocks are freed within a step) unless it ended."""
         if not self.is_finished:
             self.is_finished = True
-            self._abort(self.request_id, why=self._cancel_why)
+            if self._cancel_error is None:
+                self._abort(self.request_id)
+            else:
+                self._abort(self.request_id, self._cancel_error)
 
 
 def put_many(items: list[tuple[RequestStream, StreamItem]]) -> None:
@@ -168,7 +171,6 @@ class _Add:
 class _Abort:
     request_id: str
     error: BaseException | None = None  # sent to the stream, if it still has a listener
-    why: str = ABORT_DISCONNECTED       # recorded in the request's trace
 
 
 @dataclass
@@ -322,10 +324,11 @@ class AsyncLLMEngine:
     def _num_not_running(self) -> int:
         return self._stats.scheduler.num_not_running + sum(isinstance(c, _Add) for c in self._commands)
 
-    def abort(self, request_id: str, error: BaseException | None = None, why: str = ABORT_DISCONNECTED) -> None:
-        """Abort a request from any thread; unknown or finished ids are ignored. `why` goes into its trace."""
+    def abort(self, request_id: str, error: BaseException | None = None) -> None:
+        """Abort a request from any thread; unknown or finished ids are ignored. Its trace says why:
+        `error` (a timeout, the server shutting down), else that the client went away."""
         with self._cond:
-            self._commands.append(_Abort(request_id, error, why))
+            self._commands.append(_Abort(request_id, error))
             self._cond.notify_all()
 
     async def inspect(self, read: Callable[[LLMEngine], T], timeout: float = INSPECT_TIMEOUT) -> T:
@@ -414,7 +417,7 @@ class AsyncLLMEngine:
         stream = self._streams.pop(command.request_id, None)
         if stream is None:
             return
-        self.engine.abort_request(command.request_id, command.why)
+        self.engine.abort_request(command.request_id, _abort_reason(command.error))
         stream.put(command.error or RequestAbortedError("the request was aborted"))
         if self.metrics is not None:
             self.metrics.record_abort(command.request_id)
@@ -438,7 +441,7 @@ class AsyncLLMEngine:
 
     def _abort_all(self, error: BaseException) -> None:
         for request_id in list(self._streams):
-            self._apply_abort(_Abort(request_id, error, "server shutdown"))
+            self._apply_abort(_Abort(request_id, error))
 
     def _fail_inspects(self, error: BaseException) -> None:
         with self._cond:
@@ -461,6 +464,17 @@ class AsyncLLMEngine:
         self._streams.clear()
         for command in inspects:
             command.result.set_exception(dead)
+
+
+def _abort_reason(error: BaseException | None) -> str:
+    """Why a request was aborted, for its trace."""
+    if error is None:
+        return ABORT_DISCONNECTED
+    if isinstance(error, RequestTimeoutError):
+        return "timeout"
+    if isinstance(error, RequestAbortedError):
+        return "server shutdown"
+    return str(error)
 
 
 def _apply_inspect(command: _Inspect, engine: LLMEngine) -> None:
