@@ -30,7 +30,10 @@ READ_ERRORS = (*GUARDED, 503)
 
 
 def add_stats_and_debug_routes(app: FastAPI, engine: AsyncLLMEngine, model_name: str, enable_debug: bool) -> None:
-    """/v1/stats always; /debug/* only when `enable_debug` (otherwise they are unknown routes: 404)."""
+    """/v1/stats always; /debug/* only when `enable_debug` (otherwise they are unknown routes: 404).
+    None of them over an engine that is not a local AsyncLLMEngine (Ray replicas): nothing to inspect."""
+    if not isinstance(engine, AsyncLLMEngine):
+        return
 
     @app.get("/v1/stats", **route_doc(StatsResponse, errors=READ_ERRORS))
     async def stats() -> dict:
