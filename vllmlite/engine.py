@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from typing import NamedTuple
+from dataclasses import asdict
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,9 +31,10 @@ from vllmlite.sampling import make_generator
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.scheduler import Scheduler
 from vllmlite.speculative import make_proposer
-from vllmlite.stats import EngineStats, KVOccupancy
+from vllmlite.stats import EngineDebugSnapshot, EngineStats, KVOccupancy
 from vllmlite.structured_output import GrammarCompiler
 from vllmlite.threads import THREAD_ENV, THREAD_ENV_APPLIED
+from vllmlite.tracing import make_tracer
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +67,10 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.cache.block_size,
                                           config.cache.enable_prefix_caching, num_host_blocks)
         spec = config.speculative
+        self.tracer = make_tracer(config.trace, self.tokenizer.decode)  # read on the engine thread only
         self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
                                    config.cache.preemption_mode, stop_ids,
-                                   spec.num_speculative_tokens if spec else 0)
+                                   spec.num_speculative_tokens if spec else 0, self.tracer)
         kernels = get_kernels(config.kernels)
         model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
@@ -126,6 +129,7 @@ class LLMEngine:
                               pooling_params=params, pooling=PoolingType(self.config.pooling))
             self.output_processor.add_embedding_request(request_id, prompt if isinstance(prompt, str) else None,
                                                         request)
+            self.tracer.arrived(request_id, [request], prompt if isinstance(prompt, str) else None)
             self.scheduler.add_request(request)
             return
         internal = self.output_processor.sampling_params_for(params)
@@ -144,6 +148,7 @@ class LLMEngine:
                 parent_id=None if i == 0 else request_id, sample_index=i))
         self.output_processor.add_request(request_id, prompt if isinstance(prompt, str) else None, params,
                                           samples)
+        self.tracer.arrived(request_id, samples, prompt if isinstance(prompt, str) else None)
         if internal.structured_outputs is None:
             self.scheduler.add_request(samples[0], samples[1:])
             return
@@ -164,11 +169,13 @@ class LLMEngine:
         resolved max_tokens. Pure, so the HTTP thread may call it to answer 400 before queueing."""
         return self.request_limits.check(token_ids, params)
 
-    def abort_request(self, request_id: str) -> None:
-        """Stop a request (all its samples) and free its blocks; unknown ids are ignored."""
+    def abort_request(self, request_id: str, why: str = "aborted by the caller") -> None:
+        """Stop a request (all its samples) and free its blocks; unknown ids are ignored. `why` goes
+        into its trace ("client disconnected", "timeout", ...)."""
         samples = self.output_processor.abort_request(request_id)
         self._compiling = [c for c in self._compiling if c.samples[0].request_id != request_id]
         self.scheduler.abort_requests([r.request_id for r in samples])
+        self.tracer.aborted(request_id, why)
         self._forget_finished(samples)
 
     def has_unfinished_requests(self) -> bool:
@@ -188,6 +195,26 @@ class LLMEngine:
                            self.runner.num_forward_passes,
                            proposer.num_forward_passes if proposer is not None else 0)
 
+    def debug_snapshot(self) -> EngineDebugSnapshot:
+        """Stats, each block's state, recent steps, latency and the effective config: O(num_blocks),
+        for debugging pages, not for every step. Call it on the engine's thread."""
+        return EngineDebugSnapshot(self.get_stats(), self.block_manager.block_states(),
+                                   tuple(self.tracer.recent_steps()), self.tracer.latency(), self.effective_config())
+
+    def effective_config(self) -> dict[str, Any]:
+        """The knobs in effect, resolved (block count, context length, kernels), as plain JSON values.
+        Model paths are left out: the caller names the model."""
+        config = self.config
+        values: dict[str, Any] = {**asdict(config.scheduler), **asdict(config.cache), **asdict(config.trace)}
+        spec = asdict(config.speculative) if config.speculative is not None else None
+        if spec is not None:
+            spec.pop("model")
+        values.update(max_model_len=self.max_model_len, num_blocks=self.block_manager.num_blocks,
+                      num_host_blocks=self.block_manager.num_host_blocks, dtype=config.dtype, seed=config.seed,
+                      kernels=resolve_backend(config.kernels), quantization=config.weight_quantization,
+                      pooling=config.pooling, speculative=spec)
+        return values
+
     def kv_occupancy(self) -> KVOccupancy:
         """How full the KV blocks are (for benchmarks; it walks every block table)."""
         return self.scheduler.kv_occupancy()
@@ -200,6 +227,7 @@ class LLMEngine:
         A fault in one request's part of a stage (scheduling it, running it, applying its result,
         detokenizing it) ends that request in error and no other. Whatever else raises is a fault
         of the engine itself: it propagates."""
+        started = time.perf_counter()
         failed = self._start_compiled_requests()
         scheduled = self.scheduler.schedule()
         result = self._execute(scheduled)
@@ -210,6 +238,7 @@ class LLMEngine:
             else:
                 self.scheduler.finish(finish.request, FinishReason.ERROR, error=finish.error)
         self._forget_finished(touched)
+        self.tracer.step_done(started, scheduled)
         return self.output_processor.make_outputs()
 
     def _start_compiled_requests(self) -> list[Request]:
@@ -228,6 +257,7 @@ class LLMEngine:
             if error is not None:
                 for request in compiling.samples:
                     request.finish(FinishReason.ERROR, error=str(error))
+                    self.tracer.finished(request)
                 failed.extend(compiling.samples)
                 continue
             for request in compiling.samples:

@@ -16,7 +16,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from vllmlite.outputs import EmbeddingRequestOutput
-from vllmlite.stats import EngineStats
+from vllmlite.stats import EngineStats, RequestTotals
 
 DEFAULT_PREFIX = "vllmlite"
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
@@ -227,12 +227,23 @@ class EngineMetrics:
         reasons = ["stop"] if is_embedding else [c.finish_reason for c in output.outputs if c.finish_reason]
         reason = "error" if output.error else (reasons[0] if reasons else "abort")
         self._request_success.labels(self.model_name, reason).inc()
+        if reason == "abort":
+            self.totals.num_aborted += 1
+        else:
+            self.totals.num_finished += 1
 
     def record_abort(self, request_id: str) -> None:
         """A request the engine dropped without an output (client gone, shutdown)."""
         with self._lock:
             self._requests.pop(request_id, None)
             self._request_success.labels(self.model_name, "abort").inc()
+            self.totals.num_aborted += 1
+
+    def request_totals(self) -> RequestTotals:
+        """The cumulative token and request counts, as /metrics counts them (for /v1/stats)."""
+        with self._lock:
+            t = self.totals
+            return RequestTotals(t.prompt_tokens, t.generation_tokens, t.num_finished, t.num_aborted)
 
     def render(self) -> str:
         """The whole registry in Prometheus text format 0.0.4, ending with a newline."""
@@ -267,6 +278,8 @@ class Totals:
 
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    num_finished: int = 0   # requests ended for any reason but an abort
+    num_aborted: int = 0
     last_stats: EngineStats = field(default_factory=EngineStats)
     logged_at: float | None = None
     logged_prompt: int = 0

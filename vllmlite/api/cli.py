@@ -94,6 +94,9 @@ class ServerArgs(EngineArgs):
     special_tokens_in_messages: bool = knob(False, "read special-token text in chat messages (e.g. "
                                                    "<|im_start|>) as the special tokens: only for trusted "
                                                    "callers, since it lets a message forge a system turn")
+    enable_debug_endpoints: bool = knob(False, "serve GET /debug/requests, /debug/requests/{id} and /debug/engine "
+                                               "(request traces, KV block states, recent steps, the config; "
+                                               "behind the API key when there is one)")
     log_level: str = knob("info", f"one of {', '.join(LOG_LEVELS)}")
     allowed_origins: tuple[str, ...] = knob(("*",), "CORS: origins browsers may call from, a JSON list",
                                             parse=parse_json_list)

@@ -33,6 +33,7 @@ from vllmlite.api.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
+from vllmlite.api.protocol_debug import DebugEngineResponse, RequestDetail, RequestList, StatsResponse
 from vllmlite.api.protocol_responses import STREAM_EVENTS, ResponsesRequest, ResponsesResponse
 from vllmlite.api.serving import NO_OP_FIELDS, UNSUPPORTED_FIELDS
 from vllmlite.api.serving_chat import CHAT_UNSUPPORTED_FIELDS
@@ -42,12 +43,13 @@ REF_TEMPLATE = "#/components/schemas/{model}"
 REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest, TokenizeRequest,
                   DetokenizeRequest)
 RESPONSE_MODELS = (CompletionResponse, ChatCompletionResponse, ChatCompletionChunk, ResponsesResponse, *STREAM_EVENTS,
-                   EmbeddingResponse, TokenizeResponse, DetokenizeResponse, ModelList, VersionResponse, ErrorResponse)
+                   EmbeddingResponse, TokenizeResponse, DetokenizeResponse, ModelList, VersionResponse, ErrorResponse,
+                   StatsResponse, DebugEngineResponse, RequestList, RequestDetail)
 
 ERROR_DESCRIPTIONS = {
     400: "Invalid request; `param` names the offending field",
     401: "Missing or wrong API key (when the server has one)",
-    404: "The `model` field names a model this server does not serve",
+    404: "The `model` field names a model this server does not serve (debug routes: an unknown request id)",
     408: "The body did not arrive within the server's body timeout",
     413: "The body is larger than the server's limit",
     503: "Overloaded, shutting down or the engine has failed; retry after `Retry-After` seconds",

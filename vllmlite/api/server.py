@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 from vllmlite import __version__
 from vllmlite.api.cli import ServerArgs, parse_config
 from vllmlite.api.constraints import is_constrained
+from vllmlite.api.debug import add_stats_and_debug_routes
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
 from vllmlite.api.middleware import OPEN_PATHS, RequestGuard, header_timeout_protocol
 from vllmlite.api.openapi import GENERATE, GUARDED, install_openapi, route_doc
@@ -103,6 +104,7 @@ def build_app(engine: AsyncLLMEngine, config: ServerArgs) -> FastAPI:
     _add_info_routes(app, ctx)
     _add_token_routes(app, ctx)
     _add_generate_routes(app, ctx, config)
+    add_stats_and_debug_routes(app, engine, config.model_name, config.enable_debug_endpoints)
     install_openapi(app)
     open_paths = frozenset({"/health"}) if config.api_key_on_metrics else OPEN_PATHS
     app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
