@@ -131,6 +131,29 @@ class Histogram(_Metric):
     def count(self, labels: Labels) -> int:
         return sum(self._counts.get(labels, ()))
 
+    def quantile(self, labels: Labels, q: float) -> float | None:
+        """The q-quantile estimated from the buckets, interpolated linearly inside the bucket that holds
+        it (Prometheus's histogram_quantile); None with no observation. Beyond the last finite bound,
+        that bound.
+
+        >>> h = Histogram("x_seconds", "", (1.0, 2.0)); h.observe((), 0.5); h.observe((), 1.5)
+        >>> h.quantile((), 0.5), h.quantile((), 0.75), h.quantile(("a",), 0.5)
+        (1.0, 1.5, None)
+        """
+        counts = self._counts.get(labels)
+        if not counts or not sum(counts):
+            return None
+        rank = q * sum(counts)
+        below, lower = 0, 0.0
+        for bound, count in zip(self.buckets, counts):
+            if count and below + count >= rank:
+                if math.isinf(bound):
+                    return lower
+                return lower + (bound - lower) * (rank - below) / count
+            below += count
+            lower = bound
+        return lower
+
     def lines(self) -> list[str]:
         out = []
         for labels, counts in self._counts.items():
@@ -241,6 +264,20 @@ class EngineMetrics:
         with self._lock:
             self._requests.pop(request_id, None)
             self.request_success.inc((*self.labels, ("finished_reason", "abort")))
+
+    def totals(self) -> dict:
+        """Cumulative counts and latency quantiles (estimated from the histograms, over every request so
+        far) for /v1/stats: {"prompt_tokens", "generation_tokens", "finished": {reason: n}, "ttft_p50",
+        "ttft_p90", "tpot_p50", "tpot_p90", "num_latency_requests"}; a quantile is None before any."""
+        with self._lock:
+            finished = {dict(labels)["finished_reason"]: int(value)
+                        for labels, value in self.request_success._values.items()}
+            return {"prompt_tokens": int(self.prompt_tokens.value(self.labels)),
+                    "generation_tokens": int(self.generation_tokens.value(self.labels)),
+                    "finished": finished,
+                    "ttft_p50": self.ttft.quantile(self.labels, 0.5), "ttft_p90": self.ttft.quantile(self.labels, 0.9),
+                    "tpot_p50": self.itl.quantile(self.labels, 0.5), "tpot_p90": self.itl.quantile(self.labels, 0.9),
+                    "num_latency_requests": self.ttft.count(self.labels)}
 
     def render(self) -> str:
         """The whole registry in Prometheus text format 0.0.4, ending with a newline."""
