@@ -67,7 +67,8 @@ class ServerArgs(EngineArgs):
     served_model_name: str | None = knob(None, "the name clients must send as `model` (default: "
                                                f"{DEFAULT_SERVED_NAME} for the default model, 'random', "
                                                "else the path's name)")
-    api_key: str | None = knob(None, "require `Authorization: Bearer <key>` on every route but /health "
+    api_key: str | None = knob(None, "require `Authorization: Bearer <key>` on every route but /health and the web "
+                                     "page's files at / and /static/ (they hold no data) "
                                      "(prefer the environment variable: flags show in `ps`)")
     max_queue: int | None = knob(256, "most requests waiting to run; beyond it requests get 503 with Retry-After")
     request_timeout: float | None = knob(None, "seconds a request may run before it is aborted with an error "

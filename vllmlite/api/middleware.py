@@ -4,7 +4,8 @@ and the header deadline, at the connection (uvicorn's protocol), before there is
 Owns authentication (a constant-time comparison of `Authorization: Bearer <key>`), reading the
 body within `max_body_bytes` (Content-Length checked first, then the bytes actually received,
 all before any JSON parsing) and `body_timeout` seconds, and the time a connection may take to send
-a request's headers. Knows nothing of routes beyond the paths that stay open.
+a request's headers. Knows nothing of routes beyond the paths that stay open (/health and the web
+page's files, which hold no data).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from vllmlite.api.errors import APIError
+from vllmlite.api.web import is_page_path
 
 OPEN_PATHS = frozenset({"/health"})
 
@@ -52,7 +54,7 @@ class RequestGuard:
         await self.app(scope, _replay(body, receive), send)
 
     def _check_authorization(self, scope: Scope) -> APIError | None:
-        if self.api_key is None or scope["path"] in OPEN_PATHS:
+        if self.api_key is None or scope["path"] in OPEN_PATHS or is_page_path(scope["path"]):
             return None
         # The scheme is case-insensitive (RFC 9110: "bearer", "BEARER" are "Bearer"); the key is not.
         scheme, _, key = (_header(scope, b"authorization") or b"").partition(b" ")

@@ -61,6 +61,8 @@ from vllmlite.api.serving import (
 from vllmlite.api.serving_chat import create_chat, prepare_chat, render_messages
 from vllmlite.api.serving_completions import create_completion, prepare_completion
 from vllmlite.api.serving_embeddings import create_embeddings, prepare_embeddings
+from vllmlite.api.stats_route import add_stats_route
+from vllmlite.api.web import add_web_routes
 from vllmlite.async_engine import AsyncLLMEngine
 from vllmlite.engine import LLMEngine
 from vllmlite.loader import LoadedModel
@@ -96,6 +98,8 @@ def build_app(engine: AsyncLLMEngine, config: ServerArgs) -> FastAPI:
     _add_info_routes(app, ctx)
     _add_token_routes(app, ctx)
     _add_generate_routes(app, ctx, config)
+    add_stats_route(app, engine, config.model_name)
+    add_web_routes(app)
     install_openapi(app)
     app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                        body_timeout=config.body_timeout)
