@@ -22,7 +22,6 @@ from fastapi import FastAPI
 from server_util import num_aborted, running_server, wait_until
 
 from vllmlite.api.errors import APIError
-from vllmlite.api.stats_route import stats_body
 
 pytestmark = pytest.mark.browser
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
@@ -194,6 +193,7 @@ def test_the_dashboard_numbers_move_while_a_load_runs(live, open_page):
     view.page.wait_for_function("Number(document.querySelector('#card-finished .value').textContent.split('/')[0]) > 0")
     # This server has no debug endpoints: the page says how to turn them on instead of breaking.
     assert "--enable-debug-endpoints" in view.page.text_content("#debug-notice")
+    assert "--enable-debug-endpoints" in view.page.text_content("#requests tbody")
     assert view.page.is_visible("#debug-notice") and view.page_errors == []
 
 
@@ -215,17 +215,19 @@ def fake_events(start: float) -> list[dict]:
 
 
 def add_contract_routes(app: FastAPI, live) -> None:
-    """/debug/engine, /debug/requests and /debug/requests/{id}, answering contract-shaped JSON: real
-    stats, block states laid out from the real counts, and one made-up finished request."""
+    """/debug/engine, /debug/requests and /debug/requests/{id}, answering contract-shaped JSON (the
+    fields the page reads): block states laid out from the engine's real counts, and one made-up
+    finished request."""
     summary = fake_request(time.time())
 
     @app.get("/debug/engine")
     async def debug_engine() -> dict:
-        stats = stats_body(live.engine, live.config.model_name)
-        kv = stats["kv_blocks"]
-        blocks = [1] * kv["used"] + [2] * min(kv["cached"], kv["free"]) + [0] * kv["free"]
-        return {**stats, "blocks": blocks[:kv["total"]], "recent_steps": [],
-                "config": {"block_size": 16, "num_blocks": kv["total"]}}
+        stats = live.engine.get_stats().scheduler
+        num_cached_free = min(stats.num_kv_blocks_cached, stats.num_kv_blocks_free)
+        blocks = ([1] * stats.num_kv_blocks_used + [2] * num_cached_free
+                  + [0] * (stats.num_kv_blocks_free - num_cached_free))
+        return {"num_running": stats.num_running, "num_waiting": stats.num_waiting, "num_swapped": stats.num_swapped,
+                "blocks": blocks, "recent_steps": [], "config": {"num_blocks": stats.num_kv_blocks}}
 
     @app.get("/debug/requests")
     async def debug_requests() -> dict:
