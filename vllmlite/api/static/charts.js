@@ -26,7 +26,7 @@ function prepare(canvas) {
 function niceMax(value) {
   if (!(value > 0)) return 1;
   const step = Math.pow(10, Math.floor(Math.log10(value)));
-  for (const m of [1, 2, 2.5, 5, 10]) if (m * step >= value) return m * step;
+  for (const m of [1, 2, 4, 5, 10]) if (m * step >= value) return m * step;  // quarters stay round
   return 10 * step;
 }
 

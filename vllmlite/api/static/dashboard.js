@@ -67,6 +67,7 @@ export class Dashboard {
       this.debugAvailable = false;
       this.debugCheckedAt = Date.now();
       this.engine = null;
+      this.renderNoRequests();
     }
     $("debug-notice").hidden = this.debugAvailable !== false;
     $("debug-notice").textContent = DEBUG_HINT;
@@ -152,6 +153,13 @@ export class Dashboard {
       row.addEventListener("click", () => this.select(r.request_id));
       return row;
     }));
+  }
+
+  renderNoRequests() {
+    const row = document.createElement("tr");
+    row.className = "placeholder";
+    row.innerHTML = '<td colspan="9">No requests to show: this needs --enable-debug-endpoints.</td>';
+    $("requests").tBodies[0].replaceChildren(row);
   }
 
   async select(requestId) {
