@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vllmlite.outputs import EmbeddingRequestOutput
 from vllmlite.stats import EngineStats
@@ -168,6 +168,21 @@ class Histogram(_Metric):
 
 
 @dataclass
+class MetricTotals:
+    """Cumulative counts, and latency quantiles estimated from the histograms over every request so far
+    (None before the first)."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=dict)  # finish reason ("abort" included) -> requests
+    num_latency_requests: int = 0                            # requests the TTFT quantiles are over
+    ttft_p50: float | None = None
+    ttft_p90: float | None = None
+    tpot_p50: float | None = None                            # inter-token latency, seconds
+    tpot_p90: float | None = None
+
+
+@dataclass
 class _RequestTimes:
     arrival_time: float
     last_token_time: float | None = None
@@ -265,19 +280,17 @@ class EngineMetrics:
             self._requests.pop(request_id, None)
             self.request_success.inc((*self.labels, ("finished_reason", "abort")))
 
-    def totals(self) -> dict:
-        """Cumulative counts and latency quantiles (estimated from the histograms, over every request so
-        far) for /v1/stats: {"prompt_tokens", "generation_tokens", "finished": {reason: n}, "ttft_p50",
-        "ttft_p90", "tpot_p50", "tpot_p90", "num_latency_requests"}; a quantile is None before any."""
+    def totals(self) -> MetricTotals:
+        """The cumulative counts and latency quantiles, for /v1/stats."""
         with self._lock:
             finished = {dict(labels)["finished_reason"]: int(value)
                         for labels, value in self.request_success._values.items()}
-            return {"prompt_tokens": int(self.prompt_tokens.value(self.labels)),
-                    "generation_tokens": int(self.generation_tokens.value(self.labels)),
-                    "finished": finished,
-                    "ttft_p50": self.ttft.quantile(self.labels, 0.5), "ttft_p90": self.ttft.quantile(self.labels, 0.9),
-                    "tpot_p50": self.itl.quantile(self.labels, 0.5), "tpot_p90": self.itl.quantile(self.labels, 0.9),
-                    "num_latency_requests": self.ttft.count(self.labels)}
+            return MetricTotals(
+                prompt_tokens=int(self.prompt_tokens.value(self.labels)),
+                generation_tokens=int(self.generation_tokens.value(self.labels)), finished=finished,
+                num_latency_requests=self.ttft.count(self.labels),
+                ttft_p50=self.ttft.quantile(self.labels, 0.5), ttft_p90=self.ttft.quantile(self.labels, 0.9),
+                tpot_p50=self.itl.quantile(self.labels, 0.5), tpot_p90=self.itl.quantile(self.labels, 0.9))
 
     def render(self) -> str:
         """The whole registry in Prometheus text format 0.0.4, ending with a newline."""

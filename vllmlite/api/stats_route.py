@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from vllmlite.api.openapi import route_doc
 from vllmlite.async_engine import AsyncLLMEngine
+from vllmlite.metrics import MetricTotals
 
 STATS_SCHEMA = {"type": "object", "required": ["model", "time", "num_running", "num_waiting", "num_swapped",
                                                "kv_blocks", "prefix_cache", "tokens", "requests", "latency"]}
@@ -24,8 +25,7 @@ def stats_body(engine: AsyncLLMEngine, model_name: str) -> dict:
     over every request so far (`window` is that count), None before the first."""
     stats = engine.get_stats()
     s, spec = stats.scheduler, stats.scheduler.spec_decode
-    totals = engine.metrics.totals() if engine.metrics is not None else {}
-    finished = totals.get("finished", {})
+    totals = engine.metrics.totals() if engine.metrics is not None else MetricTotals()
     return {
         "model": model_name,
         "time": time.time(),
@@ -36,12 +36,11 @@ def stats_body(engine: AsyncLLMEngine, model_name: str) -> dict:
         "prefix_cache": {"queries": s.prefix_cache_queries, "hits": s.prefix_cache_hits,
                          "hit_rate": s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0},
         "num_preemptions": s.num_preemptions,
-        "tokens": {"prompt": totals.get("prompt_tokens", 0), "generation": totals.get("generation_tokens", 0)},
-        "requests": {"finished": sum(n for reason, n in finished.items() if reason != "abort"),
-                     "aborted": finished.get("abort", 0)},
-        "latency": {"ttft_p50": totals.get("ttft_p50"), "ttft_p90": totals.get("ttft_p90"),
-                    "tpot_p50": totals.get("tpot_p50"), "tpot_p90": totals.get("tpot_p90"),
-                    "window": totals.get("num_latency_requests", 0)},
+        "tokens": {"prompt": totals.prompt_tokens, "generation": totals.generation_tokens},
+        "requests": {"finished": sum(n for reason, n in totals.finished.items() if reason != "abort"),
+                     "aborted": totals.finished.get("abort", 0)},
+        "latency": {"ttft_p50": totals.ttft_p50, "ttft_p90": totals.ttft_p90, "tpot_p50": totals.tpot_p50,
+                    "tpot_p90": totals.tpot_p90, "window": totals.num_latency_requests},
         "spec_decode": {"num_draft_tokens": spec.num_draft_tokens, "num_accepted_tokens": spec.num_accepted_tokens,
                         "acceptance_rate": spec.acceptance_rate},
     }
