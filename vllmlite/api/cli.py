@@ -71,7 +71,7 @@ class ServerArgs(EngineArgs):
                                                f"{DEFAULT_SERVED_NAME} for the default model, 'random', "
                                                "else the path's name)")
     api_key: str | None = knob(None, "require `Authorization: Bearer <key>` on every route but /health, "
-                                     "/metrics and /version (prefer the environment variable: flags show in `ps`)")
+                                     "/metrics, /version and the web page's files at / and /static/ (prefer the environment variable: flags show in `ps`)")
     api_key_on_metrics: bool = knob(False, "with --api-key, require the key on /metrics and /version too")
     metrics_prefix: str = knob(DEFAULT_PREFIX, "prefix of the Prometheus metric names; 'vllm' makes vLLM's own "
                                                "Grafana dashboard read them unchanged")

@@ -65,6 +65,7 @@ from vllmlite.api.serving_chat import create_chat, prepare_chat, render_messages
 from vllmlite.api.serving_completions import create_completion, prepare_completion
 from vllmlite.api.serving_embeddings import create_embeddings, prepare_embeddings
 from vllmlite.api.serving_responses import chat_request, create_response, new_response_id, prepare_response
+from vllmlite.api.web import add_web_routes
 from vllmlite.async_engine import AsyncLLMEngine
 from vllmlite.engine import LLMEngine
 from vllmlite.loader import LoadedModel
@@ -105,6 +106,7 @@ def build_app(engine: AsyncLLMEngine, config: ServerArgs) -> FastAPI:
     _add_token_routes(app, ctx)
     _add_generate_routes(app, ctx, config)
     add_stats_and_debug_routes(app, engine, config.model_name, config.enable_debug_endpoints)
+    add_web_routes(app)
     install_openapi(app)
     open_paths = frozenset({"/health"}) if config.api_key_on_metrics else OPEN_PATHS
     app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
