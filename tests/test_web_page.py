@@ -3,9 +3,9 @@ it loads cleanly, a chat reply streams in with its timing, Stop aborts the serve
 its blocks, the dashboard's numbers move under load, a request's timeline opens, and the API key field
 works against a keyed server.
 
-The debug endpoints the dashboard reads are not this module's: `add_contract_routes` mounts stand-ins
-answering the shapes of the debug API contract. Locally, without Playwright or Chromium, these tests
-skip; in CI (CI=true) a skip is a failure (tests/conftest.py).
+The timeline test runs a server with `--enable-debug-endpoints` and checks the page draws the
+server's own trace. Locally, without Playwright or Chromium, these tests skip; in CI (CI=true) a skip
+is a failure (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -13,15 +13,11 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-import time
 
 import httpx
 import pytest
 from conftest import import_or_skip_unless_ci, skip_unless_ci
-from fastapi import FastAPI
 from server_util import num_aborted, running_server, wait_until
-
-from vllmlite.api.errors import APIError
 
 pytestmark = pytest.mark.browser
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
@@ -197,59 +193,19 @@ def test_the_dashboard_numbers_move_while_a_load_runs(live, open_page):
     assert view.page.is_visible("#debug-notice") and view.page_errors == []
 
 
-# --- stand-ins for the debug endpoints (the shapes of the debug API contract) -----------------------
-
-def fake_request(now: float) -> dict:
-    return {"request_id": "chatcmpl-fake1", "state": "finished", "arrival_time": now - 2.0,
-            "first_token_time": now - 1.5, "finish_time": now - 0.5, "ttft": 0.5, "e2e": 1.5,
-            "num_prompt_tokens": 42, "num_output_tokens": 17, "num_cached_tokens": 16, "num_preemptions": 1,
-            "finish_reason": "length"}
-
-
-def fake_events(start: float) -> list[dict]:
-    steps = [("arrived", {}), ("queued", {"num_waiting": 1}), ("scheduled", {}), ("prefix_hit", {"num_tokens": 16}),
-             ("prefill_chunk", {"start": 16, "num_tokens": 26}), ("first_token", {}),
-             ("preempted", {"mode": "recompute"}), ("resumed", {}), ("finished", {"reason": "length"})]
-    offsets = (0.0, 0.01, 0.2, 0.2, 0.21, 0.5, 0.9, 1.1, 1.5)
-    return [{"time": start + offset, "event": name, **extra} for (name, extra), offset in zip(steps, offsets)]
-
-
-def add_contract_routes(app: FastAPI, live) -> None:
-    """/debug/engine, /debug/requests and /debug/requests/{id}, answering contract-shaped JSON (the
-    fields the page reads): block states laid out from the engine's real counts, and one made-up
-    finished request."""
-    summary = fake_request(time.time())
-
-    @app.get("/debug/engine")
-    async def debug_engine() -> dict:
-        stats = live.engine.get_stats().scheduler
-        num_cached_free = min(stats.num_kv_blocks_cached, stats.num_kv_blocks_free)
-        blocks = ([1] * stats.num_kv_blocks_used + [2] * num_cached_free
-                  + [0] * (stats.num_kv_blocks_free - num_cached_free))
-        return {"num_running": stats.num_running, "num_waiting": stats.num_waiting, "num_swapped": stats.num_swapped,
-                "blocks": blocks, "recent_steps": [], "config": {"num_blocks": stats.num_kv_blocks}}
-
-    @app.get("/debug/requests")
-    async def debug_requests() -> dict:
-        return {"requests": [summary]}
-
-    @app.get("/debug/requests/{request_id}")
-    async def debug_request(request_id: str) -> dict:
-        if request_id != summary["request_id"]:
-            raise APIError(404, f"no request {request_id!r}")
-        return {**summary, "events": fake_events(summary["arrival_time"])}
-
-
 def test_clicking_a_request_draws_its_timeline(tiny_model, open_page):
-    with running_server(tiny_model) as live:
-        add_contract_routes(live.server.config.app, live)
+    with running_server(tiny_model, enable_debug_endpoints=True) as live:
+        body = {"model": "random", "prompt": "the same long prefix " * 4, "max_tokens": 8, "temperature": 0}
+        httpx.post(live.base_url + "/completions", json=body, timeout=60).raise_for_status()
+        second = httpx.post(live.base_url + "/completions", json=body, timeout=60).json()  # a prefix hit
+        trace = httpx.get(f"{live.url}/debug/requests/{second['id']}").json()
+        assert "prefix_hit" in [e["event"] for e in trace["events"]]
         view = open_page()
         view.page.goto(live.url + "/?poll=200#dashboard")
-        view.page.click("tr[data-request-id='chatcmpl-fake1']")
+        view.page.click(f"tr[data-request-id='{second['id']}']")
         view.page.wait_for_selector("#timeline:not([hidden])")
         events = view.page.eval_on_selector_all("#timeline-events li", "items => items.map(i => i.dataset.event)")
-        assert events == [e["event"] for e in fake_events(0.0)]
-        assert "+500.0 ms  first_token" in view.page.text_content("#timeline-events")
+        assert events == [e["event"] for e in trace["events"]]  # the server's own trace, drawn
         assert view.painted("timeline-canvas") > 0
         assert "from counts" not in view.page.text_content("#blocks-caption")  # per-block states were read
         assert view.page.is_hidden("#debug-notice") and view.page_errors == []
