@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
 from vllmlite.outputs import EmbeddingRequestOutput
 from vllmlite.stats import EngineStats, RequestTotals
@@ -71,6 +72,21 @@ class _MirroredCounter:
             self._last = float(total)
 
 
+class _Alias:
+    """A collector that serves the metric `source` (a Gauge, Histogram...) under a second name,
+    copied at scrape time, so each observation is made once."""
+
+    def __init__(self, source, name: str, documentation: str) -> None:
+        self._source, self._name, self._documentation = source, name, documentation
+
+    def collect(self):
+        for family in self._source.collect():
+            alias = Metric(self._name, self._documentation, family.type)
+            for sample in family.samples:
+                alias.add_sample(self._name + sample.name[len(family.name):], sample.labels, sample.value)
+            yield alias
+
+
 class EngineMetrics:
     """vLLM's serving metrics for one model, in a registry of its own. Thread-safe: the engine
     thread records, HTTP renders."""
@@ -81,13 +97,12 @@ class EngineMetrics:
         self._prefix = prefix
         self._lock = threading.Lock()
         self._requests: dict[str, _RequestTimes] = {}
+        self._parents: dict[str, Gauge | Histogram] = {}  # by name: the metrics _Alias re-serves
         gauge, counter, histogram = self._gauge, self._counter, self._histogram
         self.num_running = gauge("num_requests_running", "Number of requests in model execution batches.")
         self.num_waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
         self.num_swapped = gauge("num_requests_swapped", "Number of requests swapped out to the host arena.")
         self.kv_cache_usage = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.gpu_cache_usage = gauge("gpu_cache_usage_perc", "KV-cache usage (vLLM's older name, read by its "
-                                                             "Grafana dashboard). 1 means 100 percent usage.")
         self.prefix_queries = _MirroredCounter(counter(
             "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."))
         self.prefix_hits = _MirroredCounter(counter(
@@ -101,8 +116,6 @@ class EngineMetrics:
                               TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                              ITL_BUCKETS)
-        self.tpot = histogram("time_per_output_token_seconds", "Histogram of time per output token in seconds "
-                              "(the inter-token latency under vLLM's older name).", ITL_BUCKETS)
         self.request_tpot = histogram("request_time_per_output_token_seconds",
                                       "Histogram of each request's mean time per output token.", ITL_BUCKETS)
         self.e2e = histogram("e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
@@ -133,19 +146,28 @@ class EngineMetrics:
                                      ["model_name", "position"], registry=self.registry)
         self._spec_per_pos_mirrors: dict[int, _MirroredCounter] = {}
         self.totals = Totals()  # what the periodic log line reads
+        # vLLM's older names, which its Grafana dashboard reads: the same series, copied when scraped.
+        self.registry.register(_Alias(self._parents["kv_cache_usage_perc"], self._name("gpu_cache_usage_perc"),
+                                      "KV-cache usage (vLLM's older name). 1 means 100 percent usage."))
+        self.registry.register(_Alias(self._parents["inter_token_latency_seconds"],
+                                      self._name("time_per_output_token_seconds"),
+                                      "Histogram of time per output token in seconds (vLLM's older name of the "
+                                      "inter-token latency)."))
 
     def _name(self, name: str) -> str:
         return f"{self._prefix}:{name}"
 
     def _gauge(self, name: str, documentation: str):
-        return Gauge(self._name(name), documentation, ["model_name"], registry=self.registry).labels(self.model_name)
+        parent = self._parents[name] = Gauge(self._name(name), documentation, ["model_name"], registry=self.registry)
+        return parent.labels(self.model_name)
 
     def _counter(self, name: str, documentation: str):
         return Counter(self._name(name), documentation, ["model_name"], registry=self.registry).labels(self.model_name)
 
     def _histogram(self, name: str, documentation: str, buckets):
-        return Histogram(self._name(name), documentation, ["model_name"], buckets=buckets,
-                         registry=self.registry).labels(self.model_name)
+        parent = self._parents[name] = Histogram(self._name(name), documentation, ["model_name"], buckets=buckets,
+                                                 registry=self.registry)
+        return parent.labels(self.model_name)
 
     def record_stats(self, stats: EngineStats) -> None:
         s, spec = stats.scheduler, stats.scheduler.spec_decode
@@ -155,7 +177,6 @@ class EngineMetrics:
             self.num_waiting.set(s.num_not_running)
             self.num_swapped.set(s.num_swapped)
             self.kv_cache_usage.set(s.kv_cache_usage)
-            self.gpu_cache_usage.set(s.kv_cache_usage)
             self.prefix_queries.follow(s.prefix_cache_queries)
             self.prefix_hits.follow(s.prefix_cache_hits)
             self.preemptions.follow(s.num_preemptions)
@@ -196,7 +217,6 @@ class EngineMetrics:
                 times.first_token_time = now
             else:
                 self.itl.observe(now - times.last_token_time)
-                self.tpot.observe(now - times.last_token_time)
             times.last_token_time = now
         if output.finished:
             del self._requests[output.request_id]
