@@ -202,3 +202,13 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     matching = [s.value for s in samples if s.name == name and labels.items() <= s.labels.items()]
     assert matching, f"no sample {name} {labels}"
     return sum(matching)
+
+
+def fault_on(marker: str) -> Callable:
+    """A runner fault hook that raises for any scheduled request whose prompt bytes contain `marker`
+    (the tiny model's byte tokens): one request fails, the others must not notice."""
+    def fault(scheduler_output) -> None:
+        for seq in scheduler_output.scheduled:
+            if marker.encode() in bytes(t for t in seq.request.prompt_token_ids if t < 256):
+                raise RuntimeError("injected fault")
+    return fault

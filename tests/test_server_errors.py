@@ -10,7 +10,7 @@ import signal
 import httpx
 import openai
 import pytest
-from server_util import SubprocessServer, metric_value, num_aborted, running_server, wait_until
+from server_util import SubprocessServer, fault_on, metric_value, num_aborted, running_server, wait_until
 
 MODEL = "random"
 MARKER = "@@FAULT@@"
@@ -166,12 +166,7 @@ def test_body_over_the_limit_is_413_by_header_and_by_counted_bytes(server):
 
 
 def test_engine_fault_fails_only_that_request(server, client):
-    def fault(scheduler_output):
-        for seq in scheduler_output.scheduled:
-            if MARKER.encode() in bytes(t for t in seq.request.prompt_token_ids if t < 256):
-                raise RuntimeError("injected fault")
-
-    server.engine.engine.runner.fault_hook = fault
+    server.engine.engine.runner.fault_hook = fault_on(MARKER)
     try:
         with pytest.raises(openai.InternalServerError) as caught:
             client.completions.create(model=MODEL, prompt=f"boom {MARKER}", max_tokens=4)

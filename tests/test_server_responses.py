@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
-from server_util import running_server, wait_until
+from server_util import fault_on, running_server, wait_until
 
 MODEL = "random"
 MARKER = "@@FAULT@@"
@@ -241,12 +241,7 @@ def test_the_openai_client_round_trips_a_call(client):
 
 
 def test_a_failure_mid_stream_is_an_error_event_and_nothing_leaks(server):
-    def fault(scheduler_output):
-        for seq in scheduler_output.scheduled:
-            if MARKER.encode() in bytes(t for t in seq.request.prompt_token_ids if t < 256):
-                raise RuntimeError("injected fault")
-
-    server.engine.engine.runner.fault_hook = fault
+    server.engine.engine.runner.fault_hook = fault_on(MARKER)
     try:
         events = stream_events(server, input=f"boom {MARKER}", max_output_tokens=4)
     finally:
