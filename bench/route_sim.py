@@ -1,7 +1,7 @@
 """Routing simulator: a multi-tenant trace replayed against N modelled replicas, each with a real
 BlockManager, under prefix-aware, round-robin and least-loaded routing.
 
-    python -m bench.route_sim --variants # N = 2..64, 3 policies, + variants: about 10 minutes on 2 cores
+    python -m bench.route_sim --variants # N = 2..64, 3 policies, + variants at 16: about 5 minutes
     python -m bench.route_sim --quick    # a small smoke run (for the tests)
 
 The trace: `tenants` tenants, each with its own system prompt (512-2048 random tokens), followed by
@@ -9,12 +9,15 @@ a short user suffix (16-128 tokens) and 32-128 decoded tokens; the tenant of eac
 Zipf-distributed (exponent 1.0: a few hot tenants, a long tail); arrivals are Poisson. A replica is
 `lanes` parallel servers (continuous batching, modelled as concurrent requests at full speed) over
 one `BlockManager` of `--blocks` blocks of 16 tokens (default 512: 8k tokens, 360 MiB of
-SmolLM2-135M's float32 KV; a tenth of the 64 system prompts, about 82k tokens, so caches evict): a request starting service looks up its prefix hit and allocates its
+SmolLM2-135M's float32 KV; a tenth of the 64 system prompts, about 82k tokens, so caches evict):
+a request starting service looks up its prefix hit and allocates its
 blocks exactly as the scheduler does, publishes its prompt's full blocks, and frees them when done
 (cached blocks stay in the LRU until evicted). Its service time is `prefill_cost` per uncached prompt
 token plus `decode_cost` per output token. The arrival rate is set so round robin without any cache
-hit would keep the cluster `utilization` busy. The router sees each replica's in-flight requests
-(queued + running) weighted by their tokens (prompt + output), the same signal the Ray ingress has.
+hit would keep the cluster `utilization` busy. The router is vllmlite.routing.Router, seeing what
+the Ray ingress sees: each request's cost (`request_cost`: its prompt less the hit that replica
+reported for the prefix's last request, plus the clients' max_tokens, 128), each replica's
+in-flight costs and health.
 
 Reported per (N, policy), over the trace after its first `warmup` fraction: the prefix hit rate
 (hit prompt tokens / prompt tokens, vLLM's prefix_cache_hits / queries), prefill tokens saved, the
@@ -35,7 +38,7 @@ from pathlib import Path
 
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
 from vllmlite.block_manager import BlockManager
-from vllmlite.routing import Router, RoutingPolicy, routing_key
+from vllmlite.routing import Router, RoutingPolicy, request_cost, routing_key
 
 BLOCK_SIZE = 16
 VOCAB = 49152
@@ -61,11 +64,14 @@ class SimConfig:
     decode_cost: float = 4.0    # time units per output token
     utilization: float = 0.7
     warmup: float = 0.2
-    epsilon: float = 0.25
+    max_tokens: int = 128       # the clients' max_tokens: the most a request may decode (it decodes 32-128)
+    epsilon: float = 0.1        # the router's bound on a replica's share of recent work
+    burst_epsilon: float = 2.0  # the router's bound on a replica's in-flight load
+    half_life: float = 50.0     # requests per replica over which the router's recent work halves
     min_capacity: float = 0.0   # the router's floor on a replica's capacity (in load units)
-    load: str = "tokens"        # what the router balances: in-flight "tokens" (prompt + output: the ingress's
-    # signal), "requests", "uncached_tokens" (tokens less the hit the replica reported for the prefix's last
-    # request) or "work" (uncached_tokens weighted by this model's prefill and decode costs)
+    load: str = "work"          # what the router balances: "work" (request_cost: uncached prompt tokens as the
+    # replica reported for the prefix's last request, plus max_tokens x DECODE_WEIGHT: the ingress's signal),
+    # "tokens" (prompt + max_tokens) or "requests"
     seed: int = 0
 
 
@@ -100,15 +106,14 @@ class SimReplica:
 
 
 def _cost(cfg: SimConfig, req: TraceRequest, reported_hit: int) -> float:
-    """A request's load as the router counts it: before it runs, the router knows its tokens and
-    the prefix hit the replica reported for this prefix's last request (the ingress sees it in
-    the outputs' num_cached_tokens)."""
+    """A request's load as the router counts it: before it runs, the router knows its prompt, the
+    client's max_tokens and the prefix hit the replica reported for this prefix's last request (the
+    ingress sees it in the outputs' num_cached_tokens)."""
     if cfg.load == "requests":
         return 1.0
-    if cfg.load == "work":  # the service time the replica will need, if its cache still holds the hit
-        return (len(req.token_ids) - reported_hit) * cfg.prefill_cost + req.num_output_tokens * cfg.decode_cost
-    tokens = len(req.token_ids) + req.num_output_tokens
-    return float(tokens - reported_hit) if cfg.load == "uncached_tokens" else float(tokens)
+    if cfg.load == "tokens":
+        return float(len(req.token_ids) + cfg.max_tokens)
+    return request_cost(len(req.token_ids), reported_hit, cfg.max_tokens)
 
 
 @dataclass
@@ -122,7 +127,8 @@ def simulate(cfg: SimConfig, trace: list[TraceRequest], num_replicas: int, polic
     """Replay `trace` on `num_replicas` replicas routed by `policy`; the measured figures."""
     replicas = [SimReplica(BlockManager(cfg.blocks, BLOCK_SIZE, enable_prefix_caching=True))
                 for _ in range(num_replicas)]
-    router = Router(policy, epsilon=cfg.epsilon, min_capacity=cfg.min_capacity)
+    router = Router(policy, epsilon=cfg.epsilon, burst_epsilon=cfg.burst_epsilon, half_life=cfg.half_life,
+                    min_capacity=cfg.min_capacity)
     healthy = [True] * num_replicas
     measured_from = int(cfg.warmup * len(trace))
     totals = Totals()
@@ -230,18 +236,27 @@ def check_target(rows: list[dict], num_replicas: int = 16) -> dict | None:
             "load_imbalance": aware["load_imbalance"], "load_imbalance_met": aware["load_imbalance"] <= 1.3}
 
 
-VARIANTS = [("tokens", 0.5), ("requests", 0.25), ("uncached_tokens", 0.25), ("work", 0.25)]
+VARIANTS = {  # name -> SimConfig overrides
+    "in-flight bound only (eps 0.25), tokens: the first router": {"epsilon": 1e9, "burst_epsilon": 0.25,
+                                                                  "load": "tokens"},
+    "in-flight bound only (eps 0.25), work": {"epsilon": 1e9, "burst_epsilon": 0.25},
+    "recent-work bound, eps 0.25": {"epsilon": 0.25},
+    "recent-work bound, load in tokens": {"load": "tokens"},
+    "recent-work bound, load in requests": {"load": "requests"},
+    "output token served in 2 prompt tokens' time (router assumes 4)": {"decode_cost": 2.0},
+    "output token served in 8 prompt tokens' time (router assumes 4)": {"decode_cost": 8.0},
+}
 
 
 def run_variants(cfg: SimConfig, num_replicas: int = 16) -> list[dict]:
-    """Prefix-aware routing at `num_replicas` under other load signals and bounds: the trade-off
-    between hit rate and balance."""
+    """Prefix-aware routing at `num_replicas` under other bounds, load signals and service costs:
+    what each part of the router buys, and how much a wrong DECODE_WEIGHT costs."""
     rows = []
-    for load, epsilon in VARIANTS:
-        variant = SimConfig(**{**vars(cfg), "load": load, "epsilon": epsilon})
+    for name, overrides in VARIANTS.items():
+        variant = SimConfig(**{**vars(cfg), **overrides})
         row = simulate(variant, make_trace(variant, num_replicas), num_replicas, "prefix_aware")
-        rows.append({"load": load, "epsilon": epsilon, **row})
-        print(f"N {num_replicas} prefix_aware load {load:15s} eps {epsilon:4.2f}: hit {row['prefix_hit_rate']:6.1%}  "
+        rows.append({"variant": name, "overrides": overrides, **row})
+        print(f"N {num_replicas} prefix_aware, {name}: hit {row['prefix_hit_rate']:6.1%}  "
               f"imbalance {row['load_imbalance']:5.2f}", file=sys.stderr)
     return rows
 

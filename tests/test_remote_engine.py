@@ -111,3 +111,30 @@ def test_engine_errors_pass_through_and_a_failed_replica_is_routed_around():
             engine.add_request(_request(103, prompts[0]))
         return [r.num_in_flight for r in engine.replicas], [r.load for r in engine.replicas]
     assert asyncio.run(run()) == ([0, 0], [0.0, 0.0])  # nothing leaked
+
+
+def test_a_replicas_reported_prefix_hit_lowers_the_next_requests_cost_there():
+    """The ingress remembers what each replica last found cached for a prefix, and counts a request
+    with that prefix as that much less work there (routing.request_cost); the memory is bounded."""
+    from vllmlite.api import ray_serving
+    from vllmlite.routing import DECODE_WEIGHT
+
+    def cached_16(request):
+        return [RequestOutput(request.request_id, None, request.prompt_token_ids, [], finished=True,
+                              num_cached_tokens=16)]
+
+    async def run():
+        engine, handles = _engine([cached_16, cached_16])
+        prompt = list(range(3, 19)) + [200, 201]
+        await _drain(engine.add_request(_request(0, prompt)))
+        home = 0 if handles[0].requests else 1
+        key = routing_key(prompt, 16)
+        assert engine._reported_hits == {(home, key): 16}
+        request = _request(1, prompt)
+        assert ray_serving._cost(request, engine._reported_hits[(home, key)]) == 2 + 4 * DECODE_WEIGHT
+        assert ray_serving._cost(request, 0) == 18 + 4 * DECODE_WEIGHT
+        for i in range(ray_serving.MAX_REPORTED_HITS + 5):
+            engine._remember_hit(0, i.to_bytes(8, "little"), 1)
+        assert len(engine._reported_hits) == ray_serving.MAX_REPORTED_HITS
+        assert (home, key) not in engine._reported_hits  # the oldest went first
+    asyncio.run(run())

@@ -6,7 +6,16 @@ from collections import Counter
 import pytest
 
 from vllmlite.block_manager import BlockManager
-from vllmlite.routing import NoReplicaError, Router, RoutingPolicy, load_capacity, preference_order, routing_key
+from vllmlite.routing import (
+    DECODE_WEIGHT,
+    NoReplicaError,
+    Router,
+    RoutingPolicy,
+    load_capacity,
+    preference_order,
+    request_cost,
+    routing_key,
+)
 
 BS = 4
 
@@ -38,27 +47,82 @@ def test_keys_spread_over_replicas():
     assert len(counts) == 8 and max(counts.values()) < 2 * 800 / 8
 
 
-@pytest.mark.parametrize("epsilon", [0.1, 0.25, 1.0])
-def test_one_hot_prefix_never_exceeds_the_load_bound(epsilon):
+@pytest.mark.parametrize("burst_epsilon", [0.1, 0.25, 1.0])
+def test_one_hot_prefix_never_exceeds_the_in_flight_bound(burst_epsilon):
     """Every request has the same prefix and none finishes: loads stay within ceil((1+eps) * mean)."""
-    router = Router(RoutingPolicy.PREFIX_AWARE, epsilon=epsilon)
+    router = Router(RoutingPolicy.PREFIX_AWARE, burst_epsilon=burst_epsilon)
     loads, healthy = [0] * 8, [True] * 8
     key = _keys(1)[0]
     for m in range(1, 200):
         loads[router.choose(key, loads, healthy)] += 1
-        assert max(loads) <= -(-(1 + epsilon) * m // 8), (m, loads)  # ceil((1 + eps) * mean)
+        assert max(loads) <= -(-(1 + burst_epsilon) * m // 8), (m, loads)  # ceil((1 + eps) * mean)
     # The hot prefix spilled over enough replicas rather than queueing on one.
-    assert sum(load > 0 for load in loads) >= int(8 / (1 + epsilon))
+    assert sum(load > 0 for load in loads) >= int(8 / (1 + burst_epsilon))
 
 
 def test_bounded_load_first_choice_is_kept_while_under_capacity():
-    router = Router(RoutingPolicy.PREFIX_AWARE, epsilon=0.25, min_capacity=1)
+    router = Router(RoutingPolicy.PREFIX_AWARE, burst_epsilon=0.25, min_capacity=1)
     key = _keys(1)[0]
     first, second = preference_order(key, 3)[:2]
     loads = [1, 1, 1]
     assert router.choose(key, loads, [True] * 3) == first   # cap ceil(1.25 * 4 / 3) = 2
     loads[first] = 3
     assert router.choose(key, loads, [True] * 3) == second  # cap ceil(1.25 * 6 / 3) = 3: full, spill
+
+
+def _busy_replay(router: Router, keys: list[bytes], num_replicas: int) -> list[Counter]:
+    """Route `keys` in turn on a busy cluster (every replica always has one request in flight, so
+    only the recent-work bound decides); per key, how many of its requests each replica got."""
+    placed = [Counter() for _ in range(max(keys) + 1)]
+    key_bytes = _keys(max(keys) + 1)
+    for k in keys:
+        placed[k][router.choose(key_bytes[k], [1] * num_replicas, [True] * num_replicas)] += 1
+    return placed
+
+
+def test_hot_prefix_spreads_over_its_first_choices_and_cold_ones_stay_home():
+    """Half the traffic is one prefix: its recent work would be 4x a replica's share on one of 8
+    replicas, so it spreads, in its own rendezvous order, over about the 4 replicas it needs; the
+    cold prefixes keep their first choice (the one their replica's cache holds) nearly always."""
+    rng = random.Random(1)
+    keys = [0 if rng.random() < 0.5 else rng.randrange(1, 40) for _ in range(4000)]
+    router = Router(RoutingPolicy.PREFIX_AWARE, epsilon=0.1)
+    placed = _busy_replay(router, keys, 8)
+    hot = placed[0]
+    order = preference_order(_keys(1)[0], 8)
+    top = sum(hot[r] for r in order[:5])
+    assert 3 <= sum(n > 0.05 * sum(hot.values()) for n in hot.values()) <= 6, hot
+    assert top >= 0.9 * sum(hot.values()), (hot, order)
+    key_bytes = _keys(40)
+    cold_home = sum(placed[k][preference_order(key_bytes[k], 8)[0]] for k in range(1, 40))
+    assert cold_home >= 0.6 * sum(sum(placed[k].values()) for k in range(1, 40))
+    # The long-run balance the bound keeps: recent work within (1 + eps) x the mean, give or take a request.
+    mean = sum(router.recent) / 8
+    assert max(router.recent) <= 1.1 * mean + 1, router.recent
+
+
+def test_idle_replica_keeps_its_prefix_whatever_its_recent_share():
+    router = Router(RoutingPolicy.PREFIX_AWARE, epsilon=0.1)
+    key = _keys(1)[0]
+    first = preference_order(key, 4)[0]
+    assert {router.choose(key, [0] * 4, [True] * 4) for _ in range(50)} == {first}
+    assert router.recent[first] > 10 * max(router.recent[r] for r in range(4) if r != first)
+    busy = [1] * 4
+    assert router.choose(key, busy, [True] * 4) != first  # with work in flight the share bound applies
+
+
+def test_recent_work_decays_by_half_every_half_life():
+    router = Router(RoutingPolicy.LEAST_LOADED, half_life=10)
+    router.choose(None, [0, 0], [True, True], cost=100.0)  # replica 0
+    for _ in range(2 * 10):  # 10 requests per replica, on replica 1
+        router.choose(None, [1, 0], [True, True], cost=0.0)
+    assert router.recent[0] == pytest.approx(50.0)
+
+
+def test_request_cost_counts_uncached_prompt_and_weighted_outputs():
+    assert request_cost(1000, 960, 10) == 40 + 10 * DECODE_WEIGHT
+    assert request_cost(100, 0, 0) == 100.0
+    assert request_cost(100, 120, 1) == DECODE_WEIGHT  # a stale hit larger than the prompt counts none
 
 
 def test_replica_leaving_moves_only_its_own_keys_and_they_return():
@@ -95,7 +159,7 @@ def test_no_healthy_replica_raises(policy):
 
 def test_random_loads_respect_bound_and_health():
     rng = random.Random(0)
-    router = Router(RoutingPolicy.PREFIX_AWARE, epsilon=0.25, min_capacity=2)
+    router = Router(RoutingPolicy.PREFIX_AWARE, burst_epsilon=0.25, min_capacity=2)
     for _ in range(500):
         n = rng.randint(1, 9)
         loads = [rng.randint(0, 6) for _ in range(n)]

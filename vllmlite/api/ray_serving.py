@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import ray
@@ -30,13 +31,14 @@ from vllmlite.async_engine import (
     RequestStream,
 )
 from vllmlite.pooling_params import PoolingParams
-from vllmlite.routing import NoReplicaError, Router, routing_key
+from vllmlite.routing import NoReplicaError, Router, request_cost, routing_key
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 POLL_INTERVAL = 0.5   # seconds between health and metrics polls of each replica
 POLL_TIMEOUT = 3.0    # a replica that does not answer a poll in this time is down
+MAX_REPORTED_HITS = 4096  # (replica, prefix) pairs whose last prefix-cache hit the ingress remembers
 
 
 @dataclass
@@ -48,7 +50,7 @@ class ReplicaState:
     is_healthy: bool = True
     error: str | None = None         # why it is down (or degraded), if it is
     pid: int | None = None
-    load: float = 0.0                # in-flight tokens routed to it (prompt + max output)
+    load: float = 0.0                # the costs of its requests in flight (routing.request_cost)
     num_in_flight: int = 0
     metrics_page: str | None = None  # its last /metrics text
 
@@ -87,6 +89,8 @@ class RemoteEngine:
         self._owns_ray = owns_ray
         self._owns_replicas = owns_replicas  # False when attached to applications deployed from a config file
         self._pumps: dict[str, tuple[asyncio.Task, ReplicaState, RequestStream]] = {}
+        # (replica, routing key) -> the prompt tokens its last request with that prefix found cached
+        self._reported_hits: OrderedDict[tuple[int, bytes], int] = OrderedDict()
         self._poller: asyncio.Task | None = None
         self._stopped = False
 
@@ -174,19 +178,19 @@ class RemoteEngine:
         EngineDeadError when no replica is healthy, without sending anything."""
         if self.is_draining:
             raise EngineDrainingError("the server is shutting down and accepts no new requests")
-        cost = _cost(request)
         key = routing_key(request.prompt_token_ids, self.facts.limits.block_size, request.cache_salt)
+        costs = [_cost(request, self._reported_hits.get((r.index, key), 0) if key else 0) for r in self.replicas]
         try:
             index = self.router.choose(key, [r.load for r in self.replicas],
-                                       [r.is_healthy for r in self.replicas], cost)
+                                       [r.is_healthy for r in self.replicas], costs)
         except NoReplicaError:
             raise EngineDeadError(self.health_error or "no replica is healthy") from None
-        replica = self.replicas[index]
+        replica, cost = self.replicas[index], costs[index]
         loop = asyncio.get_running_loop()
         stream = RequestStream(request.request_id, loop, self.abort, self.request_timeout)
         replica.load += cost
         replica.num_in_flight += 1
-        task = loop.create_task(self._pump(replica, request, stream, cost))
+        task = loop.create_task(self._pump(replica, request, stream, cost, key))
         self._pumps[request.request_id] = (task, replica, stream)
         return stream
 
@@ -200,13 +204,16 @@ class RemoteEngine:
             task.cancel()
 
     async def _pump(self, replica: ReplicaState, request: GenerateRequest, stream: RequestStream,
-                    cost: float) -> None:
+                    cost: float, key: bytes | None) -> None:
         """Forward the replica's items to `stream`; a replica that fails ends it with a 503."""
         outputs = replica.handle.generate.options(stream=True).remote(request)
         try:
             async for item in outputs:
                 stream.put_nowait(item)
-                if isinstance(item, BaseException) or item.finished:
+                if isinstance(item, BaseException):
+                    return
+                if item.finished:
+                    self._remember_hit(replica.index, key, item.num_cached_tokens)
                     return
             stream.put_nowait(EngineDeadError(f"replica {replica.index} ended the request without a result"))
         except asyncio.CancelledError:
@@ -222,6 +229,16 @@ class RemoteEngine:
             replica.load -= cost
             replica.num_in_flight -= 1
             self._pumps.pop(request.request_id, None)
+
+    def _remember_hit(self, index: int, key: bytes | None, num_cached_tokens: int) -> None:
+        """What replica `index` found cached for prefix `key`: the next request with that prefix costs it
+        that much less (routing.request_cost). Bounded: the least recently reported are forgotten."""
+        if key is None:
+            return
+        self._reported_hits[(index, key)] = num_cached_tokens
+        self._reported_hits.move_to_end((index, key))
+        if len(self._reported_hits) > MAX_REPORTED_HITS:
+            self._reported_hits.popitem(last=False)
 
     def _fail(self, replica: ReplicaState, stream: RequestStream, error: str) -> None:
         self._mark_down(replica, error)
@@ -261,12 +278,12 @@ class RemoteEngine:
             replica.is_healthy, replica.error = True, None
 
 
-def _cost(request: GenerateRequest) -> float:
-    """The request's load for routing: its prompt plus its most output tokens."""
+def _cost(request: GenerateRequest, num_cached_tokens: int) -> float:
+    """The request's load for routing on a replica that last found `num_cached_tokens` of its prefix
+    cached: its uncached prompt plus its most output tokens (an embedding: its prompt alone)."""
     params = request.params
-    if not isinstance(params, SamplingParams):  # an embedding: its prompt alone
-        return float(len(request.prompt_token_ids))
-    return float(len(request.prompt_token_ids) + (params.max_tokens or 0) * params.num_sequences)
+    max_output = (params.max_tokens or 0) * params.num_sequences if isinstance(params, SamplingParams) else 0
+    return request_cost(len(request.prompt_token_ids), num_cached_tokens, max_output)
 
 
 def launch_replicas(config: ServerArgs) -> RemoteEngine:
