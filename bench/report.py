@@ -14,12 +14,12 @@ import platform
 import shlex
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE")
@@ -158,37 +158,24 @@ def write_json(path: Path, report: dict) -> None:
 
 
 class ProgressBar:
-    """`label [#####.....] 24/48 done, 0 errors, 12.3 s` on stderr: redrawn in place on a terminal,
-    a line per tenth of the requests otherwise (logs)."""
-
-    WIDTH = 30
+    """A tqdm bar on stderr: `label: 50%|#####     | 24/48 [00:12<00:12, errors=0]`, redrawn in place
+    on a terminal, about one line per tenth of the requests otherwise (logs)."""
 
     def __init__(self, total: int, label: str) -> None:
-        self.total, self.label = total, label
-        self.done = self.errors = 0
-        self.start = time.perf_counter()
-        self.is_tty = sys.stderr.isatty()
-        self._last_tenth = 0
+        is_tty = sys.stderr.isatty()
+        self.errors = 0
+        self._bar = tqdm(total=total, desc=label, unit="req", file=sys.stderr, dynamic_ncols=is_tty,
+                         mininterval=0.1 if is_tty else 0, miniters=1 if is_tty else max(1, total // 10))
+        self._bar.set_postfix(errors=0, refresh=False)
 
     def advance(self, is_error: bool) -> None:
-        self.done += 1
-        self.errors += is_error
-        tenth = 10 * self.done // self.total
-        if self.is_tty or tenth > self._last_tenth or self.done == self.total:
-            self._last_tenth = tenth
-            self._draw()
-
-    def _draw(self) -> None:
-        filled = self.WIDTH * self.done // self.total
-        bar = "#" * filled + "." * (self.WIDTH - filled)
-        text = (f"{self.label} [{bar}] {self.done}/{self.total} done, {self.errors} errors, "
-                f"{time.perf_counter() - self.start:.1f} s")
-        sys.stderr.write(("\r" + text) if self.is_tty else (text + "\n"))
-        sys.stderr.flush()
+        if is_error:
+            self.errors += 1
+            self._bar.set_postfix(errors=self.errors, refresh=False)
+        self._bar.update(1)
 
     def close(self) -> None:
-        if self.is_tty:
-            sys.stderr.write("\n")
+        self._bar.close()
 
 
 def _num(value, spec: str) -> str:

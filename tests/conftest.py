@@ -37,6 +37,9 @@ settings.register_profile("dev", deadline=None, suppress_health_check=[HealthChe
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+CI_REQUIRED_MARKERS = ("real_model", "ray", "browser")  # tests that must run, not skip, in CI
+
+
 def is_ci() -> bool:
     """Running in CI (`CI=true`, as GitHub Actions and most CI systems set it)."""
     return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
@@ -60,13 +63,15 @@ def import_or_skip_unless_ci(name: str) -> ModuleType:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """In CI a skipped `real_model` test is a failure, whatever skipped it (a fixture's importorskip,
-    a missing file): those are exactly the tests a broken CI set-up would otherwise lose silently."""
+    """In CI a skipped `real_model`, `ray` or `browser` test is a failure, whatever skipped it (a fixture's
+    importorskip, a missing file or browser): those are exactly the tests a broken CI set-up would
+    otherwise lose silently."""
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and is_ci() and item.get_closest_marker("real_model") is not None:
+    marker = next((m for m in CI_REQUIRED_MARKERS if item.get_closest_marker(m) is not None), None)
+    if report.skipped and is_ci() and marker is not None:
         report.outcome = "failed"
-        report.longrepr = f"real_model test skipped in CI: {report.longrepr}"
+        report.longrepr = f"{marker} test skipped in CI: {report.longrepr}"
 
 
 @pytest.fixture(params=sorted(BACKENDS))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import httpx
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from vllmlite.api.cli import ServerArgs
 from vllmlite.api.server import build_app, make_async_engine, uvicorn_config
@@ -115,6 +116,7 @@ class SubprocessServer:
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
     log_path: Path | None = None
+    start_timeout: float = START_TIMEOUT
 
     @property
     def url(self) -> str:
@@ -126,7 +128,7 @@ class SubprocessServer:
         command = [sys.executable, "-m", "vllmlite.api.server", "--port", str(self.port), *self.args]
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        if not wait_until(self._is_healthy, START_TIMEOUT, interval=0.1):
+        if not wait_until(self._is_healthy, self.start_timeout, interval=0.1):
             self.kill()
             raise RuntimeError(f"server did not start:\n{self.log()}")
 
@@ -149,42 +151,21 @@ class SubprocessServer:
 
 # --- Prometheus text format -----------------------------------------------------------------------
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*",?)*\})? (\S+)$')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\.)*)"')
-
-
-@dataclass
-class Sample:
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
 def parse_prometheus(text: str) -> tuple[dict[str, str], list[Sample]]:
-    """Strictly parse text format 0.0.4: every line is `# HELP`, `# TYPE` or `name{labels} value`.
-
-    Returns (metric name -> type, samples). Checks that each sample belongs to a declared metric,
-    and that each histogram's buckets are monotone, end in +Inf and that +Inf equals `_count`.
+    """Parse text format 0.0.4 with prometheus_client's own parser (it raises ValueError on a
+    malformed line). Returns (metric name -> type, samples); a counter is named as its samples are
+    (`..._total`). Checks that every sample belongs to a declared metric, and that each histogram's
+    buckets are monotone, end in +Inf and that +Inf equals `_count`.
     """
     assert text.endswith("\n"), "the exposition must end with a newline"
     types: dict[str, str] = {}
     samples: list[Sample] = []
-    for line in text.rstrip("\n").split("\n"):
-        if line.startswith("# HELP "):
-            assert len(line.split(" ", 3)) == 4, line
-        elif line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ")
-            assert kind in ("counter", "gauge", "histogram", "summary", "untyped"), line
-            assert name not in types, f"{name} declared twice"
-            types[name] = kind
-        else:
-            match = _SAMPLE.match(line)
-            assert match, f"not a sample line: {line!r}"
-            labels = dict(_LABEL.findall(match.group(2) or ""))
-            samples.append(Sample(match.group(1), labels, float(match.group(3))))
-    for sample in samples:
-        base = re.sub(r"_(bucket|sum|count)$", "", sample.name)
-        assert sample.name in types or types.get(base) == "histogram", f"undeclared {sample.name}"
+    for family in text_string_to_metric_families(text):
+        assert family.type != "unknown", f"{family.name} has samples but no # TYPE"
+        name = family.name + "_total" if family.type == "counter" else family.name
+        assert name not in types, f"{name} declared twice"
+        types[name] = family.type
+        samples += family.samples
     for name, kind in types.items():
         if kind == "histogram":
             _check_histogram(name, samples)
@@ -221,3 +202,13 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     matching = [s.value for s in samples if s.name == name and labels.items() <= s.labels.items()]
     assert matching, f"no sample {name} {labels}"
     return sum(matching)
+
+
+def fault_on(marker: str) -> Callable:
+    """A runner fault hook that raises for any scheduled request whose prompt bytes contain `marker`
+    (the tiny model's byte tokens): one request fails, the others must not notice."""
+    def fault(scheduler_output) -> None:
+        for seq in scheduler_output.scheduled:
+            if marker.encode() in bytes(t for t in seq.request.prompt_token_ids if t < 256):
+                raise RuntimeError("injected fault")
+    return fault

@@ -39,8 +39,9 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 @pytest.fixture(scope="module")
 def fuzz_server(tiny_model):
     """A server with a 64-token context, so no generated request runs long; the schema's bounds are
-    the served ones (a max_tokens past the context is the engine's 400, as anywhere)."""
-    with running_server(tiny_model, max_model_len=64, num_blocks=64) as live:
+    the served ones (a max_tokens past the context is the engine's 400, as anywhere). The debug
+    routes are on, so they are fuzzed too."""
+    with running_server(tiny_model, max_model_len=64, num_blocks=64, enable_debug_endpoints=True) as live:
         yield live
 
 

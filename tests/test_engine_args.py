@@ -14,12 +14,12 @@ import pytest
 
 from vllmlite import engine_args as engine_args_module
 from vllmlite.api.cli import OPTIONS, ServerArgs, parse_config
-from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig
+from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, TraceConfig
 from vllmlite.engine_args import ENGINE_ARG_NAMES, EngineArgs
 
 REPO = Path(__file__).resolve().parents[1]
 KNOBS = frozenset(f.name for f in fields(ServerArgs))
-RUNTIME_CONFIGS = (CacheConfig, SchedulerConfig, EngineConfig)
+RUNTIME_CONFIGS = (CacheConfig, SchedulerConfig, EngineConfig, TraceConfig)
 # Where a knob's default could be written: every class in the package, and the parameters of the
 # surfaces that take knobs (the offline API, the CLI, EngineArgs itself, the tests' engine factory).
 SURFACE_FUNCTIONS = {"vllmlite/llm.py": None, "vllmlite/api/cli.py": None, "vllmlite/engine_args.py": None,
@@ -33,7 +33,8 @@ VALUES = {"model": "random", "tokenizer": "random", "dtype": "float64", "seed": 
           "speculative_config": {"method": "ngram", "num_speculative_tokens": 2},
           "kernels": "numpy", "quantization": "none", "tensor_parallel_size": 1, "kv_cache_dtype": "auto",
           "trust_remote_code": True, "enforce_eager": True, "disable_custom_all_reduce": True,
-          "cpu_offload_gb": 2.0, "disable_log_stats": True, "pooling": "mean"}
+          "cpu_offload_gb": 2.0, "disable_log_stats": True, "pooling": "mean", "trace_ring_size": 10,
+          "trace_max_events": 5, "debug_store_prompts": True}
 NOT_IN_VALUES = {"gpu_memory_utilization"}  # exclusive with kv_cache_memory; tested on its own
 
 
@@ -151,6 +152,7 @@ def test_flags_variables_kwargs_and_the_factory_build_the_same_engine_config(mak
                                                  target_tpot_ms=120.0)
     assert (expected.dtype, expected.seed, expected.kernels, expected.speculative.num_speculative_tokens,
             expected.pooling) == ("float64", 7, "numpy", 2, "mean")
+    assert expected.trace == TraceConfig(trace_ring_size=10, trace_max_events=5, debug_store_prompts=True)
     environ = {option.env: as_text(VALUES[option.field]) for option in OPTIONS if option.field in VALUES}
     assert parse_config(as_flags(VALUES), {}).create_engine_config() == expected
     assert parse_config([], environ).create_engine_config() == expected
@@ -210,6 +212,8 @@ def test_dtype_names_map_to_the_computed_dtype(dtype, resolved, caplog):
     ({"cpu_offload_gb": -1}, "cpu_offload_gb must be >= 0"),
     ({"tokenizer": "gpt2"}, "tokenizer must be unset or the model"),
     ({"block_size": 0}, "block_size must be an integer"),
+    ({"trace_ring_size": -1}, "trace_ring_size must be >= 0"),
+    ({"trace_max_events": 0}, "trace_max_events must be >= 1"),
     ({"prefill_chunking": "greedy"}, "prefill_chunking must be one of"),
     ({"target_tpot_ms": 0}, "target_tpot_ms must be > 0"),
 ])

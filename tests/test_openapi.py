@@ -11,7 +11,8 @@ from vllmlite.api.errors import error_body
 from vllmlite.api.protocol import ChatMessage, ErrorResponse
 
 BODIES = {"/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest", "/v1/completions": "CompletionRequest",
-          "/v1/chat/completions": "ChatCompletionRequest", "/v1/embeddings": "EmbeddingRequest"}
+          "/v1/chat/completions": "ChatCompletionRequest", "/v1/embeddings": "EmbeddingRequest",
+          "/v1/responses": "ResponsesRequest"}
 
 
 @pytest.fixture(scope="module")

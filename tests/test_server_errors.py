@@ -10,7 +10,7 @@ import signal
 import httpx
 import openai
 import pytest
-from server_util import SubprocessServer, metric_value, num_aborted, running_server, wait_until
+from server_util import SubprocessServer, fault_on, metric_value, num_aborted, running_server, wait_until
 
 MODEL = "random"
 MARKER = "@@FAULT@@"
@@ -166,12 +166,7 @@ def test_body_over_the_limit_is_413_by_header_and_by_counted_bytes(server):
 
 
 def test_engine_fault_fails_only_that_request(server, client):
-    def fault(scheduler_output):
-        for seq in scheduler_output.scheduled:
-            if MARKER.encode() in bytes(t for t in seq.request.prompt_token_ids if t < 256):
-                raise RuntimeError("injected fault")
-
-    server.engine.engine.runner.fault_hook = fault
+    server.engine.engine.runner.fault_hook = fault_on(MARKER)
     try:
         with pytest.raises(openai.InternalServerError) as caught:
             client.completions.create(model=MODEL, prompt=f"boom {MARKER}", max_tokens=4)
@@ -187,13 +182,15 @@ def test_engine_fault_fails_only_that_request(server, client):
     assert httpx.get(server.url + "/health").status_code == 200
 
 
-def test_api_key_is_required_except_for_health(tiny_model):
+def test_api_key_is_required_except_for_health_metrics_and_version(tiny_model):
     with running_server(tiny_model, api_key="s3cret") as live:
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=live.base_url, api_key="wrong", max_retries=0).models.list()
-        assert_openai_error(httpx.get(live.url + "/metrics"), 401)
         assert_openai_error(httpx.post(live.base_url + "/completions", json={"prompt": "x"}), 401)
-        assert httpx.get(live.url + "/health").status_code == 200
+        for path in ("/tokenize", "/detokenize", "/openapi.json", "/docs"):
+            assert httpx.request("POST" if "tokenize" in path else "GET", live.url + path).status_code == 401, path
+        for path in ("/health", "/metrics", "/version"):  # open, as in vLLM
+            assert httpx.get(live.url + path).status_code == 200, path
         good = openai.OpenAI(base_url=live.base_url, api_key="s3cret", max_retries=0, timeout=60)
         assert good.completions.create(model=MODEL, prompt="x", max_tokens=2).usage.completion_tokens == 2
         # The scheme is case-insensitive, the key is not; a key without a scheme is no key.
@@ -201,6 +198,14 @@ def test_api_key_is_required_except_for_health(tiny_model):
                                ("s3cret", 401), ("Basic s3cret", 401), ("Bearer", 401)):
             response = httpx.get(live.base_url + "/models", headers={"Authorization": header})
             assert response.status_code == status, header
+
+
+def test_api_key_on_metrics_leaves_only_health_open(tiny_model):
+    with running_server(tiny_model, api_key="s3cret", api_key_on_metrics=True) as live:
+        assert httpx.get(live.url + "/health").status_code == 200
+        for path in ("/metrics", "/version"):
+            assert_openai_error(httpx.get(live.url + path), 401)
+            assert httpx.get(live.url + path, headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
 def test_health_answers_head_and_models_reveal_no_file_path(server):

@@ -93,8 +93,6 @@ def test_caller_chat_template_renders_in_the_sandbox(tok):
 
 
 def test_unsupported_chat_template_arguments_raise(tok):
-    with pytest.raises(TypeError, match="tools"):
-        tok.apply_chat_template(CONVERSATION, tools=[{"type": "function"}])
     with pytest.raises(TypeError, match="enable_thinking"):
         tok.apply_chat_template(CONVERSATION, enable_thinking=False)
     with pytest.raises(TypeError):  # HF's second positional argument is `tools`, not a flag

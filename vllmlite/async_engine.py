@@ -14,7 +14,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from vllmlite.engine import LLMEngine
 from vllmlite.metrics import EngineMetrics
@@ -26,6 +28,9 @@ from vllmlite.stats import EngineStats
 from vllmlite.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+INSPECT_TIMEOUT = 10.0  # seconds `inspect` waits for the engine thread to answer
+ABORT_DISCONNECTED = "client disconnected"  # why a stream's reader stopped listening, in its trace
 
 
 class EngineDeadError(RuntimeError):
@@ -76,7 +81,7 @@ class RequestStream:
     """
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop,
-                 abort: Callable[[str], None], timeout: float | None) -> None:
+                 abort: Callable[..., None], timeout: float | None) -> None:
         self.request_id = request_id
         self.loop = loop
         self._abort = abort
@@ -85,6 +90,7 @@ class RequestStream:
         self._deadline = None if timeout is None else loop.time() + timeout
         self._timeout = timeout
         self.is_finished = False   # the engine has sent its last item
+        self._cancel_error: BaseException | None = None  # why cancel() aborts, if not a disconnect
 
     def put(self, item: StreamItem) -> None:
         """Called from the engine thread."""
@@ -112,8 +118,9 @@ class RequestStream:
             try:
                 await asyncio.wait_for(self._ready.wait(), self._time_left())
             except asyncio.TimeoutError:
-                raise RequestTimeoutError(f"the request ran past the server's request timeout "
-                                          f"({self._timeout:g} s) and was aborted") from None
+                self._cancel_error = RequestTimeoutError(f"the request ran past the server's request timeout "
+                                                         f"({self._timeout:g} s) and was aborted")
+                raise self._cancel_error from None
         item = self._items.popleft()
         if not self._items:
             self._ready.clear()
@@ -130,7 +137,10 @@ class RequestStream:
         """Abort the request in the engine (its blocks are freed within a step) unless it ended."""
         if not self.is_finished:
             self.is_finished = True
-            self._abort(self.request_id)
+            if self._cancel_error is None:
+                self._abort(self.request_id)
+            else:
+                self._abort(self.request_id, self._cancel_error)
 
 
 def put_many(items: list[tuple[RequestStream, StreamItem]]) -> None:
@@ -161,6 +171,14 @@ class _Add:
 class _Abort:
     request_id: str
     error: BaseException | None = None  # sent to the stream, if it still has a listener
+
+
+@dataclass
+class _Inspect:
+    """Run `read(engine)` on the engine thread between steps; its result (or error) goes to `result`."""
+
+    read: Callable[[LLMEngine], Any]
+    result: Future
 
 
 class AsyncLLMEngine:
@@ -307,10 +325,28 @@ class AsyncLLMEngine:
         return self._stats.scheduler.num_not_running + sum(isinstance(c, _Add) for c in self._commands)
 
     def abort(self, request_id: str, error: BaseException | None = None) -> None:
-        """Abort a request from any thread; unknown or finished ids are ignored."""
+        """Abort a request from any thread; unknown or finished ids are ignored. Its trace says why:
+        `error` (a timeout, the server shutting down), else that the client went away."""
         with self._cond:
             self._commands.append(_Abort(request_id, error))
             self._cond.notify_all()
+
+    async def inspect(self, read: Callable[[LLMEngine], T], timeout: float = INSPECT_TIMEOUT) -> T:
+        """`read(engine)` run on the engine thread between two steps, so it sees consistent state (for
+        snapshots such as `LLMEngine.debug_snapshot`). Without a running engine thread it runs here.
+        Raises EngineDeadError if the engine cannot answer within `timeout` seconds."""
+        if not self.is_running or self._stop_requested:
+            return read(self.engine)  # no other thread touches the engine
+        result: Future = Future()
+        with self._cond:
+            if self.dead_error is not None:
+                raise EngineDeadError(f"the engine loop has failed: {self.dead_error}")
+            self._commands.append(_Inspect(read, result))
+            self._cond.notify_all()
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(result), timeout)
+        except asyncio.TimeoutError:
+            raise EngineDeadError(f"the engine did not answer within {timeout:g} s") from None
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Queue `request` and yield its outputs; a consumer that stops early aborts the request."""
@@ -337,9 +373,13 @@ class AsyncLLMEngine:
             self._die(error)
             return
         self._abort_all(RequestAbortedError("the server shut down before this request finished"))
+        self._fail_inspects(RequestAbortedError("the engine has stopped"))
 
     def _take_commands(self) -> bool:
-        """Sleep until there is work; apply queued commands. False once shutdown is requested."""
+        """Sleep until there is work; apply queued commands. False once shutdown is requested.
+        Reads (`inspect`) run after the lock is released, still between steps: a slow snapshot never
+        holds up the event loop's `add_request`."""
+        inspects: list[_Inspect] = []
         with self._cond:
             while not (self._commands or self._stop_requested or self.engine.has_unfinished_requests()):
                 self._cond.wait()
@@ -347,11 +387,16 @@ class AsyncLLMEngine:
             for command in commands:
                 if isinstance(command, _Add):
                     self._apply_add(command)
-                else:
+                elif isinstance(command, _Abort):
                     self._apply_abort(command)
+                else:
+                    inspects.append(command)
             self._publish_stats()
             self._cond.notify_all()
-            return not self._stop_requested
+            keep_running = not self._stop_requested
+        for command in inspects:
+            _apply_inspect(command, self.engine)
+        return keep_running
 
     def _apply_add(self, command: _Add) -> None:
         request = command.request
@@ -372,7 +417,7 @@ class AsyncLLMEngine:
         stream = self._streams.pop(command.request_id, None)
         if stream is None:
             return
-        self.engine.abort_request(command.request_id)
+        self.engine.abort_request(command.request_id, _abort_reason(command.error))
         stream.put(command.error or RequestAbortedError("the request was aborted"))
         if self.metrics is not None:
             self.metrics.record_abort(command.request_id)
@@ -398,14 +443,42 @@ class AsyncLLMEngine:
         for request_id in list(self._streams):
             self._apply_abort(_Abort(request_id, error))
 
+    def _fail_inspects(self, error: BaseException) -> None:
+        with self._cond:
+            pending = [c for c in self._commands if isinstance(c, _Inspect)]
+            self._commands = [c for c in self._commands if not isinstance(c, _Inspect)]
+        for command in pending:
+            command.result.set_exception(error)
+
     def _die(self, error: BaseException) -> None:
         logger.exception("the engine loop failed; the engine is dead")
         dead = EngineDeadError(f"the engine loop has failed: {type(error).__name__}: {error}")
         with self._cond:
             self.dead_error = error
             pending = [c.stream for c in self._commands if isinstance(c, _Add)]
+            inspects = [c for c in self._commands if isinstance(c, _Inspect)]
             self._commands.clear()
             self._cond.notify_all()
         for stream in [*self._streams.values(), *pending]:
             stream.put(dead)
         self._streams.clear()
+        for command in inspects:
+            command.result.set_exception(dead)
+
+
+def _abort_reason(error: BaseException | None) -> str:
+    """Why a request was aborted, for its trace."""
+    if error is None:
+        return ABORT_DISCONNECTED
+    if isinstance(error, RequestTimeoutError):
+        return "timeout"
+    if isinstance(error, RequestAbortedError):
+        return "server shutdown"
+    return str(error)
+
+
+def _apply_inspect(command: _Inspect, engine: LLMEngine) -> None:
+    try:
+        command.result.set_result(command.read(engine))
+    except Exception as error:  # the reader's fault, not the engine's: the caller gets it
+        command.result.set_exception(error)

@@ -150,6 +150,14 @@ class BlockPool:
         """Blocks published in the prefix-cache map, referenced or not."""
         return len(self.cached_blocks)
 
+    def block_states(self) -> bytes:
+        """Per block id: 0 free, 1 used, 2 cached and free (evictable), 3 cached and used.
+
+        >>> pool = BlockPool(3); pool.allocate().block_id, pool.block_states()
+        (0, b'\\x01\\x00\\x00')
+        """
+        return bytes((b.ref_count > 0) + 2 * (b.block_key is not None) for b in self.blocks)
+
     def allocate(self) -> Block:
         """Take the free list's head, evicting it from the prefix cache if it was published.
 

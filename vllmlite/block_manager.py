@@ -107,6 +107,10 @@ class BlockManager:
     def num_host_free_blocks(self) -> int:
         return len(self._host_free)
 
+    def block_states(self) -> bytes:
+        """Per device block id: 0 free, 1 used, 2 cached and free, 3 cached and used (O(num_blocks))."""
+        return self.pool.block_states()
+
     def block_table(self, request_id: str) -> list[int]:
         """A copy of the request's device block table; [] for an unknown or swapped-out request."""
         state = self._requests.get(request_id)

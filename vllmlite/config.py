@@ -150,6 +150,19 @@ class SchedulerConfig:
                  f"max_model_len must be >= 2, got {self.max_model_len}")
 
 
+@dataclass(frozen=True)
+class TraceConfig:
+    """Request lifecycle tracing (tracing.py): how many recent requests and events per request are kept."""
+
+    trace_ring_size: int = 1000        # requests kept (live plus recently finished); 0 turns tracing off
+    trace_max_events: int = 64         # events kept per request (the first ones; the rest are counted)
+    debug_store_prompts: bool = False  # keep each traced request's prompt for /debug/requests
+
+    def __post_init__(self) -> None:
+        _require(self.trace_ring_size >= 0, f"trace_ring_size must be >= 0, got {self.trace_ring_size}")
+        _require(self.trace_max_events >= 1, f"trace_max_events must be >= 1, got {self.trace_max_events}")
+
+
 SPECULATIVE_METHODS = ("ngram", "draft_model", "self_draft")
 
 
@@ -197,6 +210,7 @@ class EngineConfig:
     kernels: str | None = None  # a KERNEL_BACKENDS name; None: $VLLMLITE_KERNELS, else "numba"
     quantization: str | None = None  # a QUANTIZATIONS name; None: $VLLMLITE_QUANTIZATION, else "none"
     pooling: str = "last"  # embeddings: a POOLING_TYPES name
+    trace: TraceConfig = field(default_factory=TraceConfig)
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")

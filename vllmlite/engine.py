@@ -10,14 +10,15 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from typing import NamedTuple
+from dataclasses import asdict
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from vllmlite.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.block_manager import BlockManager
 from vllmlite.chunking import ChunkingPolicy
-from vllmlite.config import EngineConfig, ceil_div
+from vllmlite.config import EngineConfig
 from vllmlite.kernels import get_kernels, resolve_backend
 from vllmlite.loader import LoadedModel, load_model
 from vllmlite.model import LlamaModel
@@ -25,14 +26,16 @@ from vllmlite.output_processor import OutputProcessor, StopStringHit
 from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllmlite.pooling_params import PoolingParams, PoolingType
 from vllmlite.request import FinishReason, Request, internal_error
+from vllmlite.request_limits import RequestLimits, truncated_prompt
 from vllmlite.runner import ModelRunner
 from vllmlite.sampling import make_generator
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.scheduler import Scheduler
 from vllmlite.speculative import make_proposer
-from vllmlite.stats import EngineStats, KVOccupancy
+from vllmlite.stats import EngineDebugSnapshot, EngineStats, KVOccupancy
 from vllmlite.structured_output import GrammarCompiler
 from vllmlite.threads import THREAD_ENV, THREAD_ENV_APPLIED
+from vllmlite.tracing import make_tracer
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +68,11 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.cache.block_size,
                                           config.cache.enable_prefix_caching, num_host_blocks)
         spec = config.speculative
+        self.tracer = make_tracer(config.trace, self.tokenizer.decode)  # read on the engine thread only
         self.chunking = ChunkingPolicy(sched, config.cache.block_size)  # fed each step's measured time
         self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
                                    config.cache.preemption_mode, stop_ids,
-                                   spec.num_speculative_tokens if spec else 0, self.chunking)
+                                   spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking)
         kernels = get_kernels(config.kernels)
         model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
@@ -127,12 +131,13 @@ class LLMEngine:
                               pooling_params=params, pooling=PoolingType(self.config.pooling))
             self.output_processor.add_embedding_request(request_id, prompt if isinstance(prompt, str) else None,
                                                         request)
+            self.tracer.arrived(request_id, [request], prompt if isinstance(prompt, str) else None)
             self.scheduler.add_request(request)
             return
         internal = self.output_processor.sampling_params_for(params)
         internal.update_from_tokenizer(self.tokenizer)
         max_tokens = self.check_request(token_ids, internal)
-        token_ids = _truncated_prompt(token_ids, internal)
+        token_ids = truncated_prompt(token_ids, internal)
         samples = []
         for i in range(params.num_sequences):
             # Sample i of a seeded request is that request alone with seed + i (as vLLM does).
@@ -145,6 +150,7 @@ class LLMEngine:
                 parent_id=None if i == 0 else request_id, sample_index=i))
         self.output_processor.add_request(request_id, prompt if isinstance(prompt, str) else None, params,
                                           samples)
+        self.tracer.arrived(request_id, samples, prompt if isinstance(prompt, str) else None)
         if internal.structured_outputs is None:
             self.scheduler.add_request(samples[0], samples[1:])
             return
@@ -152,56 +158,26 @@ class LLMEngine:
             self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
         self._compiling.append(_Compiling(self._grammar_compiler.submit(internal.structured_outputs), samples))
 
-    def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
-        """Check a prompt against the vocabulary and context length (after `truncate_prompt_tokens`);
-        return the resolved max_tokens (0 for an embedding request, whose prompt may fill the context).
-
-        Pure (changes no state), so the HTTP thread may call it to answer 400 before queueing.
-        Raises ValueError with a message fit for the client."""
-        if not token_ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        if isinstance(params, PoolingParams):
-            if len(token_ids) > self.max_model_len:
-                raise ValueError(f"the input has {len(token_ids)} tokens but this model's maximum context "
-                                 f"length is {self.max_model_len} tokens")
-            self._check_fits_cache(len(token_ids))
-            return 0
-        params.verify(vocab)
-        max_num_seqs = self.config.scheduler.max_num_seqs
-        if params.num_sequences > max_num_seqs:
-            name = "n" if params.best_of is None else "best_of"
-            raise ValueError(f"{name} asks for {params.num_sequences} sequences, more than this server runs at "
-                             f"once (max_num_seqs={max_num_seqs})")
-        token_ids = _truncated_prompt(token_ids, params)
-        self._check_fits_cache(len(token_ids))
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens but this model's maximum context "
-                             f"length is {self.max_model_len} tokens (prompt plus output)")
-        if params.max_tokens is None:
-            return self.max_model_len - len(token_ids)
-        if len(token_ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"this model's maximum context length is {self.max_model_len} tokens, but the request asks "
-                f"for {len(token_ids)} prompt tokens plus {params.max_tokens} output tokens "
-                f"({len(token_ids) + params.max_tokens}); reduce the prompt or max_tokens")
-        return params.max_tokens
-
-    def _check_fits_cache(self, num_prompt_tokens: int) -> None:
-        """A prompt whose K/V (and the next token's) exceeds the whole KV cache can never run: the
-        client's size error, said before queueing (the scheduler would end it in error)."""
+    @property
+    def request_limits(self) -> RequestLimits:
+        """What `check_request` checks against: a small picklable value (an ingress in front of
+        replicas checks requests with it, without a model of its own)."""
         bm = self.block_manager
-        if ceil_div(num_prompt_tokens + 1, bm.block_size) > bm.num_blocks:
-            raise ValueError(f"the prompt has {num_prompt_tokens} tokens but this server's KV cache holds at most "
-                             f"{bm.num_blocks * bm.block_size - 1} prompt tokens")
+        return RequestLimits(self.model_config.vocab_size, self.max_model_len,
+                             self.config.scheduler.max_num_seqs, bm.num_blocks, bm.block_size)
 
-    def abort_request(self, request_id: str) -> None:
-        """Stop a request (all its samples) and free its blocks; unknown ids are ignored."""
+    def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
+        """`RequestLimits.check`: the prompt against the vocabulary, context length and KV cache; the
+        resolved max_tokens. Pure, so the HTTP thread may call it to answer 400 before queueing."""
+        return self.request_limits.check(token_ids, params)
+
+    def abort_request(self, request_id: str, why: str = "aborted by the caller") -> None:
+        """Stop a request (all its samples) and free its blocks; unknown ids are ignored. `why` goes
+        into its trace ("client disconnected", "timeout", ...)."""
         samples = self.output_processor.abort_request(request_id)
         self._compiling = [c for c in self._compiling if c.samples[0].request_id != request_id]
         self.scheduler.abort_requests([r.request_id for r in samples])
+        self.tracer.aborted(request_id, why)
         self._forget_finished(samples)
 
     def has_unfinished_requests(self) -> bool:
@@ -221,6 +197,26 @@ class LLMEngine:
                            self.runner.num_forward_passes,
                            proposer.num_forward_passes if proposer is not None else 0)
 
+    def debug_snapshot(self) -> EngineDebugSnapshot:
+        """Stats, each block's state, recent steps, latency and the effective config: O(num_blocks),
+        for debugging pages, not for every step. Call it on the engine's thread."""
+        return EngineDebugSnapshot(self.get_stats(), self.block_manager.block_states(),
+                                   tuple(self.tracer.recent_steps()), self.tracer.latency(), self.effective_config())
+
+    def effective_config(self) -> dict[str, Any]:
+        """The knobs in effect, resolved (block count, context length, kernels), as plain JSON values.
+        Model paths are left out: the caller names the model."""
+        config = self.config
+        values: dict[str, Any] = {**asdict(config.scheduler), **asdict(config.cache), **asdict(config.trace)}
+        spec = asdict(config.speculative) if config.speculative is not None else None
+        if spec is not None:
+            spec.pop("model")
+        values.update(max_model_len=self.max_model_len, num_blocks=self.block_manager.num_blocks,
+                      num_host_blocks=self.block_manager.num_host_blocks, dtype=config.dtype, seed=config.seed,
+                      kernels=resolve_backend(config.kernels), quantization=config.weight_quantization,
+                      pooling=config.pooling, speculative=spec)
+        return values
+
     def kv_occupancy(self) -> KVOccupancy:
         """How full the KV blocks are (for benchmarks; it walks every block table)."""
         return self.scheduler.kv_occupancy()
@@ -234,7 +230,7 @@ class LLMEngine:
         detokenizing it) ends that request in error and no other. Whatever else raises is a fault
         of the engine itself: it propagates."""
         failed = self._start_compiled_requests()
-        started = time.perf_counter()
+        started = time.perf_counter()  # the step's time, as the chunking model and the tracer count it
         scheduled = self.scheduler.schedule()
         result = self._execute(scheduled)
         touched = failed + self.scheduler.update(scheduled, result)
@@ -246,6 +242,7 @@ class LLMEngine:
         self._forget_finished(touched)
         outputs = self.output_processor.make_outputs()
         self.chunking.observe(scheduled, time.perf_counter() - started)
+        self.tracer.step_done(started, scheduled)
         return outputs
 
     def _start_compiled_requests(self) -> list[Request]:
@@ -264,6 +261,7 @@ class LLMEngine:
             if error is not None:
                 for request in compiling.samples:
                     request.finish(FinishReason.ERROR, error=str(error))
+                    self.tracer.finished(request)
                 failed.extend(compiling.samples)
                 continue
             for request in compiling.samples:
@@ -313,12 +311,6 @@ class LLMEngine:
             for request in requests:
                 if request.is_finished:
                     proposer.forget(request.request_id)
-
-
-def _truncated_prompt(token_ids: list[int], params: SamplingParams) -> list[int]:
-    """The last `truncate_prompt_tokens` tokens of the prompt, or all of it if that is None."""
-    k = params.truncate_prompt_tokens
-    return token_ids if k is None else token_ids[-k:]
 
 
 def _generator_states(scheduled: SchedulerOutput) -> dict[str, dict]:

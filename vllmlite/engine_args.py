@@ -24,6 +24,7 @@ from vllmlite.config import (
     EngineConfig,
     SchedulerConfig,
     SpeculativeConfig,
+    TraceConfig,
 )
 
 logger = logging.getLogger("vllmlite.engine_args")
@@ -125,6 +126,13 @@ class EngineArgs:
     pooling: str = knob(EngineConfig.pooling, "embeddings (LLM.embed, /v1/embeddings): the final-norm hidden state "
                                               "of the prompt's last token (last) or their average over the "
                                               "prompt (mean), L2-normalized (llama-server's --pooling)")
+    trace_ring_size: int = knob(TraceConfig.trace_ring_size, "requests whose lifecycle trace is kept (live plus "
+                                                             "recently finished; 0 turns tracing off)")
+    trace_max_events: int = knob(TraceConfig.trace_max_events, "events kept per traced request (the first ones; "
+                                                               "later ones are only counted)")
+    debug_store_prompts: bool = knob(TraceConfig.debug_store_prompts, "keep each traced request's prompt, shown "
+                                                                      "by /debug/requests (off: no prompt text "
+                                                                      "is kept)")
     tensor_parallel_size: int = knob(1, "must be 1: the engine is one CPU process")
     kv_cache_dtype: str = knob("auto", "must be auto: the KV cache has the model's dtype")
     trust_remote_code: bool = knob(False, "accepted for vLLM's scripts; no model code is ever run",
@@ -155,7 +163,7 @@ class EngineArgs:
                             cache=CacheConfig(**self._values_for(CacheConfig, kv_cache_memory=self._kv_budget())),
                             scheduler=SchedulerConfig(**self._values_for(SchedulerConfig)),
                             speculative=self._speculative(), kernels=self.kernels, quantization=self.quantization,
-                            pooling=self.pooling)
+                            pooling=self.pooling, trace=TraceConfig(**self._values_for(TraceConfig)))
 
     @property
     def resolved_dtype(self) -> str:

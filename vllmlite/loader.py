@@ -18,6 +18,7 @@ import numpy as np
 
 from vllmlite.config import ModelConfig, RopeScaling, check_quantization
 from vllmlite.model_source import RANDOM_MODEL, resolve_model
+from vllmlite.progress import progress
 from vllmlite.quant import GGUF_TYPES, BlockRows, QuantizedMatrix, from_gguf, quantize_rows, tile
 from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, read_gguf_fields
 
@@ -162,7 +163,7 @@ class _Matrices:
             return self.finish(self.from_float(a))
         layers = [dataclasses.replace(layer, wqkv=convert(layer.wqkv), wo=convert(layer.wo),
                                       w_gate_up=convert(layer.w_gate_up), w_down=convert(layer.w_down))
-                  for layer in weights.layers]
+                  for layer in progress(weights.layers, f"Quantizing to {self.quantization}", unit="layer")]
         embed = convert(weights.embed)
         lm_head = embed if weights.lm_head is weights.embed else convert(weights.lm_head)
         return ModelWeights(embed, layers, weights.final_norm, lm_head, weights.rope_freq_factors)
@@ -200,7 +201,7 @@ def _load_gguf(path: Path, matrices: _Matrices) -> LoadedModel:
     # llama.cpp's converter permutes Llama's Q and K rows for its rotary layout; qwen2 is stored as is.
     unpermute = arch == "llama"
     layers = []
-    for i in range(config.num_layers):
+    for i in progress(range(config.num_layers), f"Loading {path.name}", unit="layer"):
         p = f"blk.{i}."
         wq, wk = matrix(p + "attn_q.weight"), matrix(p + "attn_k.weight")
         if unpermute:
@@ -282,7 +283,7 @@ def _load_hf_directory(path: Path, matrices: _Matrices) -> LoadedModel:
     if not files:
         raise ValueError(f"{path} has no *.safetensors files")
     state: dict[str, np.ndarray] = {}
-    for file in files:
+    for file in progress(files, f"Loading {path.name}", unit="file"):
         state.update(load_file(str(file)))
 
     def get(name: str) -> np.ndarray:

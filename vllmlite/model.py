@@ -16,6 +16,7 @@ from vllmlite.attention import AttentionMetadata, build_metadata
 from vllmlite.config import ModelConfig
 from vllmlite.kernels import Kernels, get_kernels
 from vllmlite.loader import Matrix, ModelWeights
+from vllmlite.progress import progress
 from vllmlite.quant import QuantizedMatrix, dequantize
 
 KVCache = list[tuple[np.ndarray, np.ndarray]]  # per layer (K, V), each [num_slots, kv_heads, head_dim]
@@ -187,7 +188,7 @@ class LlamaModel:
         steps = [([3, 1], [3, 2], [[0], [1]], [2, 3]),
                  ([WARM_UP_TOKENS], [WARM_UP_TOKENS], [[2, 3, 4, 5, 6]], [WARM_UP_TOKENS - 1]),
                  ([1], [4], [[0]], [0])]
-        for query_lens, seq_lens, block_tables, logits_rows in steps:
+        for query_lens, seq_lens, block_tables, logits_rows in progress(steps, "Warming up kernels", unit="pass"):
             meta = build_metadata(query_lens, seq_lens, block_tables, block_size)
             self.forward(np.zeros(sum(query_lens), dtype=np.int64), meta, kv_cache, np.array(logits_rows))
         return time.perf_counter() - start

@@ -190,7 +190,8 @@ class OutputProcessor:
                                          request.pooling_params.normalize)
         elif error is None:
             error = f"the request ended ({request.finish_reason.value}) before its prompt was computed"
-        metrics = RequestMetrics(request.arrival_time, None, time.monotonic(), request.num_preemptions)
+        metrics = RequestMetrics(request.arrival_time, None, time.monotonic(), request.num_preemptions,
+                                 first_scheduled_time=request.first_scheduled_time)
         return EmbeddingRequestOutput(request.request_id, request.prompt_token_ids, EmbeddingOutput(embedding),
                                       True, prompt, request.num_cached_tokens, error, metrics)
 
@@ -239,7 +240,8 @@ class OutputProcessor:
         metrics = RequestMetrics(first.arrival_time, first.first_token_time,
                                  time.monotonic() if group.finished else None, first.num_preemptions,
                                  sum(s.request.num_draft_tokens for s in group.samples),
-                                 sum(s.request.num_accepted_tokens for s in group.samples))
+                                 sum(s.request.num_accepted_tokens for s in group.samples),
+                                 first.first_scheduled_time)
         prompt_logprobs = None
         if group.params.prompt_logprobs is not None:
             converted = _sync_logprobs(group.prompt_logprobs, first.prompt_logprobs, self.tokenizer.token_text)

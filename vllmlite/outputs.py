@@ -49,6 +49,7 @@ class RequestMetrics:
     num_preemptions: int = 0
     num_draft_tokens: int = 0       # speculative guesses scored
     num_accepted_tokens: int = 0    # of those, kept
+    first_scheduled_time: float | None = None
 
 
 @dataclass

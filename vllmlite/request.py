@@ -66,6 +66,7 @@ class Request:
     num_preemptions: int = 0
     num_draft_tokens: int = 0           # speculative guesses scored for this request
     num_accepted_tokens: int = 0        # of those, kept
+    first_scheduled_time: float | None = None  # when it first ran (time.monotonic, as arrival_time)
     first_token_time: float | None = None
     last_token_time: float | None = None
     # Embedding requests: [hidden] the last position's final-norm hidden state, or (mean) the sum

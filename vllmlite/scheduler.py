@@ -10,6 +10,7 @@ state the runner handed back. Owns request lifecycles; never touches tensors.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -21,6 +22,7 @@ from vllmlite.pooling_params import PoolingType
 from vllmlite.request import FinishReason, Request, RequestStatus, internal_error
 from vllmlite.request_queue import WaitingQueue
 from vllmlite.stats import KVOccupancy, SchedulerStats, SpecDecodeStats
+from vllmlite.tracing import Tracer
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -29,7 +31,7 @@ T = TypeVar("T")
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int,
                  preemption_mode: str, stop_token_ids: frozenset[int], num_speculative_tokens: int = 0,
-                 chunking: ChunkingPolicy | None = None) -> None:
+                 tracer: Tracer | None = None, chunking: ChunkingPolicy | None = None) -> None:
         self.config = config
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -44,6 +46,7 @@ class Scheduler:
         self._static_batch_open = False  # batching="static": the current batch still takes requests
         self.num_speculative_tokens = num_speculative_tokens
         self._spec_counts = _SpecDecodeCounts(num_speculative_tokens)
+        self.tracer = tracer or Tracer()  # told of each lifecycle event; the default records nothing
         self.chunking = chunking or ChunkingPolicy(config, block_manager.block_size)
         self._prefill = PrefillShare(0, 0)  # this step's prompt tokens (chunking.py)
 
@@ -59,6 +62,7 @@ class Scheduler:
         if forks:
             self.forks[request.request_id] = forks
         self.waiting.add(request)
+        self.tracer.queued(request, len(self.waiting))
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
         """Finish the given requests (and pending forks of a parent) as aborted; return them."""
@@ -80,10 +84,12 @@ class Scheduler:
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
         request.finish(reason, stop_reason, error)
+        self.tracer.finished(request)
         self.block_manager.free(request.request_id)
         self.requests.pop(request.request_id, None)
         for fork in self.forks.pop(request.request_id, []):
             fork.finish(reason, stop_reason, error)
+            self.tracer.finished(fork)
             self.requests.pop(fork.request_id, None)
 
     def has_unfinished_requests(self) -> bool:
@@ -217,6 +223,7 @@ class Scheduler:
         self.swapped.pop(0)
         request.status = RequestStatus.RUNNING
         self.running.append(request)
+        self.tracer.swapped_in(request)
         self._add_scheduled(out, request, num_new)
         return num_new
 
@@ -278,6 +285,7 @@ class Scheduler:
         self.waiting.pop(request)
         request.status = RequestStatus.RUNNING
         self.running.append(request)
+        self.tracer.admitted(request, hit.num_tokens)
         self._add_scheduled(out, request, num_new)
         return num_new
 
@@ -319,15 +327,20 @@ class Scheduler:
             out.blocks_to_swap_out.extend(bm.swap_out(request.request_id))
             request.status = RequestStatus.SWAPPED
             self.swapped.insert(0, request)
+            self.tracer.preempted(request, "swap")
             return
         bm.free(request.request_id)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         self.waiting.push_front(request)
+        self.tracer.preempted(request, "recompute")
 
     def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int, num_drafts: int = 0) -> None:
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.monotonic()
         start = request.num_computed_tokens
         self._prefill.spend(num_new, request.num_tokens - start)
+        self.tracer.scheduled(request, start, num_new)
         samples = start + num_new == request.num_tokens
         samplers = [request] + self.forks.get(request.request_id, []) if samples else []
         if request.is_pooling:

@@ -9,6 +9,7 @@ a frozen dataclass costs several times more to build, and one is built every ste
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -104,3 +105,47 @@ class KVOccupancy:
     held_tokens: int   # tokens whose K/V running requests hold, counted once per block even when shared
     used_blocks: int   # blocks referenced by some request
     num_running: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One engine step: when it ended (unix seconds), how long it took, and its batch's shape."""
+
+    time: float
+    duration_ms: float
+    num_decode: int          # sequences computing one new token (a speculative round counts as one)
+    num_prefill_tokens: int  # tokens of the other sequences (prompt chunks, re-prefill after preemption)
+    num_requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """TTFT and time per output token (seconds) over the last `window` finished requests; None when
+    no request in the window has the tokens to measure it."""
+
+    ttft_p50: float | None = None
+    ttft_p90: float | None = None
+    tpot_p50: float | None = None
+    tpot_p90: float | None = None
+    window: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDebugSnapshot:
+    """What /debug/engine shows, taken on the engine thread between steps (`LLMEngine.debug_snapshot()`)."""
+
+    stats: EngineStats
+    block_states: bytes                  # per device block id: 0 free, 1 used, 2 cached and free, 3 cached and used
+    recent_steps: tuple[StepRecord, ...]  # oldest first; empty when tracing is off
+    latency: LatencySummary
+    config: dict[str, Any]               # the effective engine config as plain JSON values
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTotals:
+    """Cumulative serving counts, as the metrics counted them (`EngineMetrics.totals()`)."""
+
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_finished: int = 0   # ended for any reason but an abort (stop, length, error)
+    num_aborted: int = 0

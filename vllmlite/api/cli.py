@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -17,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from vllmlite.engine_args import EngineArgs, knob, parse_bytes
+from vllmlite.metrics import DEFAULT_PREFIX
 from vllmlite.model_source import DEFAULT_ALIASES, RANDOM_MODEL
+from vllmlite.routing import RoutingPolicy
 
 ENV_PREFIX = "VLLMLITE_"
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
@@ -67,8 +70,13 @@ class ServerArgs(EngineArgs):
     served_model_name: str | None = knob(None, "the name clients must send as `model` (default: "
                                                f"{DEFAULT_SERVED_NAME} for the default model, 'random', "
                                                "else the path's name)")
-    api_key: str | None = knob(None, "require `Authorization: Bearer <key>` on every route but /health "
-                                     "(prefer the environment variable: flags show in `ps`)")
+    api_key: str | None = knob(None, "require `Authorization: Bearer <key>` on every route but /health, "
+                                     "/metrics, /version and the web page's files at / and /static/ (prefer the environment variable: flags show in `ps`)")
+    api_key_on_metrics: bool = knob(False, "with --api-key, require the key on /metrics and /version too")
+    metrics_prefix: str = knob(DEFAULT_PREFIX, "prefix of the Prometheus metric names; 'vllm' makes vLLM's own "
+                                               "Grafana dashboard read them unchanged")
+    log_stats_interval: float = knob(10.0, "seconds between the engine's stats log lines (throughput, "
+                                           "requests, KV usage, prefix hit rate; 0: none)")
     max_queue: int | None = knob(256, "most requests waiting to run; beyond it requests get 503 with Retry-After")
     request_timeout: float | None = knob(None, "seconds a request may run before it is aborted with an error "
                                                "(default: no limit)")
@@ -86,6 +94,9 @@ class ServerArgs(EngineArgs):
     special_tokens_in_messages: bool = knob(False, "read special-token text in chat messages (e.g. "
                                                    "<|im_start|>) as the special tokens: only for trusted "
                                                    "callers, since it lets a message forge a system turn")
+    enable_debug_endpoints: bool = knob(False, "serve GET /debug/requests, /debug/requests/{id} and /debug/engine "
+                                               "(request traces, KV block states, recent steps, the config; "
+                                               "behind the API key when there is one)")
     log_level: str = knob("info", f"one of {', '.join(LOG_LEVELS)}")
     allowed_origins: tuple[str, ...] = knob(("*",), "CORS: origins browsers may call from, a JSON list",
                                             parse=parse_json_list)
@@ -93,6 +104,11 @@ class ServerArgs(EngineArgs):
     allowed_headers: tuple[str, ...] = knob(("*",), "CORS: allowed request headers, a JSON list",
                                             parse=parse_json_list)
     allow_credentials: bool = knob(False, "CORS: let browsers send cookies and credentials")
+    num_replicas: int = knob(1, "engine replicas: above 1, each is a Ray Serve deployment (pip install "
+                                "vllmlite[ray]) behind this server's routes (docs/ray.md)")
+    ray_address: str | None = knob(None, "Ray cluster to run the replicas on (default: start a local Ray)")
+    routing: str = knob(RoutingPolicy.PREFIX_AWARE.value, "how requests pick a replica: "
+                                                          f"{', '.join(p.value for p in RoutingPolicy)}")
 
     def __post_init__(self) -> None:
         checks = [
@@ -110,6 +126,12 @@ class ServerArgs(EngineArgs):
             (self.stream_ping_interval >= 0, f"stream_ping_interval must be >= 0, got {self.stream_ping_interval}"),
             (self.log_level in LOG_LEVELS, f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}"),
             (self.api_key is None or len(self.api_key) > 0, "api_key must not be empty"),
+            (re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.metrics_prefix) is not None,
+             f"metrics_prefix must be a Prometheus name (letters, digits, _), got {self.metrics_prefix!r}"),
+            (self.log_stats_interval >= 0, f"log_stats_interval must be >= 0, got {self.log_stats_interval}"),
+            (self.num_replicas >= 1, f"num_replicas must be >= 1, got {self.num_replicas}"),
+            (self.routing in {p.value for p in RoutingPolicy},
+             f"routing must be one of {[p.value for p in RoutingPolicy]}, got {self.routing!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -119,6 +141,16 @@ class ServerArgs(EngineArgs):
     @property
     def model_name(self) -> str:
         return self.served_model_name or default_served_model_name(self.model)
+
+    @property
+    def uses_ray(self) -> bool:
+        return self.num_replicas > 1 or self.ray_address is not None
+
+    def replica_args(self) -> dict[str, Any]:
+        """These args as a dict for one replica: a single engine, no Ray of its own, and no API key
+        (the ingress checks it; a deployment's arguments are visible to anyone who can see the cluster)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "num_replicas": 1, "ray_address": None,
+                "api_key": None}
 
 
 @dataclass(frozen=True)

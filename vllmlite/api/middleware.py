@@ -4,7 +4,8 @@ and the header deadline, at the connection (uvicorn's protocol), before there is
 Owns authentication (a constant-time comparison of `Authorization: Bearer <key>`), reading the
 body within `max_body_bytes` (Content-Length checked first, then the bytes actually received,
 all before any JSON parsing) and `body_timeout` seconds, and the time a connection may take to send
-a request's headers. Knows nothing of routes beyond the paths that stay open.
+a request's headers. Knows nothing of routes beyond the paths that stay open (/health and the web
+page's files, which hold no data).
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from vllmlite.api.errors import APIError
+from vllmlite.api.web import is_page_path
 
-OPEN_PATHS = frozenset({"/health"})
+# Open without the API key, as in vLLM (whose key guards /v1/*): probes, scrapers and the version.
+# `--api-key-on-metrics` keeps only /health open.
+OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
 
 
 class _ClientGone(Exception):
@@ -27,11 +31,13 @@ class _ClientGone(Exception):
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int, body_timeout: float | None = None) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int, body_timeout: float | None = None,
+                 open_paths: frozenset[str] = OPEN_PATHS) -> None:
         self.app = app
         self.api_key = None if api_key is None else api_key.encode()
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
+        self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -52,7 +58,7 @@ class RequestGuard:
         await self.app(scope, _replay(body, receive), send)
 
     def _check_authorization(self, scope: Scope) -> APIError | None:
-        if self.api_key is None or scope["path"] in OPEN_PATHS:
+        if self.api_key is None or scope["path"] in self.open_paths or is_page_path(scope["path"]):
             return None
         # The scheme is case-insensitive (RFC 9110: "bearer", "BEARER" are "Bearer"); the key is not.
         scheme, _, key = (_header(scope, b"authorization") or b"").partition(b" ")

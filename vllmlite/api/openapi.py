@@ -33,18 +33,23 @@ from vllmlite.api.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
+from vllmlite.api.protocol_debug import DebugEngineResponse, RequestDetail, RequestList, StatsResponse
+from vllmlite.api.protocol_responses import STREAM_EVENTS, ResponsesRequest, ResponsesResponse
 from vllmlite.api.serving import NO_OP_FIELDS, UNSUPPORTED_FIELDS
 from vllmlite.api.serving_chat import CHAT_UNSUPPORTED_FIELDS
+from vllmlite.api.serving_responses import RESPONSES_UNSUPPORTED_FIELDS
 
 REF_TEMPLATE = "#/components/schemas/{model}"
-REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest)
-RESPONSE_MODELS = (CompletionResponse, ChatCompletionResponse, ChatCompletionChunk, EmbeddingResponse,
-                   TokenizeResponse, DetokenizeResponse, ModelList, VersionResponse, ErrorResponse)
+REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest, TokenizeRequest,
+                  DetokenizeRequest)
+RESPONSE_MODELS = (CompletionResponse, ChatCompletionResponse, ChatCompletionChunk, ResponsesResponse, *STREAM_EVENTS,
+                   EmbeddingResponse, TokenizeResponse, DetokenizeResponse, ModelList, VersionResponse, ErrorResponse,
+                   StatsResponse, DebugEngineResponse, RequestList, RequestDetail)
 
 ERROR_DESCRIPTIONS = {
     400: "Invalid request; `param` names the offending field",
     401: "Missing or wrong API key (when the server has one)",
-    404: "The `model` field names a model this server does not serve",
+    404: "The `model` field names a model this server does not serve (debug routes: an unknown request id)",
     408: "The body did not arrive within the server's body timeout",
     413: "The body is larger than the server's limit",
     503: "Overloaded, shutting down or the engine has failed; retry after `Retry-After` seconds",
@@ -57,6 +62,7 @@ ACCEPTED_ONLY_UNUSED = {
     CompletionRequest: UNSUPPORTED_FIELDS,
     ChatCompletionRequest: (*UNSUPPORTED_FIELDS, *CHAT_UNSUPPORTED_FIELDS,
                             ("chat_template", (None,), "the model's own template is rendered")),
+    ResponsesRequest: RESPONSES_UNSUPPORTED_FIELDS,
 }
 
 
@@ -64,22 +70,29 @@ def ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": REF_TEMPLATE.format(model=model.__name__)}
 
 
-def sse_item_schema(chunk: type[BaseModel]) -> dict[str, Any]:
-    """One server-sent event of a stream: `data` is a JSON `chunk`, an error (a failure after the
-    stream started) or the final `[DONE]` (OpenAPI 3.2's `itemSchema`, as FastAPI writes it)."""
-    json_data = {"type": "string", "contentMediaType": "application/json",
-                 "contentSchema": {"anyOf": [ref(chunk), ref(ErrorResponse)]}}
+def sse_item_schema(chunk: type[BaseModel] | Sequence[type[BaseModel]]) -> dict[str, Any]:
+    """One server-sent event of a stream (OpenAPI 3.2's `itemSchema`, as FastAPI writes it): for a
+    chunk model (chat, completions), `data` is a JSON chunk, an error (a failure after the stream
+    started) or the final `[DONE]`; for a sequence of event models (the Responses API), `data` is
+    one of them and `event` names its type, with no [DONE]."""
+    if isinstance(chunk, type):
+        json_data = {"type": "string", "contentMediaType": "application/json",
+                     "contentSchema": {"anyOf": [ref(chunk), ref(ErrorResponse)]}}
+        data = {"if": {"const": "[DONE]"}, "then": {"const": "[DONE]"}, "else": json_data}
+    else:
+        data = {"type": "string", "contentMediaType": "application/json",
+                "contentSchema": {"anyOf": [ref(model) for model in chunk]}}
     return {"type": "object", "required": ["data"],
-            "properties": {"data": {"if": {"const": "[DONE]"}, "then": {"const": "[DONE]"}, "else": json_data},
-                           "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}}}
+            "properties": {"data": data, "event": {"type": "string"}, "id": {"type": "string"},
+                           "retry": {"type": "integer"}}}
 
 
 def route_doc(ok: type[BaseModel] | dict[str, Any], *, body: type[BaseModel] | None = None,
-              stream: type[BaseModel] | None = None, errors: Sequence[int] = GUARDED,
+              stream: type[BaseModel] | Sequence[type[BaseModel]] | None = None, errors: Sequence[int] = GUARDED,
               media_type: str = "application/json") -> dict[str, Any]:
     """Route decorator arguments declaring the JSON body `body`, the 200 answer `ok` (a model or a
-    schema; plus an event stream of `stream` chunks when the body asks `stream: true`) and the
-    OpenAI-shaped `errors`. Nothing here changes how the route parses or answers."""
+    schema; plus an event stream of `stream` chunks or events when the body asks `stream: true`) and
+    the OpenAI-shaped `errors`. Nothing here changes how the route parses or answers."""
     content: dict[str, Any] = {media_type: {"schema": ref(ok) if isinstance(ok, type) else ok}}
     if stream is not None:
         content["text/event-stream"] = {"itemSchema": sse_item_schema(stream)}

@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -29,8 +30,9 @@ from starlette.types import Receive, Scope, Send
 from vllmlite import __version__
 from vllmlite.api.cli import ServerArgs, parse_config
 from vllmlite.api.constraints import is_constrained
+from vllmlite.api.debug import add_stats_and_debug_routes
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
-from vllmlite.api.middleware import RequestGuard, header_timeout_protocol
+from vllmlite.api.middleware import OPEN_PATHS, RequestGuard, header_timeout_protocol
 from vllmlite.api.openapi import GENERATE, GUARDED, install_openapi, route_doc
 from vllmlite.api.protocol import (
     MAX_NAME_CHARS,
@@ -50,6 +52,7 @@ from vllmlite.api.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
+from vllmlite.api.protocol_responses import STREAM_EVENTS, ResponsesRequest, ResponsesResponse
 from vllmlite.api.serving import (
     Admission,
     ServingContext,
@@ -61,9 +64,12 @@ from vllmlite.api.serving import (
 from vllmlite.api.serving_chat import create_chat, prepare_chat, render_messages
 from vllmlite.api.serving_completions import create_completion, prepare_completion
 from vllmlite.api.serving_embeddings import create_embeddings, prepare_embeddings
+from vllmlite.api.serving_responses import chat_request, create_response, new_response_id, prepare_response
+from vllmlite.api.web import add_web_routes
 from vllmlite.async_engine import AsyncLLMEngine
 from vllmlite.engine import LLMEngine
 from vllmlite.loader import LoadedModel
+from vllmlite.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from vllmlite.metrics import EngineMetrics
 
 logger = logging.getLogger("vllmlite.api.server")
@@ -76,7 +82,8 @@ SSE_HEADERS = {"Cache-Control": "no-cache"}
 def make_async_engine(config: ServerArgs, loaded: LoadedModel | None = None) -> AsyncLLMEngine:
     """Load the model and wrap its LLMEngine for serving (the thread starts with the app)."""
     engine = LLMEngine(config.create_engine_config(), loaded)
-    return AsyncLLMEngine(engine, EngineMetrics(config.model_name), max_queue=config.max_queue,
+    metrics = EngineMetrics(config.model_name, config.metrics_prefix, engine.max_model_len)
+    return AsyncLLMEngine(engine, metrics, max_queue=config.max_queue,
                           request_timeout=config.request_timeout, heartbeat_timeout=config.heartbeat_timeout)
 
 
@@ -85,7 +92,9 @@ def build_app(engine: AsyncLLMEngine, config: ServerArgs) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine.start()
+        stats_logger = asyncio.ensure_future(_log_stats(engine, config.log_stats_interval))
         yield
+        stats_logger.cancel()
         await asyncio.to_thread(engine.shutdown, config.shutdown_timeout)
 
     app = FastAPI(title="vllmlite", version=__version__, lifespan=lifespan)
@@ -96,15 +105,29 @@ def build_app(engine: AsyncLLMEngine, config: ServerArgs) -> FastAPI:
     _add_info_routes(app, ctx)
     _add_token_routes(app, ctx)
     _add_generate_routes(app, ctx, config)
+    add_stats_and_debug_routes(app, engine, config.model_name, config.enable_debug_endpoints)
+    add_web_routes(app)
     install_openapi(app)
+    open_paths = frozenset({"/health"}) if config.api_key_on_metrics else OPEN_PATHS
     app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                       body_timeout=config.body_timeout)
+                       body_timeout=config.body_timeout, open_paths=open_paths)
     # Added last, so outermost: a browser's preflight (which carries no API key) is answered before
     # the guard, and the guard's errors carry the CORS headers a page needs to read them.
     app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
                        allow_methods=list(config.allowed_methods), allow_headers=list(config.allowed_headers),
                        allow_credentials=config.allow_credentials)
     return app
+
+
+async def _log_stats(engine: AsyncLLMEngine, interval: float) -> None:
+    """vLLM's stats line every `interval` seconds: at INFO while there is work, DEBUG when idle."""
+    if not interval or engine.metrics is None:
+        return
+    engine.metrics.log_line(time.monotonic())  # the first interval starts now
+    while True:
+        await asyncio.sleep(interval)
+        line, is_busy = engine.metrics.log_line(time.monotonic())
+        logger.log(logging.INFO if is_busy else logging.DEBUG, line)
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -176,7 +199,7 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
              **route_doc({"type": "string"}, media_type="text/plain"))
     async def metrics() -> Response:
         text = engine.metrics.render() if engine.metrics is not None else ""
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(text, media_type=METRICS_CONTENT_TYPE)
 
 
 def _add_token_routes(app: FastAPI, ctx: ServingContext) -> None:
@@ -233,6 +256,15 @@ def _add_generate_routes(app: FastAPI, ctx: ServingContext, config: ServerArgs) 
         prepared = await _prepare(prepare_chat, ctx, req)
         admission = _admission(request, "chatcmpl", req)
         return await respond(request, create_chat(ctx, prepared, admission))
+
+    @app.post("/v1/responses", **route_doc(ResponsesResponse, body=ResponsesRequest, stream=STREAM_EVENTS,
+                                           errors=GENERATE))
+    async def responses(request: Request) -> Response:
+        req = await parse_body(request, ResponsesRequest)
+        chat_req = chat_request(req)
+        prepared = await _prepare(prepare_response, ctx, chat_req)
+        admission = Admission(new_response_id(), _client_id(request, req.user))
+        return await respond(request, create_response(ctx, req, prepared, admission))
 
     @app.post("/v1/embeddings", **route_doc(EmbeddingResponse, body=EmbeddingRequest, errors=GENERATE))
     async def embeddings(request: Request) -> Response:
@@ -345,9 +377,15 @@ def _log_startup(engine: AsyncLLMEngine, config: ServerArgs) -> None:
 def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = make_async_engine(config)
-    _log_startup(engine, config)
-    app = build_app(engine, config)
+    if config.uses_ray:  # Ray is an optional extra: imported only here
+        from vllmlite.api.ray_serving import add_replica_routes, launch_replicas
+        engine = launch_replicas(config)
+        app = build_app(engine, config)
+        add_replica_routes(app, engine)
+    else:
+        engine = make_async_engine(config)
+        _log_startup(engine, config)
+        app = build_app(engine, config)
     GracefulServer(uvicorn_config(app, config), engine, config.shutdown_timeout).run()
 
 

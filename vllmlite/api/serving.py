@@ -11,7 +11,7 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -272,18 +272,21 @@ def sse_event(payload: Any) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-async def sse_stream(events: AsyncIterator[str], streams: Sequence[RequestStream]) -> AsyncIterator[bytes]:
-    """`events`, encoded, then `data: [DONE]`; a failure mid-stream becomes an error event before
-    [DONE]. However the stream ends (finished, failed, client gone or too slow), the engine requests
-    are cancelled."""
+async def sse_stream(events: AsyncIterator[str], streams: Sequence[RequestStream],
+                     error_event: Callable[[APIError], str] = APIError.sse_event,
+                     done_event: bytes | None = DONE_EVENT) -> AsyncIterator[bytes]:
+    """`events`, encoded, then `done_event` (chat's `data: [DONE]`; the Responses API sends none); a
+    failure mid-stream becomes `error_event(error)` before it. However the stream ends (finished,
+    failed, client gone or too slow), the engine requests are cancelled."""
     try:
         async for event in events:
             yield event.encode()
     except Exception as error:
-        yield from_engine_error(error).sse_event().encode()
+        yield error_event(from_engine_error(error)).encode()
     finally:
         cancel_all(streams)
-    yield DONE_EVENT
+    if done_event is not None:
+        yield done_event
 
 
 def clamp_logprob(value: float) -> float:

@@ -1,0 +1,46 @@
+"""Progress bars (tqdm) where a person waits: shown on a terminal, silent in logs and pipes."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from bench.report import ProgressBar
+from vllmlite.loader import load_model
+from vllmlite.model import LlamaModel
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_model_warm_up_shows_a_bar_on_a_terminal_only(tiny_model, monkeypatch):
+    model = LlamaModel(tiny_model.config, tiny_model.weights, 64)
+    for stream, shows in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        model.warm_up()
+        assert ("Warming up kernels" in stream.getvalue()) is shows
+        assert ("3/3" in stream.getvalue()) is shows
+
+
+@pytest.mark.real_model
+def test_loading_the_default_gguf_shows_its_layers(monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    loaded = load_model("default", "float32", 0)
+    shown = terminal.getvalue()
+    assert f"Loading {loaded.source.rsplit('/', 1)[-1]}" in shown
+    assert f"{loaded.config.num_layers}/{loaded.config.num_layers}" in shown
+
+
+def test_the_benchmarks_bar_counts_requests_and_errors(monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    bar = ProgressBar(4, "burst")
+    for is_error in (False, True, False, False):
+        bar.advance(is_error)
+    bar.close()
+    assert "burst" in terminal.getvalue() and "4/4" in terminal.getvalue() and "errors=1" in terminal.getvalue()
