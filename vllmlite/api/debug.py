@@ -80,8 +80,9 @@ def add_stats_and_debug_routes(app: FastAPI, engine: AsyncLLMEngine | RemoteEngi
         return await source.engine()
 
 
-def no_trace(request_id: str, unasked: str = "") -> APIError:
-    note = f" (replicas that did not answer: {unasked})" if unasked else ""
+def no_trace(request_id: str, unanswered: str = "") -> APIError:
+    """The 404 for an id without a trace; `unanswered` names the replicas that could not be asked."""
+    note = f" (replicas that did not answer: {unanswered})" if unanswered else ""
     return APIError(404, f"no trace of request {request_id!r}: unknown, or older than the trace ring{note}",
                     param="request_id")
 

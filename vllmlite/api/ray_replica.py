@@ -4,7 +4,8 @@ streaming each request's outputs back to the ingress.
 Owns the replica side of the ingress protocol: `facts()` (tokenizer and request limits, so the
 ingress checks requests without a model), `generate()` (RequestOutputs, then ends; an engine error is
 yielded as a value, so the ingress re-raises the very exception AsyncLLMEngine raised), `health()`,
-`metrics()`, `inspect()` (the /v1/stats and /debug/* payloads of this engine), `drain()`. Knows nothing of routing or HTTP. Imports Ray: load it only for --num-replicas.
+`metrics()`, `inspect()` (this engine's /v1/stats and /debug/* payloads), `drain()`. Knows nothing of
+routing or HTTP. Imports Ray: load it only for --num-replicas.
 """
 
 from __future__ import annotations
