@@ -138,3 +138,54 @@ def test_a_replicas_reported_prefix_hit_lowers_the_next_requests_cost_there():
         assert len(engine._reported_hits) == ray_serving.MAX_REPORTED_HITS
         assert (home, key) not in engine._reported_hits  # the oldest went first
     asyncio.run(run())
+
+
+class _InspectHandle:
+    """A replica handle whose `inspect(read, *args)` is the coroutine `call(read, *args)`."""
+
+    def __init__(self, call) -> None:
+        self.inspect = _Method(call)
+
+
+async def _echo(read, *args):
+    return {"read": read, "args": list(args)}
+
+
+async def _fail(read, *args):
+    raise RuntimeError("RayTaskError(APIError): the engine did not answer\nmore lines")
+
+
+async def _hang(read, *args):
+    await asyncio.sleep(60)
+
+
+async def _no_trace(read, *args):
+    return None
+
+
+def test_inspecting_replicas_leaves_out_and_names_the_ones_that_fail_hang_or_are_down():
+    from vllmlite.api.debug import ReplicaDebug
+    from vllmlite.api.errors import APIError
+
+    async def run():
+        engine, _ = _engine([_finished] * 4)
+        for replica, call in zip(engine.replicas, (_echo, _fail, _hang, _echo)):
+            replica.handle = _InspectHandle(call)
+        engine.replicas[3].is_healthy, engine.replicas[3].error = False, "killed"
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        replies = await engine.inspect_replicas("request", "r1", timeout=0.2)
+        assert loop.time() - started < 2.0  # a hung replica costs the timeout, not a hang
+        assert replies.answers == [(0, {"read": "request", "args": ["r1"]})]
+        assert replies.missing == [(1, "RuntimeError: RayTaskError(APIError): the engine did not answer"),
+                                   (2, "no answer within 0.2 s"), (3, "down (killed)")]
+        # Through the routes' source: no replica that answered has the id, and one did not answer.
+        engine.replicas[0].handle = engine.replicas[2].handle = _InspectHandle(_no_trace)
+        with pytest.raises(APIError, match="did not answer: replica 1: RuntimeError") as not_found:
+            await ReplicaDebug(engine, "random").request("r1")
+        assert not_found.value.status == 404
+        engine.replicas[0].is_healthy = engine.replicas[2].is_healthy = False
+        with pytest.raises(APIError, match="no replica answered") as none:
+            await ReplicaDebug(engine, "random").stats()
+        assert none.value.status == 503
+    asyncio.run(run())
