@@ -189,3 +189,41 @@ def test_inspecting_replicas_leaves_out_and_names_the_ones_that_fail_hang_or_are
             await ReplicaDebug(engine, "random").stats()
         assert none.value.status == 503
     asyncio.run(run())
+
+
+class _Drain:
+    """A drain's DeploymentResponse: `result(timeout_s)` raises TimeoutError until `done_at`."""
+
+    def __init__(self, done_at: float) -> None:
+        self.done_at = done_at
+
+    def result(self, timeout_s: float) -> None:
+        import time
+        wait = self.done_at - time.monotonic()
+        if wait > timeout_s:
+            time.sleep(timeout_s)
+            raise TimeoutError("Timed out resolving to ObjectRef.")
+        time.sleep(max(wait, 0))
+
+
+def test_shutdown_waits_for_a_draining_replica_but_not_for_one_that_went_down():
+    """A replica that drains is waited for; one whose process (or Ray itself) is gone is given up
+    on as soon as the poller marks it down, not at the drain deadline (e.g. a SIGTERM sent to the
+    whole process group reaches Ray's own processes too)."""
+    import threading
+    import time
+
+    from vllmlite.api.ray_serving import RemoteEngine, ReplicaState
+
+    replica = ReplicaState(0, handle=None)
+    started = time.monotonic()
+    RemoteEngine._wait_for_drain(replica, _Drain(started + 1.0), deadline=started + 30)
+    assert 0.9 < time.monotonic() - started < 5  # drained: waited for it
+    threading.Timer(0.5, lambda: setattr(replica, "is_healthy", False)).start()
+    started = time.monotonic()
+    RemoteEngine._wait_for_drain(replica, _Drain(started + 60), deadline=started + 30)
+    assert time.monotonic() - started < 5  # went down: not the 30 s deadline
+    replica.is_healthy = True
+    started = time.monotonic()
+    RemoteEngine._wait_for_drain(replica, _Drain(started + 60), deadline=started + 1.0)
+    assert time.monotonic() - started < 5  # never drains: the deadline ends the wait

@@ -40,6 +40,7 @@ from vllmlite.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 POLL_INTERVAL = 0.5   # seconds between health and metrics polls of each replica
 POLL_TIMEOUT = 3.0    # a replica that does not answer a poll in this time is down
+DRAIN_POLL = 0.5      # seconds between looks at a draining replica's health
 MAX_REPORTED_HITS = 4096  # (replica, prefix) pairs whose last prefix-cache hit the ingress remembers
 # /v1/stats and /debug/*: a replica whose engine does not answer in this time (a long step) is left
 # out of the answer rather than holding up the others' (it is not marked down for it).
@@ -170,12 +171,9 @@ class RemoteEngine:
             self._wait_for_pumps(deadline - 10.0)
             self._stopped = True
             return
-        drains = [r.handle.drain.remote(timeout) for r in self.replicas if r.is_healthy]
-        for drain in drains:
-            try:
-                drain.result(timeout_s=max(deadline - time.monotonic(), 0.1))
-            except Exception as error:  # a dead replica has nothing to drain
-                logger.warning("draining a replica failed: %s", error)
+        drains = [(r, r.handle.drain.remote(timeout)) for r in self.replicas if r.is_healthy]
+        for replica, drain in drains:
+            self._wait_for_drain(replica, drain, deadline)
         # A replica's last outputs may still be on their way when its drain returns: let them arrive.
         self._wait_for_pumps(time.monotonic() + 10.0)
         self._stopped = True  # before the deletes: /health must not call the server dead meanwhile
@@ -187,6 +185,24 @@ class RemoteEngine:
         if self._owns_replicas:
             for replica in self.replicas:
                 serve.delete(f"vllmlite-replica-{replica.index}", _blocking=False)
+
+    @staticmethod
+    def _wait_for_drain(replica: ReplicaState, drain, deadline: float) -> None:
+        """Until `replica` has drained, or `deadline`, or it goes down (the poller still runs): a replica
+        whose process, or Ray itself, is gone will never answer (e.g. a signal sent to the whole
+        process group reached Ray's own processes too), so there is nothing to wait for."""
+        while True:
+            try:
+                drain.result(timeout_s=max(min(DRAIN_POLL, deadline - time.monotonic()), 0.01))
+                return
+            except TimeoutError:  # Ray's GetTimeoutError is one
+                if not replica.is_healthy or time.monotonic() >= deadline:
+                    logger.warning("replica %d did not finish draining: %s", replica.index,
+                                   replica.error or "out of time")
+                    return
+            except Exception as error:  # a dead replica has nothing to drain
+                logger.warning("draining replica %d failed: %s", replica.index, error)
+                return
 
     def _wait_for_pumps(self, deadline: float) -> None:
         """Off the event loop: until no request is being forwarded, or `deadline`."""
