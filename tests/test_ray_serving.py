@@ -3,7 +3,7 @@ process with two replicas of the tiny random model (one local Ray, started once 
 
 Checks the OpenAI client through the ingress (chat, streaming, n>1, errors, auth), prefix-aware
 routing (requests sharing a system prompt hit one replica's prefix cache, not the other's), the
-merged /metrics, a killed replica (its request gets a clean 503, service goes on, Ray restarts it)
+merged /metrics, /v1/stats and /debug/* over both replicas, a killed replica (its request gets a clean 503, service goes on, Ray restarts it)
 and SIGTERM draining every replica. The last test stops the server: keep it last.
 """
 
@@ -20,6 +20,7 @@ import pytest
 from conftest import skip_unless_ci
 from server_util import SubprocessServer, parse_prometheus, wait_until
 
+from vllmlite.api.protocol_debug import ReplicasDebugEngineResponse, RequestDetail, RequestList, StatsResponse
 from vllmlite.routing import preference_order, routing_key
 
 pytestmark = pytest.mark.ray
@@ -35,7 +36,8 @@ def ray_server(tmp_path_factory):
     if importlib.util.find_spec("ray") is None:  # found, not imported: the ingress imports Ray, not the tests
         skip_unless_ci("ray is not installed (pip install -e .[ray])")
     server = SubprocessServer(["--model", "random", "--num-replicas", "2", "--num-blocks", "512",
-                               "--block-size", str(BLOCK_SIZE), "--log-stats-interval", "0"],
+                               "--block-size", str(BLOCK_SIZE), "--log-stats-interval", "0",
+                               "--enable-debug-endpoints"],
                               env={"VLLMLITE_API_KEY": API_KEY, "VLLMLITE_SHUTDOWN_TIMEOUT": "60"},
                               start_timeout=START_TIMEOUT)
     started = time.monotonic()
@@ -118,6 +120,46 @@ def _prompt_for_replica(replica: int, length: int = 40) -> list[int]:
         if preference_order(routing_key(tokens, BLOCK_SIZE), 2)[0] == replica:
             return tokens
     raise AssertionError("no prompt found")
+
+
+def _get(server: SubprocessServer, path: str) -> httpx.Response:
+    return httpx.get(server.url + path, headers=HEADERS, timeout=30)
+
+
+def test_stats_and_debug_routes_cover_every_replica(ray_server):
+    """After the shared-prefix test: its prefix hits show in the summed /v1/stats, and each request is
+    traced on the replica that served it."""
+    ids = []
+    for replica in (0, 1):
+        response = httpx.post(ray_server.url + "/v1/completions", headers=HEADERS, timeout=60, json={
+            "model": "random", "prompt": _prompt_for_replica(replica), "max_tokens": 3, "ignore_eos": True})
+        ids.append(response.json()["id"])
+    stats = StatsResponse.model_validate(_get(ray_server, "/v1/stats").json())
+    replicas = stats.replicas
+    assert [r.replica for r in replicas] == [0, 1] and stats.missing_replicas == []
+    assert stats.kv_blocks.total == sum(r.kv_blocks.total for r in replicas) == 2 * 512
+    for pick in (lambda s: s.num_running + s.num_waiting, lambda s: s.kv_blocks.cached, lambda s: s.num_preemptions,
+                 lambda s: s.prefix_cache.queries, lambda s: s.prefix_cache.hits, lambda s: s.tokens.prompt,
+                 lambda s: s.tokens.generation, lambda s: s.requests.finished, lambda s: s.latency.window):
+        assert pick(stats) == sum(pick(r) for r in replicas)
+    assert stats.prefix_cache.hits > 0 and all(r.requests.finished > 0 for r in replicas)
+    assert stats.prefix_cache.hit_rate == pytest.approx(stats.prefix_cache.hits / stats.prefix_cache.queries)
+    assert stats.latency.ttft_p90 == max(r.latency.ttft_p90 for r in replicas if r.latency.ttft_p90 is not None)
+
+    listed = RequestList.model_validate(_get(ray_server, "/debug/requests").json())
+    assert listed.missing_replicas == [] and {r.replica for r in listed.requests} == {0, 1}
+    served_by = {r.request_id: r.replica for r in listed.requests}
+    assert [served_by[request_id] for request_id in ids] == [0, 1]
+    for replica, request_id in enumerate(ids):
+        detail = RequestDetail.model_validate(_get(ray_server, f"/debug/requests/{request_id}").json())
+        assert (detail.replica, detail.num_output_tokens, detail.events[-1].event) == (replica, 3, "finished")
+    assert _get(ray_server, "/debug/requests/cmpl-unknown").status_code == 404
+
+    engines = ReplicasDebugEngineResponse.model_validate(_get(ray_server, "/debug/engine").json())
+    assert [(r.replica, len(r.blocks), r.config["num_blocks"]) for r in engines.replicas] == [(0, 512, 512),
+                                                                                            (1, 512, 512)]
+    assert all(sum(state in (2, 3) for state in r.blocks) == r.kv_blocks.cached > 0 for r in engines.replicas)
+    assert engines.missing_replicas == []
 
 
 def _long_completion(server: SubprocessServer, prompt: list[int], results: list, max_tokens: int = 3000) -> None:

@@ -138,3 +138,92 @@ def test_a_replicas_reported_prefix_hit_lowers_the_next_requests_cost_there():
         assert len(engine._reported_hits) == ray_serving.MAX_REPORTED_HITS
         assert (home, key) not in engine._reported_hits  # the oldest went first
     asyncio.run(run())
+
+
+class _InspectHandle:
+    """A replica handle whose `inspect(read, *args)` is the coroutine `call(read, *args)`."""
+
+    def __init__(self, call) -> None:
+        self.inspect = _Method(call)
+
+
+async def _echo(read, *args):
+    return {"read": read, "args": list(args)}
+
+
+async def _fail(read, *args):
+    raise RuntimeError("RayTaskError(APIError): the engine did not answer\nmore lines")
+
+
+async def _hang(read, *args):
+    await asyncio.sleep(60)
+
+
+async def _no_trace(read, *args):
+    return None
+
+
+def test_inspecting_replicas_leaves_out_and_names_the_ones_that_fail_hang_or_are_down():
+    from vllmlite.api.debug import ReplicaDebug
+    from vllmlite.api.errors import APIError
+
+    async def run():
+        engine, _ = _engine([_finished] * 4)
+        for replica, call in zip(engine.replicas, (_echo, _fail, _hang, _echo)):
+            replica.handle = _InspectHandle(call)
+        engine.replicas[3].is_healthy, engine.replicas[3].error = False, "killed"
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        replies = await engine.inspect_replicas("request", "r1", timeout=0.2)
+        assert loop.time() - started < 2.0  # a hung replica costs the timeout, not a hang
+        assert replies.answers == [(0, {"read": "request", "args": ["r1"]})]
+        assert replies.missing == [(1, "RuntimeError: RayTaskError(APIError): the engine did not answer"),
+                                   (2, "no answer within 0.2 s"), (3, "down (killed)")]
+        # Through the routes' source: no replica that answered has the id, and one did not answer.
+        engine.replicas[0].handle = engine.replicas[2].handle = _InspectHandle(_no_trace)
+        with pytest.raises(APIError, match="did not answer: replica 1: RuntimeError") as not_found:
+            await ReplicaDebug(engine, "random").request("r1")
+        assert not_found.value.status == 404
+        engine.replicas[0].is_healthy = engine.replicas[2].is_healthy = False
+        with pytest.raises(APIError, match="no replica answered") as none:
+            await ReplicaDebug(engine, "random").stats()
+        assert none.value.status == 503
+    asyncio.run(run())
+
+
+class _Drain:
+    """A drain's DeploymentResponse: `result(timeout_s)` raises TimeoutError until `done_at`."""
+
+    def __init__(self, done_at: float) -> None:
+        self.done_at = done_at
+
+    def result(self, timeout_s: float) -> None:
+        import time
+        wait = self.done_at - time.monotonic()
+        if wait > timeout_s:
+            time.sleep(timeout_s)
+            raise TimeoutError("Timed out resolving to ObjectRef.")
+        time.sleep(max(wait, 0))
+
+
+def test_shutdown_waits_for_a_draining_replica_but_not_for_one_that_went_down():
+    """A replica that drains is waited for; one whose process (or Ray itself) is gone is given up
+    on as soon as the poller marks it down, not at the drain deadline (e.g. a SIGTERM sent to the
+    whole process group reaches Ray's own processes too)."""
+    import threading
+    import time
+
+    from vllmlite.api.ray_serving import RemoteEngine, ReplicaState
+
+    replica = ReplicaState(0, handle=None)
+    started = time.monotonic()
+    RemoteEngine._wait_for_drain(replica, _Drain(started + 1.0), deadline=started + 30)
+    assert 0.9 < time.monotonic() - started < 5  # drained: waited for it
+    threading.Timer(0.5, lambda: setattr(replica, "is_healthy", False)).start()
+    started = time.monotonic()
+    RemoteEngine._wait_for_drain(replica, _Drain(started + 60), deadline=started + 30)
+    assert time.monotonic() - started < 5  # went down: not the 30 s deadline
+    replica.is_healthy = True
+    started = time.monotonic()
+    RemoteEngine._wait_for_drain(replica, _Drain(started + 60), deadline=started + 1.0)
+    assert time.monotonic() - started < 5  # never drains: the deadline ends the wait

@@ -4,6 +4,8 @@ Owns turning the engine's snapshots (EngineStats, RequestTraceSnapshot, EngineDe
 JSON shapes of protocol_debug.py. Every snapshot is taken on the engine thread between steps
 (`AsyncLLMEngine.inspect`), so it is consistent and nothing is read while a step changes it. The
 API key guards these routes as any other (middleware.py). Knows nothing of the engine's parts.
+Behind the Ray ingress (--num-replicas) each replica builds these payloads from its own engine and
+the ingress merges them (replica_debug.py); the routes are the same.
 
 Request ids are the engine's: the id the API returns (chatcmpl-..., cmpl-...), and for a completion
 with several prompts `<id>-<i>` for prompt i. The n samples of one prompt share one trace.
@@ -13,70 +15,149 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI
 
 from vllmlite.api.errors import APIError, unavailable
 from vllmlite.api.openapi import GUARDED, route_doc
-from vllmlite.api.protocol_debug import DebugEngineResponse, RequestDetail, RequestList, StatsResponse
+from vllmlite.api.protocol_debug import (
+    DebugEngineResponse,
+    ReplicasDebugEngineResponse,
+    RequestDetail,
+    RequestList,
+    StatsResponse,
+)
+from vllmlite.api.replica_debug import (
+    ReplicaAnswers,
+    engines_payload,
+    find_request,
+    merge_request_lists,
+    merge_stats,
+)
 from vllmlite.async_engine import AsyncLLMEngine, EngineDeadError
 from vllmlite.engine import LLMEngine
 from vllmlite.stats import EngineStats, LatencySummary, RequestTotals
 from vllmlite.tracing import RequestTraceSnapshot
 
+if TYPE_CHECKING:  # only for its type: the Ray module is imported by the server for --num-replicas alone
+    from vllmlite.api.ray_serving import RemoteEngine
+
 T = TypeVar("T")
 READ_ERRORS = (*GUARDED, 503)
 
 
-def add_stats_and_debug_routes(app: FastAPI, engine: AsyncLLMEngine, model_name: str, enable_debug: bool) -> None:
+def add_stats_and_debug_routes(app: FastAPI, engine: AsyncLLMEngine | RemoteEngine, model_name: str,
+                               enable_debug: bool) -> None:
     """/v1/stats always; /debug/* only when `enable_debug` (otherwise they are unknown routes: 404).
-    None of them over an engine that is not a local AsyncLLMEngine (Ray replicas): nothing to inspect."""
-    if not isinstance(engine, AsyncLLMEngine):
-        return
+    Over a local engine, or over the Ray replicas behind the ingress (RemoteEngine): the same routes."""
+    if isinstance(engine, AsyncLLMEngine):
+        source: LocalDebug | ReplicaDebug = LocalDebug(engine, model_name)
+        engine_doc: type = DebugEngineResponse
+    else:
+        source, engine_doc = ReplicaDebug(engine, model_name), ReplicasDebugEngineResponse
 
     @app.get("/v1/stats", **route_doc(StatsResponse, errors=READ_ERRORS))
     async def stats() -> dict:
-        engine_stats, latency = await _read(engine, lambda e: (e.get_stats(), e.tracer.latency()))
-        return stats_payload(model_name, engine_stats, latency, _totals(engine))
+        return await source.stats()
 
     if not enable_debug:
         return
 
     @app.get("/debug/requests", **route_doc(RequestList, errors=READ_ERRORS))
     async def debug_requests() -> dict:
-        traces = await _read(engine, lambda e: e.tracer.snapshots())
-        return {"requests": [trace_summary(t) for t in traces]}
+        return await source.requests()
 
     @app.get("/debug/requests/{request_id}", **route_doc(RequestDetail, errors=(*READ_ERRORS, 404)))
     async def debug_request(request_id: str) -> dict:
-        trace = await _read(engine, lambda e: e.tracer.snapshot(request_id))
-        if trace is None:
-            raise APIError(404, f"no trace of request {request_id!r}: unknown, or older than the trace ring",
-                           param="request_id")
-        return trace_detail(trace)
+        detail = await source.request(request_id)
+        if detail is None:
+            raise no_trace(request_id)
+        return detail
 
-    @app.get("/debug/engine", **route_doc(DebugEngineResponse, errors=READ_ERRORS))
+    @app.get("/debug/engine", **route_doc(engine_doc, errors=READ_ERRORS))
     async def debug_engine() -> dict:
-        snapshot = await _read(engine, LLMEngine.debug_snapshot)
-        payload = stats_payload(model_name, snapshot.stats, snapshot.latency, _totals(engine))
+        return await source.engine()
+
+
+def no_trace(request_id: str, unanswered: str = "") -> APIError:
+    """The 404 for an id without a trace; `unanswered` names the replicas that could not be asked."""
+    note = f" (replicas that did not answer: {unanswered})" if unanswered else ""
+    return APIError(404, f"no trace of request {request_id!r}: unknown, or older than the trace ring{note}",
+                    param="request_id")
+
+
+class LocalDebug:
+    """The routes' payloads from one local engine; also what each Ray replica answers the ingress
+    with (EngineReplica.inspect). `request` is None for an id it has no trace of."""
+
+    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+        self._engine = engine
+        self.model_name = model_name
+
+    async def stats(self) -> dict[str, Any]:
+        engine_stats, latency = await self._read(lambda e: (e.get_stats(), e.tracer.latency()))
+        return stats_payload(self.model_name, engine_stats, latency, self._totals())
+
+    async def requests(self) -> dict[str, Any]:
+        traces = await self._read(lambda e: e.tracer.snapshots())
+        return {"requests": [trace_summary(t) for t in traces]}
+
+    async def request(self, request_id: str) -> dict[str, Any] | None:
+        trace = await self._read(lambda e: e.tracer.snapshot(request_id))
+        return None if trace is None else trace_detail(trace)
+
+    async def engine(self) -> dict[str, Any]:
+        snapshot = await self._read(LLMEngine.debug_snapshot)
+        payload = stats_payload(self.model_name, snapshot.stats, snapshot.latency, self._totals())
         payload["blocks"] = list(snapshot.block_states)
         payload["recent_steps"] = [{"time": s.time, "duration_ms": s.duration_ms, "num_decode": s.num_decode,
                                     "num_prefill_tokens": s.num_prefill_tokens, "num_requests": s.num_requests}
                                    for s in snapshot.recent_steps]
-        payload["config"] = {"model": model_name, **snapshot.config}
+        payload["config"] = {"model": self.model_name, **snapshot.config}
         return payload
 
+    async def _read(self, read: Callable[[LLMEngine], T]) -> T:
+        try:
+            return await self._engine.inspect(read)
+        except EngineDeadError as error:
+            raise unavailable(str(error)) from error
 
-async def _read(engine: AsyncLLMEngine, read: Callable[[LLMEngine], T]) -> T:
-    try:
-        return await engine.inspect(read)
-    except EngineDeadError as error:
-        raise unavailable(str(error)) from error
+    def _totals(self) -> RequestTotals:
+        metrics = self._engine.metrics
+        return metrics.request_totals() if metrics is not None else RequestTotals()
 
 
-def _totals(engine: AsyncLLMEngine) -> RequestTotals:
-    return engine.metrics.request_totals() if engine.metrics is not None else RequestTotals()
+class ReplicaDebug:
+    """The routes' payloads behind the Ray ingress: each healthy replica's LocalDebug payload, asked
+    concurrently (RemoteEngine.inspect_replicas), merged by replica_debug.py. A replica that is down
+    or does not answer in time is left out and named in `missing_replicas`; none answering is a 503."""
+
+    def __init__(self, engine: RemoteEngine, model_name: str) -> None:
+        self._engine = engine
+        self.model_name = model_name
+
+    async def stats(self) -> dict[str, Any]:
+        return merge_stats(self.model_name, await self._ask("stats"), time.time())
+
+    async def requests(self) -> dict[str, Any]:
+        return merge_request_lists(await self._ask("requests"))
+
+    async def request(self, request_id: str) -> dict[str, Any] | None:
+        replies = await self._ask("request", request_id)
+        detail = find_request(replies)
+        if detail is None and replies.missing:  # it may be on a replica that did not answer
+            raise no_trace(request_id, replies.describe_missing())
+        return detail
+
+    async def engine(self) -> dict[str, Any]:
+        return engines_payload(self.model_name, await self._ask("engine"), time.time())
+
+    async def _ask(self, read: str, *args: str) -> ReplicaAnswers:
+        replies = await self._engine.inspect_replicas(read, *args)
+        if not replies.answers:
+            raise unavailable(f"no replica answered: {replies.describe_missing()}")
+        return replies
 
 
 def stats_payload(model_name: str, stats: EngineStats, latency: LatencySummary, totals: RequestTotals) -> dict:

@@ -33,7 +33,13 @@ from vllmlite.api.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
-from vllmlite.api.protocol_debug import DebugEngineResponse, RequestDetail, RequestList, StatsResponse
+from vllmlite.api.protocol_debug import (
+    DebugEngineResponse,
+    ReplicasDebugEngineResponse,
+    RequestDetail,
+    RequestList,
+    StatsResponse,
+)
 from vllmlite.api.protocol_responses import STREAM_EVENTS, ResponsesRequest, ResponsesResponse
 from vllmlite.api.serving import NO_OP_FIELDS, UNSUPPORTED_FIELDS
 from vllmlite.api.serving_chat import CHAT_UNSUPPORTED_FIELDS
@@ -44,7 +50,7 @@ REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest, Em
                   DetokenizeRequest)
 RESPONSE_MODELS = (CompletionResponse, ChatCompletionResponse, ChatCompletionChunk, ResponsesResponse, *STREAM_EVENTS,
                    EmbeddingResponse, TokenizeResponse, DetokenizeResponse, ModelList, VersionResponse, ErrorResponse,
-                   StatsResponse, DebugEngineResponse, RequestList, RequestDetail)
+                   StatsResponse, DebugEngineResponse, ReplicasDebugEngineResponse, RequestList, RequestDetail)
 
 ERROR_DESCRIPTIONS = {
     400: "Invalid request; `param` names the offending field",

@@ -57,8 +57,8 @@ class SpecDecodeCounts(_Shape):
     acceptance_rate: float
 
 
-class StatsResponse(_Shape):
-    """GET /v1/stats: queues, KV blocks, cumulative counts and recent latency."""
+class EngineStatsShape(_Shape):
+    """One engine's queues, KV blocks, cumulative counts and recent latency."""
 
     model: str
     time: float
@@ -75,6 +75,29 @@ class StatsResponse(_Shape):
     spec_decode: SpecDecodeCounts
 
 
+class ReplicaError(_Shape):
+    """A replica left out of an answer behind the Ray ingress, and why (down, failed, no answer in time)."""
+
+    replica: int
+    error: str
+
+
+class ReplicaStats(EngineStatsShape):
+    """One replica's own /v1/stats."""
+
+    replica: int
+
+
+class StatsResponse(EngineStatsShape):
+    """GET /v1/stats: queues, KV blocks, cumulative counts and recent latency. Behind the Ray ingress
+    (--num-replicas) the counts are summed over the replicas that answered, rates recomputed from the
+    sums, and each latency percentile is the largest replica's; `replicas` and `missing_replicas`
+    are present only there."""
+
+    replicas: list[ReplicaStats] | None = None
+    missing_replicas: list[ReplicaError] | None = None
+
+
 class StepShape(_Shape):
     time: float
     duration_ms: float
@@ -83,12 +106,27 @@ class StepShape(_Shape):
     num_requests: int
 
 
-class DebugEngineResponse(StatsResponse):
+class DebugEngineResponse(EngineStatsShape):
     """GET /debug/engine: /v1/stats plus each block's state, recent steps and the effective config."""
 
     blocks: list[Literal[0, 1, 2, 3]]  # per block id: 0 free, 1 used, 2 cached and free, 3 cached and used
     recent_steps: list[StepShape]      # oldest first, at most 256
     config: dict[str, Any]
+
+
+class ReplicaDebugEngine(DebugEngineResponse):
+    """One replica's own /debug/engine."""
+
+    replica: int
+
+
+class ReplicasDebugEngineResponse(_Shape):
+    """GET /debug/engine behind the Ray ingress: each replica's /debug/engine, by replica index."""
+
+    model: str
+    time: float
+    replicas: list[ReplicaDebugEngine]
+    missing_replicas: list[ReplicaError]
 
 
 class TraceEventShape(_Shape):
@@ -121,12 +159,15 @@ class RequestSummary(_Shape):
     num_preemptions: int
     finish_reason: str | None
     prompt: str | None = None  # present only when the server stores prompts (--debug-store-prompts)
+    replica: int | None = None  # present only behind the Ray ingress: the replica that served it
 
 
 class RequestList(_Shape):
-    """GET /debug/requests: live requests first, then recently finished ones, newest first."""
+    """GET /debug/requests: live requests first (oldest first), then recently finished ones, newest
+    first. Behind the Ray ingress: every replica's, in that order, each with its `replica`."""
 
     requests: list[RequestSummary]
+    missing_replicas: list[ReplicaError] | None = None  # present only behind the Ray ingress
 
 
 class RequestDetail(RequestSummary):

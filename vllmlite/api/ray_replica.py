@@ -4,7 +4,8 @@ streaming each request's outputs back to the ingress.
 Owns the replica side of the ingress protocol: `facts()` (tokenizer and request limits, so the
 ingress checks requests without a model), `generate()` (RequestOutputs, then ends; an engine error is
 yielded as a value, so the ingress re-raises the very exception AsyncLLMEngine raised), `health()`,
-`metrics()`, `drain()`. Knows nothing of routing or HTTP. Imports Ray: load it only for --num-replicas.
+`metrics()`, `inspect()` (this engine's /v1/stats and /debug/* payloads), `drain()`. Knows nothing of
+routing or HTTP. Imports Ray: load it only for --num-replicas.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import asyncio
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from ray import serve
 
 from vllmlite.api.cli import ServerArgs
+from vllmlite.api.debug import LocalDebug
 from vllmlite.async_engine import GenerateRequest, StreamItem
 from vllmlite.request_limits import RequestLimits
 from vllmlite.tokenizer import Tokenizer
@@ -51,8 +54,13 @@ class EngineReplica:
     def __init__(self, server_args: dict) -> None:
         from vllmlite.api.server import make_async_engine  # the server module imports this one lazily
 
-        self.engine = make_async_engine(ServerArgs(**server_args))
+        config = ServerArgs(**server_args)
+        self.engine = make_async_engine(config)
         self.engine.start()
+        debug = LocalDebug(self.engine, config.model_name)
+        # The only reads `inspect` runs: named, so nothing but these ever runs on the engine thread.
+        self._reads = {"stats": debug.stats, "requests": debug.requests, "request": debug.request,
+                       "engine": debug.engine}
 
     def facts(self) -> ReplicaFacts:
         engine = self.engine
@@ -64,6 +72,14 @@ class EngineReplica:
 
     def metrics(self) -> str:
         return self.engine.metrics.render() if self.engine.metrics is not None else ""
+
+    async def inspect(self, read: str, *args: str) -> Any:
+        """The payload this engine would answer its route with (debug.py's LocalDebug), read on the
+        engine thread between steps: `stats` (/v1/stats), `requests`, `request` (an id; None when
+        there is no trace of it) or `engine` (/debug/engine)."""
+        if read not in self._reads:
+            raise ValueError(f"unknown read {read!r}: one of {', '.join(self._reads)}")
+        return await self._reads[read](*args)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[StreamItem]:
         """The request's outputs; an error (queue full, draining, dead, aborted, bad request) is

@@ -1,5 +1,6 @@
 """The ingress's engine over N Ray Serve replicas: `RemoteEngine` offers what the API calls on an
-AsyncLLMEngine (add_request -> RequestStream, tokenizer, check_request, health, metrics, drain), and
+AsyncLLMEngine (add_request -> RequestStream, tokenizer, check_request, health, metrics, drain), plus
+`inspect_replicas` for /v1/stats and /debug/* (debug.py merges the answers), and
 routes each request to a replica (vllmlite/routing.py), so every route, error, auth and stream of
 the server is unchanged by construction.
 
@@ -23,6 +24,7 @@ from ray import serve
 
 from vllmlite.api.cli import ServerArgs
 from vllmlite.api.ray_replica import ReplicaFacts, ReplicaHealth, replica_app
+from vllmlite.api.replica_debug import ReplicaAnswers
 from vllmlite.api.replica_metrics import merge_replica_metrics
 from vllmlite.async_engine import (
     EngineDeadError,
@@ -38,7 +40,11 @@ from vllmlite.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 POLL_INTERVAL = 0.5   # seconds between health and metrics polls of each replica
 POLL_TIMEOUT = 3.0    # a replica that does not answer a poll in this time is down
+DRAIN_POLL = 0.5      # seconds between looks at a draining replica's health
 MAX_REPORTED_HITS = 4096  # (replica, prefix) pairs whose last prefix-cache hit the ingress remembers
+# /v1/stats and /debug/*: a replica whose engine does not answer in this time (a long step) is left
+# out of the answer rather than holding up the others' (it is not marked down for it).
+INSPECT_TIMEOUT = 5.0
 
 
 @dataclass
@@ -126,6 +132,23 @@ class RemoteEngine:
             {"replica": r.index, "state": r.state, "error": r.error, "pid": r.pid,
              "in_flight_requests": r.num_in_flight} for r in self.replicas]}
 
+    async def inspect_replicas(self, read: str, *args: str, timeout: float = INSPECT_TIMEOUT) -> ReplicaAnswers:
+        """`EngineReplica.inspect(read, *args)` on every healthy replica at once. Returns within
+        `timeout` seconds; a replica that is down, fails or does not answer in time is left out and
+        named with why, in `missing`."""
+        healthy = [r for r in self.replicas if r.is_healthy]
+        results = await asyncio.gather(*(asyncio.wait_for(r.handle.inspect.remote(read, *args), timeout)
+                                         for r in healthy), return_exceptions=True)
+        answers, missing = [], [(r.index, f"down ({r.error})") for r in self.replicas if not r.is_healthy]
+        for replica, result in zip(healthy, results):
+            if isinstance(result, asyncio.TimeoutError):
+                missing.append((replica.index, f"no answer within {timeout:g} s"))
+            elif isinstance(result, BaseException):
+                missing.append((replica.index, f"{type(result).__name__}: {result}".splitlines()[0]))
+            else:
+                answers.append((replica.index, result))
+        return ReplicaAnswers(answers, sorted(missing))
+
     # --- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -148,12 +171,9 @@ class RemoteEngine:
             self._wait_for_pumps(deadline - 10.0)
             self._stopped = True
             return
-        drains = [r.handle.drain.remote(timeout) for r in self.replicas if r.is_healthy]
-        for drain in drains:
-            try:
-                drain.result(timeout_s=max(deadline - time.monotonic(), 0.1))
-            except Exception as error:  # a dead replica has nothing to drain
-                logger.warning("draining a replica failed: %s", error)
+        drains = [(r, r.handle.drain.remote(timeout)) for r in self.replicas if r.is_healthy]
+        for replica, drain in drains:
+            self._wait_for_drain(replica, drain, deadline)
         # A replica's last outputs may still be on their way when its drain returns: let them arrive.
         self._wait_for_pumps(time.monotonic() + 10.0)
         self._stopped = True  # before the deletes: /health must not call the server dead meanwhile
@@ -165,6 +185,24 @@ class RemoteEngine:
         if self._owns_replicas:
             for replica in self.replicas:
                 serve.delete(f"vllmlite-replica-{replica.index}", _blocking=False)
+
+    @staticmethod
+    def _wait_for_drain(replica: ReplicaState, drain, deadline: float) -> None:
+        """Until `replica` has drained, or `deadline`, or it goes down (the poller still runs): a replica
+        whose process, or Ray itself, is gone will never answer (e.g. a signal sent to the whole
+        process group reached Ray's own processes too), so there is nothing to wait for."""
+        while True:
+            try:
+                drain.result(timeout_s=max(min(DRAIN_POLL, deadline - time.monotonic()), 0.01))
+                return
+            except TimeoutError:  # Ray's GetTimeoutError is one
+                if not replica.is_healthy or time.monotonic() >= deadline:
+                    logger.warning("replica %d did not finish draining: %s", replica.index,
+                                   replica.error or "out of time")
+                    return
+            except Exception as error:  # a dead replica has nothing to drain
+                logger.warning("draining replica %d failed: %s", replica.index, error)
+                return
 
     def _wait_for_pumps(self, deadline: float) -> None:
         """Off the event loop: until no request is being forwarded, or `deadline`."""

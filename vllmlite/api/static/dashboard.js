@@ -1,6 +1,8 @@
 // The live dashboard: polls /v1/stats (always on) and, when the server runs with
 // --enable-debug-endpoints, /debug/engine (per-block states) and /debug/requests (the recent requests
 // table; a click fetches /debug/requests/{id} and draws its timeline). Polls only while visible.
+// Behind the Ray ingress (--num-replicas) the same routes answer for every replica: /debug/engine
+// holds one payload per replica and each request names its replica.
 
 import { ApiError, getJson } from "./api.js";
 import { drawBlockGrid, drawLineChart, drawTimeline } from "./charts.js";
@@ -110,12 +112,17 @@ export class Dashboard {
     this.renderCards(latest);
   }
 
-  /** The pool from /debug/engine's per-block states; without it, from the counts (used first, no cache). */
+  /** The pool from /debug/engine's per-block states (behind the Ray ingress, each replica's pool in
+   * turn, replica 0's first: /v1/stats' counts are their sums); without them, from the counts (used
+   * first, no cache). */
   drawBlocks(kv) {
-    const states = this.engine && this.engine.blocks ? this.engine.blocks
+    const engines = this.engine ? this.engine.replicas || [this.engine] : [];
+    const states = engines.length ? engines.flatMap((e) => e.blocks)
       : Array.from({ length: kv.total }, (_, i) => (i < kv.used ? 1 : 0));
     drawBlockGrid($("block-grid"), states);
-    const detail = this.engine ? "" : " (from counts: start with --enable-debug-endpoints for each block's state)";
+    let detail = "";
+    if (!engines.length) detail = " (from counts: start with --enable-debug-endpoints for each block's state)";
+    else if (this.engine.replicas) detail = ` (replicas ${engines.map((e) => e.replica).join(", ")}, one pool after another)`;
     $("blocks-caption").textContent = `KV blocks: ${kv.used} used, ${kv.cached} cached, ${kv.free} free ` +
       `of ${kv.total}${detail}`;
   }
@@ -147,7 +154,8 @@ export class Dashboard {
       const row = document.createElement("tr");
       row.dataset.requestId = r.request_id;
       row.classList.toggle("selected", r.request_id === this.selectedId);
-      row.append(cell(r.request_id), cell(r.state), cell(r.num_prompt_tokens), cell(r.num_output_tokens),
+      const id = r.replica === undefined ? r.request_id : `${r.request_id} (replica ${r.replica})`;
+      row.append(cell(id), cell(r.state), cell(r.num_prompt_tokens), cell(r.num_output_tokens),
         cell(r.num_cached_tokens), cell(seconds(r.ttft)), cell(seconds(r.e2e)), cell(r.num_preemptions),
         cell(r.finish_reason || ""));
       row.addEventListener("click", () => this.select(r.request_id));
