@@ -211,6 +211,13 @@ def chunking_section(report: dict) -> list[str]:
              "Targets (from the issue):", ""]
     lines += [f"- {t['name']}: {t['value']:.2f} (target <= {t['threshold']}) - {'met' if t['met'] else '**missed**'}"
               for t in report["targets"]]
+    bound = report.get("ttft_bound")
+    if bound:
+        lines += ["", f"The bound: the long prompts prefilled alone took {bound['prefill_alone_s']:.1f} s; a policy "
+                  f"that keeps every stream step within {bound['factor']:g}x the streams-alone step leaves the prompts "
+                  f"at most {(bound['factor'] - 1) / bound['factor']:.0%} of each step's time, so its last long prompt starts no sooner than "
+                  f"{bound['least_last_ttft_s']:.1f} s, {bound['least_over_best_fixed']:.2f}x the best fixed budget's "
+                  f"{bound['best_fixed_last_ttft_s']:.1f} s (`ttft_bound` in the JSON)."]
     return lines
 
 
