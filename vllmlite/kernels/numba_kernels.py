@@ -17,6 +17,7 @@ from numba import njit, prange
 
 from vllmlite.attention import MAX_BATCHED_QUERY_LEN, AttentionMetadata
 from vllmlite.kernels import blas, reference
+from vllmlite.kernels.prefill_attention import attend_chunk
 from vllmlite.quant import BLOCK, TILE, QuantizedMatrix
 
 # Floating-point reassociation lets LLVM vectorize the dot products and sums; no "ninf"/"nnan",
@@ -598,14 +599,23 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
                     out: np.ndarray) -> None:
     """Decodes and short queries (speculative verification, short chunks) in the compiled kernel;
-    each long prefill chunk through BLAS as the reference does, since the kernel's inner loops ran
-    there at about half BLAS speed (48 vs 24 ms a layer for a 512-token prompt). A long chunk's
-    work grows with its queries times its context, the gathered copy only with its context."""
+    each long prefill chunk in query tiles with BLAS products (prefill_attention.py), since the
+    kernel's inner loops ran there at about half BLAS speed (48 vs 24 ms a layer for a 512-token
+    prompt). A long chunk's work grows with its queries times its context, its gathered copy of
+    the context only with its context.
+
+    The tiles run with OpenBLAS on one thread: their products are small (a tile's rows by the
+    context, 64 deep), and waking and joining the second thread for each of them cost more than
+    it gave (at 2048 tokens, a layer took ~3x less time on one thread than the dense reference's
+    products on two; on a busy machine two threads waiting for each other were slower still)."""
     scale = q.dtype.type(1.0 / math.sqrt(q.shape[-1]))
     parts = meta.kernel_cache.get("decode_parts")
     if parts is None:   # the same for every layer of the step
         parts = meta.kernel_cache["decode_parts"] = _decode_parts(meta.query_start, meta.seq_lens)
     _paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
                      meta.block_size, MAX_BATCHED_QUERY_LEN, scale, *parts, out)
-    for group in meta.long_groups:
-        reference.attend_group(q, k_cache, v_cache, group, meta.block_size, out)
+    long_seqs = meta.long_seqs
+    if len(long_seqs):
+        with blas.one_thread():
+            for seq in long_seqs:
+                attend_chunk(q, k_cache, v_cache, meta, int(seq), out)

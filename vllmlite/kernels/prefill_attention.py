@@ -1,0 +1,86 @@
+"""Causal attention of a long prefill chunk in query tiles, with BLAS products: the compiled
+backend's path for chunks longer than MAX_BATCHED_QUERY_LEN.
+
+Computes what `reference.attend_group` computes for a one-sequence group (the readable dense
+version, and the oracle the tests hold this to) without its dense [queries, context] score matrix:
+a tile of queries attends only to the keys it can see, so the masked upper triangle is never
+computed, and each tile's scores stay small enough to sit in cache. Knows nothing of scheduling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from vllmlite.attention import AttentionMetadata
+
+# Queries a tile. Per KV head a tile's scores are [tile * group, context]: at SmolLM2's group of 3
+# and 2048 tokens of context, 256 queries make 6 MB; measured against 64-512 by
+# `python -m bench.prefill_attention` (bench/README.md).
+TILE_QUERIES = 256
+
+
+def attend_chunk(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, seq: int,
+                 out: np.ndarray, tile: int = TILE_QUERIES) -> None:
+    """paged_attention (see reference.py) for sequence `seq` of the step alone, into its rows of out.
+
+    Its n queries are rows query_start[seq] .. + n of q, at positions s .. s + n - 1 where
+    s = seq_lens[seq] - n tokens were computed before this step. Queries t0 .. t1 - 1 (one tile)
+    see keys 0 .. s + t1 - 1 and nothing further: only the last t1 - t0 of those keys (the
+    diagonal block) need a mask. Example: s 100, n 300, tile 256 -> tile 0 attends queries 0..255
+    to keys 0..355, tile 1 queries 256..299 to keys 0..399.
+    """
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    first, end = int(meta.query_start[seq]), int(meta.query_start[seq + 1])
+    n, seq_len = end - first, int(meta.seq_lens[seq])
+    computed = seq_len - n
+    keys_t, values = _gather_context(k_cache, v_cache, meta, seq)   # [kv, d, ctx], [kv, ctx, d]
+    # Query i's heads h * group .. h * group + group - 1 are rows i * group .. of KV head h's block:
+    # a tile of queries is a run of rows. Scaled here, so the scores need no pass of their own.
+    scale = 1.0 / math.sqrt(head_dim)   # a Python float keeps float32 float32 (NEP 50)
+    qs = (q[first:end] * scale).reshape(n, num_kv_heads, group, head_dim)
+    qs = np.ascontiguousarray(qs.transpose(1, 0, 2, 3)).reshape(num_kv_heads, n * group, head_dim)
+    mask = _diagonal_bias(meta, min(tile, n), group, q.dtype)      # [tile * group, tile]
+    for t0 in range(0, n, tile):
+        t1 = min(n, t0 + tile)
+        rows, num_keys = (t1 - t0) * group, computed + t1
+        for h in range(num_kv_heads):
+            scores = qs[h, t0 * group:t1 * group] @ keys_t[h, :, :num_keys]   # [rows, num_keys]
+            scores[:, computed + t0:] += mask[:rows, :t1 - t0]
+            scores -= scores.max(axis=1, keepdims=True)
+            np.exp(scores, out=scores)
+            total = scores.sum(axis=1, keepdims=True)                         # [rows, 1]
+            ctx = scores @ values[h, :num_keys]                               # [rows, d]
+            ctx /= total   # normalizing the d outputs, not the num_keys probabilities
+            out[first + t0:first + t1, h * group:(h + 1) * group] = ctx.reshape(t1 - t0, group, head_dim)
+
+
+def _gather_context(k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
+                    seq: int) -> tuple[np.ndarray, np.ndarray]:
+    """The sequence's seq_lens[seq] keys, transposed per KV head for q @ K^T: [kv, d, ctx] and
+    values [kv, ctx, d], each contiguous per head (ctx rounded up to whole blocks; the keys past
+    seq_lens[seq] are never used). O(context), once per layer call."""
+    bs = meta.block_size
+    num_slots, num_kv_heads, head_dim = k_cache.shape
+    block_ids = meta.block_tables[seq, :-(-int(meta.seq_lens[seq]) // bs)]
+    k_blocks = k_cache.reshape(num_slots // bs, bs, num_kv_heads, head_dim)[block_ids]   # [blocks, bs, kv, d]
+    v_blocks = v_cache.reshape(num_slots // bs, bs, num_kv_heads, head_dim)[block_ids]
+    keys_t = np.ascontiguousarray(k_blocks.transpose(2, 3, 0, 1)).reshape(num_kv_heads, head_dim, -1)
+    values = np.ascontiguousarray(v_blocks.transpose(2, 0, 1, 3)).reshape(num_kv_heads, -1, head_dim)
+    return keys_t, values
+
+
+def _diagonal_bias(meta: AttentionMetadata, tile: int, group: int, dtype: np.dtype) -> np.ndarray:
+    """[tile * group, tile]: 0 where row r's query (r // group) may see the diagonal block's key c
+    (c <= r // group), -inf above. The top-left corner serves a shorter last tile. Built by the
+    first layer of a step, reused by the others."""
+    key = f"diagonal_bias {tile} {group} {np.dtype(dtype).name}"
+    bias = meta.kernel_cache.get(key)
+    if bias is None:
+        above = np.triu(np.ones((tile, tile), dtype=bool), k=1)                 # [tile, tile]
+        bias = np.repeat(np.where(above, -np.inf, 0).astype(dtype), group, axis=0)
+        meta.kernel_cache[key] = bias
+    return bias
