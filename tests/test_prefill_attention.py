@@ -4,9 +4,12 @@ after earlier ones, contexts ending mid-block, GQA, a block table padded in a ba
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+from bench import prefill_attention
 from vllmlite.attention import build_metadata
 from vllmlite.kernels import reference
 from vllmlite.kernels.prefill_attention import attend_chunk
@@ -80,3 +83,17 @@ def test_each_query_sees_exactly_the_keys_up_to_its_own_position():
     expected = (np.arange(seq_len)[None, :] <= positions[:, None]) / (positions[:, None] + 1.0)
     np.testing.assert_allclose(out[:, 0], expected, atol=1e-15)
     np.testing.assert_allclose(out[:, 1], expected, atol=1e-15)
+
+
+def test_benchmark_quick_run_records_both_variants_agreeing(tmp_path):
+    """`python -m bench.prefill_attention --quick`: both prefill variants pick the same greedy
+    token, and every variant of every length is timed."""
+    out = tmp_path / "prefill.json"
+    prefill_attention.main(["--quick", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert "-m bench.prefill_attention --quick" in report["command"]
+    for row in report["prefill"]:
+        assert row["same_greedy_token"] and row["max_abs_logit_diff"] < 1e-3
+        assert row["dense"]["median_ms"] > 0 and row["tiled"]["median_ms"] > 0
+    assert [row["num_tokens"] for row in report["attention_one_layer"]] == [64, 128]
+    assert set(report["attention_one_layer"][0]) >= {"dense", "tile_32", "tile_64"}
