@@ -15,10 +15,12 @@ import numpy as np
 
 from vllmlite.attention import AttentionMetadata
 
-# Queries a tile. Per KV head a tile's scores are [tile * group, context]: at SmolLM2's group of 3
-# and 2048 tokens of context, 256 queries make 6 MB; measured against 64-512 by
-# `python -m bench.prefill_attention` (bench/README.md).
-TILE_QUERIES = 256
+# Queries a tile. Per KV head a tile's scores are [tile * group, context]: 1.5 MB at SmolLM2's
+# group of 3 and 2048 tokens of context. One layer's attention at SmolLM2's shape on one OpenBLAS
+# thread (AMD EPYC, AVX2), 2048 tokens: 114 ms with tiles of 48 or 64 queries, 119 with 128, 143
+# with 256, 171 with 512, 121 with 32; 512 tokens: 9.1 ms at 48-64, 9.4-9.7 at 32 and 96-128
+# (`python -m bench.prefill_attention`; the dense reference: 320 and 25 ms).
+TILE_QUERIES = 64
 
 
 def attend_chunk(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, seq: int,
