@@ -11,7 +11,8 @@ machine's other load falls on all alike; medians over `--reps` rounds, wall and 
   threads (`dense`, how the numba backend attended long chunks before prefill_attention.py). Both
   sample the same greedy token.
 - attention alone, one layer: random q/K/V at the model's shape, the dense reference vs
-  `attend_chunk` for each tile size of `--tiles`, on one OpenBLAS thread as the backend runs it.
+  `attend_chunk` for each tile size of `--tiles` on one thread (OpenBLAS's too), and vs the numba
+  backend's paged_attention (`backend`: tiles of TILE_QUERIES on all of numba's threads).
 Raw results: results/bench_prefill_attention.json.
 """
 
@@ -109,7 +110,8 @@ def prefill(loaded: LoadedModel, num_tokens: int, reps: int) -> dict:
 
 
 def attention_alone(loaded: LoadedModel, num_tokens: int, tiles: list[int], reps: int) -> dict:
-    """One layer's attention of a num_tokens prompt: the dense reference vs attend_chunk per tile."""
+    """One layer's attention of a num_tokens prompt: the dense reference vs attend_chunk per tile
+    on one thread, and vs the numba backend."""
     c = loaded.config
     rng = np.random.default_rng(num_tokens)
     num_blocks = ceil_div(num_tokens, BLOCK_SIZE)
@@ -126,6 +128,7 @@ def attention_alone(loaded: LoadedModel, num_tokens: int, tiles: list[int], reps
 
     variants = {"dense": lambda: reference.attend_group(q, k_cache, v_cache, group, BLOCK_SIZE, out)}
     variants.update({f"tile_{tile}": (lambda tile=tile: tiled(tile)) for tile in tiles})
+    variants["backend"] = lambda: numba_kernels.paged_attention(q, k_cache, v_cache, meta, out)
     result = interleaved(variants, reps)
     return {"num_tokens": num_tokens, **result,
             "ratio_dense_over_tiles": {name: result["dense"]["median_ms"] / r["median_ms"]

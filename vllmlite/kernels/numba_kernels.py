@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -17,7 +18,7 @@ from numba import njit, prange
 
 from vllmlite.attention import MAX_BATCHED_QUERY_LEN, AttentionMetadata
 from vllmlite.kernels import blas, reference
-from vllmlite.kernels.prefill_attention import attend_chunk
+from vllmlite.kernels.prefill_attention import prepare_chunk
 from vllmlite.quant import BLOCK, TILE, QuantizedMatrix
 
 # Floating-point reassociation lets LLVM vectorize the dot products and sums; no "ninf"/"nnan",
@@ -604,18 +605,42 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     prompt). A long chunk's work grows with its queries times its context, its gathered copy of
     the context only with its context.
 
-    The tiles run with OpenBLAS on one thread: their products are small (a tile's rows by the
-    context, 64 deep), and waking and joining the second thread for each of them cost more than
-    it gave (at 2048 tokens, a layer took ~3x less time on one thread than the dense reference's
-    products on two; on a busy machine two threads waiting for each other were slower still)."""
+    The tiles run on threads of their own, each with a one-thread OpenBLAS (`_attend_long_chunks`):
+    their products are small (a tile's rows by its keys, 64 deep), and OpenBLAS splitting each of
+    them over the cores lost time, much of it while another process held a core (one layer at
+    2048 tokens, tiles of 128, load average 2-3 on 2 cores: median 751 ms so, 173 on one OpenBLAS
+    thread), where whole tiles per thread nearly halve it (one layer of SmolLM2 at 2048 tokens,
+    quiet machine: 108 ms on one thread, 56 on two, the dense reference 253; `python -m
+    bench.prefill_attention`)."""
     scale = q.dtype.type(1.0 / math.sqrt(q.shape[-1]))
     parts = meta.kernel_cache.get("decode_parts")
     if parts is None:   # the same for every layer of the step
         parts = meta.kernel_cache["decode_parts"] = _decode_parts(meta.query_start, meta.seq_lens)
     _paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
                      meta.block_size, MAX_BATCHED_QUERY_LEN, scale, *parts, out)
-    long_seqs = meta.long_seqs
-    if len(long_seqs):
-        with blas.one_thread():
-            for seq in long_seqs:
-                attend_chunk(q, k_cache, v_cache, meta, int(seq), out)
+    if len(meta.long_seqs):
+        _attend_long_chunks(q, k_cache, v_cache, meta, out)
+
+
+# Threads that attend long chunks' tiles (`_attend_long_chunks`); started on first use.
+_tile_workers = ThreadPoolExecutor(max_workers=numba.config.NUMBA_NUM_THREADS, thread_name_prefix="vllmlite-attention")
+
+
+def _attend_long_chunks(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
+                        out: np.ndarray) -> None:
+    """The tiles of every long chunk (prefill_attention.py) dealt round robin, tile by tile, to as
+    many threads as numba uses, which run them at once: numpy's products and loops release the
+    GIL. Round robin evens out the work, which grows with each tile's keys."""
+    chunks = [prepare_chunk(q, k_cache, v_cache, meta, int(seq)) for seq in meta.long_seqs]
+    work = [(chunk, h, t0) for chunk in chunks for h, t0 in chunk.tiles]
+    num_workers = min(numba.get_num_threads(), len(work))
+
+    def attend_share(worker: int) -> None:
+        for chunk, h, t0 in work[worker::num_workers]:
+            chunk.attend_tile(h, t0, out)
+
+    with blas.one_thread():
+        if num_workers == 1:
+            attend_share(0)
+        else:
+            list(_tile_workers.map(attend_share, range(num_workers)))

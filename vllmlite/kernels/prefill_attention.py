@@ -10,6 +10,7 @@ computed, and each tile's scores stay small enough to sit in cache. Knows nothin
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,41 +24,73 @@ from vllmlite.attention import AttentionMetadata
 TILE_QUERIES = 64
 
 
-def attend_chunk(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, seq: int,
-                 out: np.ndarray, tile: int = TILE_QUERIES) -> None:
-    """paged_attention (see reference.py) for sequence `seq` of the step alone, into its rows of out.
+@dataclass
+class Chunk:
+    """One long chunk's operands in one layer, gathered once; `attend_tile` is one unit of work:
+    a tile of queries for one KV head. The tiles write disjoint parts of out, in any order."""
 
-    Its n queries are rows query_start[seq] .. + n of q, at positions s .. s + n - 1 where
-    s = seq_lens[seq] - n tokens were computed before this step. Queries t0 .. t1 - 1 (one tile)
-    see keys 0 .. s + t1 - 1 and nothing further: only the last t1 - t0 of those keys (the
-    diagonal block) need a mask. Example: s 100, n 300, tile 256 -> tile 0 attends queries 0..255
-    to keys 0..355, tile 1 queries 256..299 to keys 0..399.
-    """
+    queries: np.ndarray   # [kv_heads, n * group, head_dim] scaled; KV head h's row i * group + g is
+    # query i's head h * group + g, so a tile of queries is a run of rows
+    keys_t: np.ndarray    # [kv_heads, head_dim, context] the keys, transposed for queries @ keys_t
+    values: np.ndarray    # [kv_heads, context, head_dim]
+    mask: np.ndarray      # [tile * group, tile] the diagonal block's bias (_diagonal_bias)
+    first: int            # row of q and out of the chunk's first query
+    num_queries: int
+    num_computed: int     # tokens of the sequence before the chunk
+    group: int            # query heads per KV head
+    tile: int             # queries a tile (at most num_queries)
+
+    @property
+    def tiles(self) -> list[tuple[int, int]]:
+        """(KV head, first query) of every tile, tile by tile."""
+        return [(h, t0) for t0 in range(0, self.num_queries, self.tile) for h in range(self.queries.shape[0])]
+
+    def attend_tile(self, h: int, t0: int, out: np.ndarray) -> None:
+        """Queries t0 .. t1 - 1 (at most `tile`) over keys 0 .. num_computed + t1 - 1, the keys
+        they can see, for the query heads of KV head h: out[first + t0 .. first + t1, those heads]."""
+        group = self.group
+        t1 = min(self.num_queries, t0 + self.tile)
+        rows, num_keys, diagonal = (t1 - t0) * group, self.num_computed + t1, self.num_computed + t0
+        scores = self.queries[h, t0 * group:t1 * group] @ self.keys_t[h, :, :num_keys]   # [rows, num_keys]
+        scores[:, diagonal:] += self.mask[:rows, :t1 - t0]
+        scores -= scores.max(axis=1, keepdims=True)
+        np.exp(scores, out=scores)
+        total = scores.sum(axis=1, keepdims=True)                                        # [rows, 1]
+        ctx = scores @ self.values[h, :num_keys]                                         # [rows, head_dim]
+        ctx /= total   # normalizing the head_dim outputs, not the num_keys probabilities
+        out[self.first + t0:self.first + t1, h * group:(h + 1) * group] = ctx.reshape(t1 - t0, group, -1)
+
+
+def prepare_chunk(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, seq: int,
+                  tile: int = TILE_QUERIES) -> Chunk:
+    """Sequence `seq`'s queries and context as `Chunk` needs them. Its n queries are rows
+    query_start[seq] .. + n of q, at positions s .. s + n - 1 where s = seq_lens[seq] - n tokens
+    were computed before this step. Queries t0 .. t1 - 1 (one tile) see keys 0 .. s + t1 - 1 and
+    nothing further: only the last t1 - t0 of those keys (the diagonal block) need a mask.
+    Example: s 100, n 300, tile 256 -> tile 0 attends queries 0..255 to keys 0..355, tile 1
+    queries 256..299 to keys 0..399."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
     first, end = int(meta.query_start[seq]), int(meta.query_start[seq + 1])
-    n, seq_len = end - first, int(meta.seq_lens[seq])
-    computed = seq_len - n
+    n = end - first
     keys_t, values = _gather_context(k_cache, v_cache, meta, seq)   # [kv, d, ctx], [kv, ctx, d]
-    # Query i's heads h * group .. h * group + group - 1 are rows i * group .. of KV head h's block:
-    # a tile of queries is a run of rows. Scaled here, so the scores need no pass of their own.
+    # Scaled here, so the scores need no pass of their own.
     scale = 1.0 / math.sqrt(head_dim)   # a Python float keeps float32 float32 (NEP 50)
-    qs = (q[first:end] * scale).reshape(n, num_kv_heads, group, head_dim)
-    qs = np.ascontiguousarray(qs.transpose(1, 0, 2, 3)).reshape(num_kv_heads, n * group, head_dim)
-    mask = _diagonal_bias(meta, min(tile, n), group, q.dtype)      # [tile * group, tile]
-    for t0 in range(0, n, tile):
-        t1 = min(n, t0 + tile)
-        rows, num_keys = (t1 - t0) * group, computed + t1
-        for h in range(num_kv_heads):
-            scores = qs[h, t0 * group:t1 * group] @ keys_t[h, :, :num_keys]   # [rows, num_keys]
-            scores[:, computed + t0:] += mask[:rows, :t1 - t0]
-            scores -= scores.max(axis=1, keepdims=True)
-            np.exp(scores, out=scores)
-            total = scores.sum(axis=1, keepdims=True)                         # [rows, 1]
-            ctx = scores @ values[h, :num_keys]                               # [rows, d]
-            ctx /= total   # normalizing the d outputs, not the num_keys probabilities
-            out[first + t0:first + t1, h * group:(h + 1) * group] = ctx.reshape(t1 - t0, group, head_dim)
+    queries = (q[first:end] * scale).reshape(n, num_kv_heads, group, head_dim)
+    queries = np.ascontiguousarray(queries.transpose(1, 0, 2, 3)).reshape(num_kv_heads, n * group, head_dim)
+    tile = min(tile, n)
+    return Chunk(queries, keys_t, values, _diagonal_bias(meta, tile, group, q.dtype), first, n,
+                 int(meta.seq_lens[seq]) - n, group, tile)
+
+
+def attend_chunk(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, seq: int,
+                 out: np.ndarray, tile: int = TILE_QUERIES) -> None:
+    """paged_attention (see reference.py) for sequence `seq` of the step alone, into its rows of
+    out, one tile after another (see prepare_chunk)."""
+    chunk = prepare_chunk(q, k_cache, v_cache, meta, seq, tile)
+    for h, t0 in chunk.tiles:
+        chunk.attend_tile(h, t0, out)
 
 
 def _gather_context(k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
