@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 
+import numba
 import numpy as np
 import pytest
 
 from bench import prefill_attention
 from vllmlite.attention import build_metadata
-from vllmlite.kernels import reference
+from vllmlite.kernels import numba_kernels, reference
 from vllmlite.kernels.prefill_attention import attend_chunk
 
 HEAD_DIM = 16
@@ -97,3 +98,29 @@ def test_benchmark_quick_run_records_both_variants_agreeing(tmp_path):
         assert row["dense"]["median_ms"] > 0 and row["tiled"]["median_ms"] > 0
     assert [row["num_tokens"] for row in report["attention_one_layer"]] == [64, 128]
     assert set(report["attention_one_layer"][0]) >= {"dense", "tile_32", "tile_64"}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numba_backend_on_several_threads_matches_the_reference(monkeypatch, dtype):
+    """A step of three long chunks (a first one, two after earlier chunks) among decodes, their
+    tiles dealt to several threads (the work threshold lowered to 0): the reference's output."""
+    if numba.get_num_threads() < 2:
+        pytest.skip("one numba thread: the tiles run on this one")
+    monkeypatch.setattr(numba_kernels, "PARALLEL_MIN_PAIRS", 0)
+    rng = np.random.default_rng(3)
+    bs, num_kv_heads, num_heads = 16, 3, 9
+    shapes = [(1, 70), (150, 150), (1, 33), (90, 290), (130, 131)]     # (queries, sequence length)
+    needed = [-(-length // bs) for _, length in shapes]
+    pool = rng.permutation(sum(needed) + 2).tolist()
+    tables = []
+    for n in needed:
+        tables.append(pool[:n])
+        pool = pool[n:]
+    k_cache = rng.standard_normal(((sum(needed) + 2) * bs, num_kv_heads, HEAD_DIM)).astype(dtype)
+    v_cache = rng.standard_normal(k_cache.shape).astype(dtype)
+    meta = build_metadata([q for q, _ in shapes], [s for _, s in shapes], tables, bs)
+    q = rng.standard_normal((int(meta.query_start[-1]), num_heads, HEAD_DIM)).astype(dtype)
+    expected, out = np.empty_like(q), np.full_like(q, np.nan)
+    reference.paged_attention(q, k_cache, v_cache, meta, expected)
+    numba_kernels.paged_attention(q, k_cache, v_cache, meta, out)
+    np.testing.assert_allclose(out, expected, rtol=0, atol=TOLERANCE[dtype])

@@ -4,7 +4,9 @@ backend's path for chunks longer than MAX_BATCHED_QUERY_LEN.
 Computes what `reference.attend_group` computes for a one-sequence group (the readable dense
 version, and the oracle the tests hold this to) without its dense [queries, context] score matrix:
 a tile of queries attends only to the keys it can see, so the masked upper triangle is never
-computed, and each tile's scores stay small enough to sit in cache. Knows nothing of scheduling.
+computed, and each tile's scores stay small enough to sit in cache. A tile is a unit of work the
+caller may run on any thread (numba_kernels runs a step's tiles on several). Knows nothing of
+scheduling or threads.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ class Chunk:
     num_computed: int     # tokens of the sequence before the chunk
     group: int            # query heads per KV head
     tile: int             # queries a tile (at most num_queries)
+
+    @property
+    def num_pairs(self) -> int:
+        """The (query, key) pairs it attends, per query head: the work, whatever the tiles."""
+        return self.num_queries * self.num_computed + self.num_queries * (self.num_queries + 1) // 2
 
     @property
     def tiles(self) -> list[tuple[int, int]]:
