@@ -75,11 +75,15 @@ class AttentionMetadata:
         return self._short_group + self.long_groups
 
     @property
+    def long_seqs(self) -> np.ndarray:
+        """[num_long] indices of the sequences with more than MAX_BATCHED_QUERY_LEN queries."""
+        return np.flatnonzero(np.diff(self.query_start) > MAX_BATCHED_QUERY_LEN)
+
+    @property
     def long_groups(self) -> list[AttentionGroup]:
         """The one-sequence groups of chunks with more than MAX_BATCHED_QUERY_LEN queries."""
         if self._long_groups is None:
-            long = np.flatnonzero(np.diff(self.query_start) > MAX_BATCHED_QUERY_LEN)
-            self._long_groups = [_group([i], self) for i in long]
+            self._long_groups = [_group([i], self) for i in self.long_seqs]
         return self._long_groups
 
 

@@ -63,7 +63,11 @@ if _lib is not None:
 @contextmanager
 def one_thread() -> Iterator[None]:
     """OpenBLAS on one thread meanwhile: each caller's sgemm runs on its own thread. (OpenBLAS's
-    thread count is global, not per thread; only the engine's thread runs kernels.)"""
+    thread count is global, not per thread; only the engine's thread runs kernels.) Nothing
+    changes with another BLAS, whose threads this module cannot set."""
+    if not AVAILABLE:
+        yield
+        return
     before = _get_threads()
     _set_threads(1)
     try:

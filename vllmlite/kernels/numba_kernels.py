@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -17,6 +18,7 @@ from numba import njit, prange
 
 from vllmlite.attention import MAX_BATCHED_QUERY_LEN, AttentionMetadata
 from vllmlite.kernels import blas, reference
+from vllmlite.kernels.prefill_attention import prepare_chunk
 from vllmlite.quant import BLOCK, TILE, QuantizedMatrix
 
 # Floating-point reassociation lets LLVM vectorize the dot products and sums; no "ninf"/"nnan",
@@ -598,14 +600,55 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
                     out: np.ndarray) -> None:
     """Decodes and short queries (speculative verification, short chunks) in the compiled kernel;
-    each long prefill chunk through BLAS as the reference does, since the kernel's inner loops ran
-    there at about half BLAS speed (48 vs 24 ms a layer for a 512-token prompt). A long chunk's
-    work grows with its queries times its context, the gathered copy only with its context."""
+    each long prefill chunk in query tiles with BLAS products (prefill_attention.py), since the
+    kernel's inner loops ran there at about half BLAS speed (48 vs 24 ms a layer for a 512-token
+    prompt). A long chunk's work grows with its queries times its context, its gathered copy of
+    the context only with its context.
+
+    The tiles run on threads of their own, each with a one-thread OpenBLAS (`_attend_long_chunks`):
+    their products are small (a tile's rows by its keys, 64 deep), and OpenBLAS splitting each of
+    them over the cores lost time, much of it while another process held a core (one layer at
+    2048 tokens, tiles of 128, load average 2-3 on 2 cores: median 751 ms so, 173 on one OpenBLAS
+    thread), where whole tiles per thread nearly halve it (one layer of SmolLM2 at 2048 tokens,
+    quiet machine: 108 ms on one thread, 56 on two, the dense reference 253; `python -m
+    bench.prefill_attention`)."""
     scale = q.dtype.type(1.0 / math.sqrt(q.shape[-1]))
     parts = meta.kernel_cache.get("decode_parts")
     if parts is None:   # the same for every layer of the step
         parts = meta.kernel_cache["decode_parts"] = _decode_parts(meta.query_start, meta.seq_lens)
     _paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
                      meta.block_size, MAX_BATCHED_QUERY_LEN, scale, *parts, out)
-    for group in meta.long_groups:
-        reference.attend_group(q, k_cache, v_cache, group, meta.block_size, out)
+    if len(meta.long_seqs):
+        _attend_long_chunks(q, k_cache, v_cache, meta, out)
+
+
+# Query-key pairs (`Chunk.num_pairs`) above which a step's long chunks are attended on several
+# threads: below, handing tiles to threads and back cost about what the second core gave. One
+# SmolLM2 layer's paged_attention, 2 cores, two threads vs one: a 256-token prompt (32,896 pairs)
+# 4.1 vs 3.6 ms, 512 tokens (131,328) 13.9 vs 13.4, 768 tokens (295,296) 26.5 vs 31.3, a 256-token
+# chunk after 1792 tokens (491,648) 29 vs 41, 1024 tokens 23 vs 40.
+PARALLEL_MIN_PAIRS = 1 << 18
+
+# Threads that attend long chunks' tiles (`_attend_long_chunks`); started on first use.
+_tile_workers = ThreadPoolExecutor(max_workers=numba.config.NUMBA_NUM_THREADS, thread_name_prefix="vllmlite-attention")
+
+
+def _attend_long_chunks(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
+                        out: np.ndarray) -> None:
+    """The tiles of every long chunk (prefill_attention.py) dealt round robin, tile by tile, to as
+    many threads as numba uses, which run them at once: numpy's products and loops release the
+    GIL. Round robin evens out the work, which grows with each tile's keys."""
+    chunks = [prepare_chunk(q, k_cache, v_cache, meta, int(seq)) for seq in meta.long_seqs]
+    work = [(chunk, h, t0) for chunk in chunks for h, t0 in chunk.tiles]
+    num_pairs = sum(chunk.num_pairs for chunk in chunks)
+    num_workers = min(numba.get_num_threads(), len(work)) if num_pairs > PARALLEL_MIN_PAIRS else 1
+
+    def attend_share(worker: int) -> None:
+        for chunk, h, t0 in work[worker::num_workers]:
+            chunk.attend_tile(h, t0, out)
+
+    with blas.one_thread():
+        if num_workers == 1:
+            attend_share(0)
+        else:
+            list(_tile_workers.map(attend_share, range(num_workers)))
