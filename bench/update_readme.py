@@ -10,6 +10,7 @@ only from results/*.json, with the machine, command and date each file records.
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from bench.report import REPO_ROOT, side_by_side, sweep_claims
@@ -194,12 +195,38 @@ def quant_accuracy_section(report: dict) -> list[str]:
     return lines
 
 
+def chunking_section(report: dict) -> list[str]:
+    from bench.chunking import format_table  # the benchmark's own table, so the two never disagree
+    w = report["workload"]
+    m = report["machine"]
+    lines = ["### Chunked prefill under a burst: fixed budgets vs adaptive (`python -m bench.chunking`)", "",
+             _machine_line(report) + f" Load average at start / end: {m['loadavg_start'][0]:.1f} / "
+             f"{m.get('loadavg_end', [math.nan])[0]:.1f} (2 cores).", "",
+             f"Workload: {w['num_streams']} closed-loop streams decoding ({w['stream_prompt_len']}-token prompts, "
+             f"{w['stream_max_tokens']} output tokens each), then at {w['burst_at_s']:g} s long prompts of "
+             f"{', '.join(map(str, w['long_prompt_lens']))} tokens arrive at once. Stream latency is measured from "
+             "their arrival to the last long prompt's first token: ITL is every inter-token gap, TPOT the "
+             "per-request mean (vLLM's). Adaptive rows name their target (`1.5x`: 1.5 times the baseline's "
+             "ITL p50) and use the largest fixed budget as their ceiling.", "", format_table(report), "",
+             "Targets (from the issue):", ""]
+    lines += [f"- {t['name']}: {t['value']:.2f} (target <= {t['threshold']}) - {'met' if t['met'] else '**missed**'}"
+              for t in report["targets"]]
+    bound = report.get("ttft_bound")
+    if bound:
+        lines += ["", f"The bound: the long prompts prefilled alone took {bound['prefill_alone_s']:.1f} s; a policy "
+                  f"that keeps every stream step within {bound['factor']:g}x the streams-alone step leaves the prompts "
+                  f"at most {(bound['factor'] - 1) / bound['factor']:.0%} of each step's time, so its last long prompt starts no sooner than "
+                  f"{bound['least_last_ttft_s']:.1f} s, {bound['least_over_best_fixed']:.2f}x the best fixed budget's "
+                  f"{bound['best_fixed_last_ttft_s']:.1f} s (`ttft_bound` in the JSON)."]
+    return lines
+
+
 SECTIONS = [("bench_offline.json", offline_section), ("bench_spec.json", spec_section),
             ("serve_sweep.json", serve_sweep_section), ("serve_shared_prefix.json", serve_shared_prefix_section),
             ("serve_single_stream.json", serve_single_stream_section),
             ("serve_burst_repeat.json", serve_burst_repeat_section),
             ("bench_step.json", step_section), ("quant_speed.json", quant_speed_section),
-            ("quant_accuracy.json", quant_accuracy_section)]
+            ("quant_accuracy.json", quant_accuracy_section), ("bench_chunking.json", chunking_section)]
 
 
 def main() -> None:

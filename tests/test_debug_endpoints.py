@@ -122,7 +122,9 @@ def test_debug_engine_shows_block_states_steps_and_config(debug_server, debug_cl
     debug_client.completions.create(model="random", prompt="blocks " * 8, max_tokens=4, **GREEDY)
     payload = get(debug_server, "/debug/engine").json()
     engine = DebugEngineResponse.model_validate(payload)
-    assert set(payload) == STATS_KEYS | {"blocks", "recent_steps", "config"}
+    assert set(payload) == STATS_KEYS | {"blocks", "recent_steps", "chunking", "config"}
+    assert (engine.chunking.policy, engine.chunking.prefill_budget) == ("fixed", 256)
+    assert engine.chunking.step_time_model.num_observations >= len(engine.recent_steps)
     assert len(engine.blocks) == engine.kv_blocks.total
     assert sum(state in (1, 3) for state in engine.blocks) == engine.kv_blocks.used == 0
     assert sum(state in (2, 3) for state in engine.blocks) == engine.kv_blocks.cached > 0

@@ -29,7 +29,8 @@ SURFACE_FUNCTIONS = {"vllmlite/llm.py": None, "vllmlite/api/cli.py": None, "vllm
 VALUES = {"model": "random", "tokenizer": "random", "dtype": "float64", "seed": 7, "max_model_len": 100,
           "block_size": 8, "num_blocks": 50, "kv_cache_memory": 1 << 20, "enable_prefix_caching": False,
           "preemption_mode": "swap", "swap_space": 0.01, "max_num_seqs": 3, "max_num_batched_tokens": 32,
-          "batching": "static", "speculative_config": {"method": "ngram", "num_speculative_tokens": 2},
+          "batching": "static", "prefill_chunking": "adaptive", "target_tpot_ms": 120.0,
+          "speculative_config": {"method": "ngram", "num_speculative_tokens": 2},
           "kernels": "numpy", "quantization": "none", "tensor_parallel_size": 1, "kv_cache_dtype": "auto",
           "trust_remote_code": True, "enforce_eager": True, "disable_custom_all_reduce": True,
           "cpu_offload_gb": 2.0, "disable_log_stats": True, "pooling": "mean", "trace_ring_size": 10,
@@ -147,7 +148,8 @@ def test_flags_variables_kwargs_and_the_factory_build_the_same_engine_config(mak
     assert expected.cache == CacheConfig(block_size=8, num_blocks=50, kv_cache_memory=1 << 20,
                                          enable_prefix_caching=False, preemption_mode="swap", swap_space=0.01)
     assert expected.scheduler == SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=32, max_model_len=100,
-                                                 batching="static")
+                                                 batching="static", prefill_chunking="adaptive",
+                                                 target_tpot_ms=120.0)
     assert (expected.dtype, expected.seed, expected.kernels, expected.speculative.num_speculative_tokens,
             expected.pooling) == ("float64", 7, "numpy", 2, "mean")
     assert expected.trace == TraceConfig(trace_ring_size=10, trace_max_events=5, debug_store_prompts=True)
@@ -212,6 +214,8 @@ def test_dtype_names_map_to_the_computed_dtype(dtype, resolved, caplog):
     ({"block_size": 0}, "block_size must be an integer"),
     ({"trace_ring_size": -1}, "trace_ring_size must be >= 0"),
     ({"trace_max_events": 0}, "trace_max_events must be >= 1"),
+    ({"prefill_chunking": "greedy"}, "prefill_chunking must be one of"),
+    ({"target_tpot_ms": 0}, "target_tpot_ms must be > 0"),
 ])
 def test_impossible_values_are_a_value_error_naming_the_knob(values, message):
     with pytest.raises(ValueError) as error:

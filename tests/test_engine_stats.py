@@ -12,16 +12,20 @@ from conftest import greedy, make_prompts, run_to_completion
 from server_util import metric_value, wait_until
 
 from vllmlite.async_engine import AsyncLLMEngine, GenerateRequest
-from vllmlite.config import ceil_div
+from vllmlite.config import SchedulerConfig, ceil_div
 from vllmlite.metrics import EngineMetrics
-from vllmlite.stats import EngineStats, SchedulerStats, SpecDecodeStats
+from vllmlite.stats import ChunkingStats, EngineStats, SchedulerStats, SpecDecodeStats
 
 PACKAGE = Path(__file__).resolve().parent.parent / "vllmlite"
 
 
 def test_an_idle_engine_reports_every_block_free_and_zero_counts(make_engine):
     engine = make_engine(num_blocks=32)
-    assert engine.get_stats() == EngineStats(SchedulerStats(num_kv_blocks=32, num_kv_blocks_free=32))
+    idle_chunking = ChunkingStats(policy="fixed", target_tpot_ms=SchedulerConfig.target_tpot_ms,
+                                  prefill_budget=SchedulerConfig.max_num_batched_tokens,
+                                  per_request_budget=SchedulerConfig.max_num_batched_tokens)
+    assert engine.get_stats() == EngineStats(SchedulerStats(num_kv_blocks=32, num_kv_blocks_free=32,
+                                                            chunking=idle_chunking))
     assert engine.get_stats().scheduler.kv_cache_usage == 0.0
 
 

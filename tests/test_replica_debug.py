@@ -5,6 +5,8 @@ keep the single-engine order and name their replica, and a replica that did not 
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 
 from vllmlite.api.protocol_debug import ReplicasDebugEngineResponse, RequestDetail, RequestList, StatsResponse
@@ -16,6 +18,7 @@ from vllmlite.api.replica_debug import (
     merge_request_lists,
     merge_stats,
 )
+from vllmlite.stats import ChunkingStats
 
 
 def _stats(*, running=0, waiting=0, swapped=0, kv=(0, 0, 0, 0), prefix=(0, 0), preemptions=0, tokens=(0, 0),
@@ -98,7 +101,8 @@ def test_a_request_is_found_on_the_replica_that_has_it():
 def test_debug_engine_is_one_payload_per_replica():
     def engine(num_blocks: int) -> dict:
         stats = _stats(kv=(num_blocks, 1, 0, num_blocks - 1))
-        return {**stats, "blocks": [1] + [0] * (num_blocks - 1), "recent_steps": [], "config": {"model": "m"}}
+        return {**stats, "blocks": [1] + [0] * (num_blocks - 1), "recent_steps": [],
+                "chunking": asdict(ChunkingStats("fixed")), "config": {"model": "m"}}
     payload = engines_payload("m", ReplicaAnswers([(0, engine(4)), (1, engine(8))], [(2, "down (gone)")]), now=3.0)
     shaped = ReplicasDebugEngineResponse.model_validate(payload)
     assert [(r.replica, len(r.blocks)) for r in shaped.replicas] == [(0, 4), (1, 8)]

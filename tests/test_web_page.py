@@ -207,7 +207,9 @@ def test_clicking_a_request_draws_its_timeline(tiny_model, open_page):
         events = view.page.eval_on_selector_all("#timeline-events li", "items => items.map(i => i.dataset.event)")
         assert events == [e["event"] for e in trace["events"]]  # the server's own trace, drawn
         assert view.painted("timeline-canvas") > 0
-        assert "from counts" not in view.page.text_content("#blocks-caption")  # per-block states were read
+        caption = view.page.text_content("#blocks-caption")
+        assert "from counts" not in caption  # per-block states were read
+        assert "Prefill chunking: fixed, up to" in caption  # the policy's decision, from /debug/engine
         assert view.page.is_hidden("#debug-notice") and view.page_errors == []
 
 

@@ -16,6 +16,7 @@ QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, blocks of 32 (vllmlite/
 QUANTIZATION_ENV = "VLLMLITE_QUANTIZATION"
 KERNEL_BACKENDS = ("numba", "numpy")  # vllmlite/kernels: compiled (default) or the numpy references
 PREEMPTION_MODES = ("recompute", "swap")
+PREFILL_CHUNKING = ("fixed", "adaptive")  # vllmlite/chunking.py
 POOLING_TYPES = ("last", "mean")  # embeddings: the values of pooling_params.PoolingType
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB: about 23k tokens of SmolLM2-135M in float32
 
@@ -131,6 +132,10 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 256
     max_model_len: int | None = None  # defaults to the model's context length
     batching: str = "continuous"  # "static": admit a new batch only when the running one is done (a baseline)
+    prefill_chunking: str = "fixed"  # "adaptive": prompt chunks sized to meet target_tpot_ms (chunking.py)
+    # adaptive: the step time running decodes should see; 1.5x the 8-stream ITL p50 of bench/chunking.py
+    # at the lightest load measured (147 ms), rounded up (bench/README.md).
+    target_tpot_ms: float = 250.0
 
     def __post_init__(self) -> None:
         _require(self.batching in ("continuous", "static"),
@@ -138,6 +143,9 @@ class SchedulerConfig:
         _require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         _require(self.max_num_batched_tokens >= 1,
                  f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        _require(self.prefill_chunking in PREFILL_CHUNKING,
+                 f"prefill_chunking must be one of {PREFILL_CHUNKING}, got {self.prefill_chunking!r}")
+        _require(self.target_tpot_ms > 0, f"target_tpot_ms must be > 0, got {self.target_tpot_ms}")
         _require(self.max_model_len is None or self.max_model_len >= 2,
                  f"max_model_len must be >= 2, got {self.max_model_len}")
 

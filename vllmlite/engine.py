@@ -17,6 +17,7 @@ import numpy as np
 
 from vllmlite.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.block_manager import BlockManager
+from vllmlite.chunking import ChunkingPolicy
 from vllmlite.config import EngineConfig
 from vllmlite.kernels import get_kernels, resolve_backend
 from vllmlite.loader import LoadedModel, load_model
@@ -68,9 +69,10 @@ class LLMEngine:
                                           config.cache.enable_prefix_caching, num_host_blocks)
         spec = config.speculative
         self.tracer = make_tracer(config.trace, self.tokenizer.decode)  # read on the engine thread only
+        self.chunking = ChunkingPolicy(sched, config.cache.block_size)  # fed each step's measured time
         self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
                                    config.cache.preemption_mode, stop_ids,
-                                   spec.num_speculative_tokens if spec else 0, self.tracer)
+                                   spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking)
         kernels = get_kernels(config.kernels)
         model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
@@ -227,8 +229,8 @@ class LLMEngine:
         A fault in one request's part of a stage (scheduling it, running it, applying its result,
         detokenizing it) ends that request in error and no other. Whatever else raises is a fault
         of the engine itself: it propagates."""
-        started = time.perf_counter()
         failed = self._start_compiled_requests()
+        started = time.perf_counter()  # the step's time, as the chunking model and the tracer count it
         scheduled = self.scheduler.schedule()
         result = self._execute(scheduled)
         touched = failed + self.scheduler.update(scheduled, result)
@@ -238,8 +240,10 @@ class LLMEngine:
             else:
                 self.scheduler.finish(finish.request, FinishReason.ERROR, error=finish.error)
         self._forget_finished(touched)
+        outputs = self.output_processor.make_outputs()
+        self.chunking.observe(scheduled, time.perf_counter() - started)
         self.tracer.step_done(started, scheduled)
-        return self.output_processor.make_outputs()
+        return outputs
 
     def _start_compiled_requests(self) -> list[Request]:
         """Queue the requests whose grammar has compiled, each sample with its own grammar state;

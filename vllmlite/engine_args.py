@@ -107,6 +107,13 @@ class EngineArgs:
     batching: str = knob(SchedulerConfig.batching, "continuous, or static: admit a new batch of up to "
                                                    "max-num-seqs only when the running batch has finished "
                                                    "(a baseline for benchmarks)")
+    prefill_chunking: str = knob(SchedulerConfig.prefill_chunking,
+                                 "prompt chunk size per step: fixed (whatever max-num-batched-tokens leaves after "
+                                 "the decodes) or adaptive (sized from a step-time model fitted online so the "
+                                 "running decodes meet --target-tpot-ms; smaller under memory pressure)")
+    target_tpot_ms: float = knob(SchedulerConfig.target_tpot_ms,
+                                 "prefill-chunking adaptive: the step time (ms per output token) the running "
+                                 "decodes should see while prompts are prefilled")
     speculative_config: dict | str | None = knob(
         None, "speculative decoding as JSON (a dict in LLM()), e.g. "
               "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' (methods: ngram, draft_model, self_draft)",

@@ -50,11 +50,11 @@ class WaitingQueue:
                 best, best_key = head, key
         return best
 
-    def pop(self) -> Request:
-        request = self.peek()
-        if request is None:
+    def pop(self, request: Request | None = None) -> Request:
+        """Admit the head (or `request`, which a scheduler let pass the head)."""
+        request = request or self.peek()
+        if request is None or not self.remove(request):
             raise IndexError("pop from an empty WaitingQueue")
-        self.remove(request)
         self._last_turn[request.client_id] = self._turn
         self._turn += 1
         self._forget_stale_turns()

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from vllmlite.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.block_manager import BlockManager, PrefixHit
+from vllmlite.chunking import ChunkingPolicy, PrefillShare, StepLoad
 from vllmlite.config import SchedulerConfig, ceil_div
 from vllmlite.pooling_params import PoolingType
 from vllmlite.request import FinishReason, Request, RequestStatus, internal_error
@@ -30,7 +31,7 @@ T = TypeVar("T")
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int,
                  preemption_mode: str, stop_token_ids: frozenset[int], num_speculative_tokens: int = 0,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer | None = None, chunking: ChunkingPolicy | None = None) -> None:
         self.config = config
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -46,6 +47,8 @@ class Scheduler:
         self.num_speculative_tokens = num_speculative_tokens
         self._spec_counts = _SpecDecodeCounts(num_speculative_tokens)
         self.tracer = tracer or Tracer()  # told of each lifecycle event; the default records nothing
+        self.chunking = chunking or ChunkingPolicy(config, block_manager.block_size)
+        self._prefill = PrefillShare(0, 0)  # this step's prompt tokens (chunking.py)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -114,13 +117,15 @@ class Scheduler:
             num_kv_blocks=bm.num_blocks, num_kv_blocks_used=bm.num_blocks - num_free,
             num_kv_blocks_cached=bm.num_cached_blocks, num_kv_blocks_free=num_free,
             prefix_cache_queries=bm.prefix_queries, prefix_cache_hits=bm.prefix_hits,
-            num_preemptions=self.num_preemptions, spec_decode=self._spec_counts.snapshot())
+            num_preemptions=self.num_preemptions, spec_decode=self._spec_counts.snapshot(),
+            chunking=self.chunking.snapshot())
 
     # --- schedule -------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        self._prefill = self.chunking.prefill_share(self._step_load())
         budget = self._schedule_running(out, budget)
         if out.num_preempted == 0:
             budget = self._schedule_swapped(out, budget)
@@ -131,6 +136,19 @@ class Scheduler:
                 self._static_batch_open = False
         out.blocks_to_copy = self.block_manager.take_copies()
         return out
+
+    def _step_load(self) -> StepLoad:
+        """The decodes this step will run and the prompts in line behind them (chunking's input)."""
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prompt = next((r for r in self.running if r.num_tokens - r.num_computed_tokens > 1), self.waiting.peek())
+        threshold = self.chunking.long_prompt_threshold  # None under fixed chunking: no prompt is short or long
+        short = sum(r.num_tokens for r in self.waiting if r.num_tokens <= threshold) if threshold is not None else 0
+        return StepLoad(num_decode_rows=len(decodes) * (1 + self.num_speculative_tokens),
+                        decode_attention_pairs=sum(r.num_tokens for r in decodes),
+                        prefill_start=prompt.num_computed_tokens if prompt is not None else 0,
+                        prompt_tokens_left=prompt.num_tokens - prompt.num_computed_tokens if prompt is not None else 0,
+                        short_prompt_tokens=short,
+                        num_free_blocks=self.block_manager.num_free_blocks)
 
     def _may_admit(self) -> bool:
         """Continuous batching admits whenever there is room. Static batching (a benchmark baseline)
@@ -147,7 +165,7 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_scheduled = self._guarded(out, request, self._schedule_running_one, out, request, index, budget)
-            if num_scheduled is not None:
+            if num_scheduled is not None:  # 0: a prompt held back by the prefill share
                 budget -= num_scheduled
                 index += 1
         return budget
@@ -155,7 +173,9 @@ class Scheduler:
     def _schedule_running_one(self, out: SchedulerOutput, request: Request, index: int, budget: int) -> int | None:
         """Grow `request` (running[index]) by its next tokens, preempting the newest if needed; the
         tokens scheduled, or None if it left the running list (preempted, or finished for lack of room)."""
-        num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+        num_new = self._prefill.chunk(request.num_tokens - request.num_computed_tokens, budget)
+        if num_new == 0:
+            return 0
         num_drafts = self._num_draft_slots(request, budget)
         if num_drafts and not self._allocate(request, num_new + num_drafts):
             num_drafts = 0  # under memory pressure, guesses go before any request is preempted
@@ -188,9 +208,9 @@ class Scheduler:
         bm = self.block_manager
         while self.swapped and budget > 0 and self._has_seats_for(self.swapped[0]):
             request = self.swapped[0]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._prefill.chunk(request.num_tokens - request.num_computed_tokens, budget)
             needed = ceil_div(request.num_computed_tokens + num_new, bm.block_size)
-            if not bm.can_swap_in(request.request_id) or bm.num_free_blocks < needed:
+            if not num_new or not bm.can_swap_in(request.request_id) or bm.num_free_blocks < needed:
                 break
             if self._guarded(out, request, self._swap_in, out, request, num_new) is not None:
                 budget -= num_new
@@ -217,7 +237,7 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
         while budget > 0:
-            request = self.waiting.peek()
+            request = self._next_waiting()
             if request is None:
                 return
             if not self._has_seats_for(request):
@@ -233,12 +253,25 @@ class Scheduler:
                 return  # no room for the head of the queue: nobody behind it jumps ahead
             budget -= num_scheduled or 0
 
+    def _next_waiting(self) -> Request | None:
+        """The head of the waiting queue; but while a long prompt is being prefilled, a long head
+        waits and the first short prompt behind it goes (adaptive chunking only: `is_long`)."""
+        head = self.waiting.peek()
+        if head is None or not self._prefill.is_long(head.num_tokens - head.num_computed_tokens):
+            return head
+        if not any(self._prefill.is_long(r.num_tokens - r.num_computed_tokens) for r in self.running):
+            return head
+        return next((r for r in self.waiting if not self._prefill.is_long(r.num_tokens - r.num_computed_tokens)),
+                    None)
+
     def _admit(self, out: SchedulerOutput, request: Request, budget: int) -> int:
         """Move the head of the waiting queue to running with its first chunk; the tokens scheduled
         (0 if there is no room for them)."""
         bm = self.block_manager
         hit = self._prefix_hit(request)
-        num_new = min(request.num_tokens - hit.num_tokens, budget)
+        num_new = self._prefill.chunk(request.num_tokens - hit.num_tokens, budget)
+        if num_new == 0:
+            return 0
         try:
             if not bm.allocate(request.request_id, hit.num_tokens, hit.num_tokens + num_new, hit):
                 return 0
@@ -249,7 +282,7 @@ class Scheduler:
         if request.num_preemptions == 0:
             request.num_cached_tokens = hit.num_tokens
         request.num_computed_tokens = hit.num_tokens
-        self.waiting.pop()
+        self.waiting.pop(request)
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         self.tracer.admitted(request, hit.num_tokens)
@@ -306,6 +339,7 @@ class Scheduler:
         if request.first_scheduled_time is None:
             request.first_scheduled_time = time.monotonic()
         start = request.num_computed_tokens
+        self._prefill.spend(num_new, request.num_tokens - start)
         self.tracer.scheduled(request, start, num_new)
         samples = start + num_new == request.num_tokens
         samplers = [request] + self.forks.get(request.request_id, []) if samples else []

@@ -27,6 +27,35 @@ class SpecDecodeStats:
 
 
 @dataclass(slots=True)
+class StepTimeFit:
+    """The fitted step-time model: step ms ~= intercept + per row * decode rows + per token * prefill
+    tokens + per kpair * thousands of attention (query, key) pairs (vllmlite/chunking.py)."""
+
+    intercept_ms: float = 0.0
+    per_decode_row_ms: float = 0.0
+    per_prefill_token_ms: float = 0.0
+    per_attention_kpair_ms: float = 0.0
+    rms_error_ms: float = 0.0            # of the fit over the steps it was fitted to
+    num_observations: int = 0            # steps measured, cumulative
+
+
+@dataclass(slots=True)
+class ChunkingStats:
+    """The chunked-prefill policy's last decision: prompt tokens the last step allowed (in all and
+    per prompt), the limits the adaptive policy took it from, and the step time it predicted."""
+
+    policy: str = ""                     # "fixed" or "adaptive" (the prefill_chunking knob)
+    target_tpot_ms: float = 0.0
+    prefill_budget: int = 0              # prompt tokens the last step allowed
+    per_request_budget: int = 0          # of which one prompt could take at most this
+    budget_by_time: int | None = None    # adaptive: the largest share meeting the target
+    budget_by_memory: int | None = None  # adaptive: the share the free blocks allow
+    predicted_step_ms: float | None = None
+    last_step_ms: float | None = None    # the last step measured (schedule to outputs)
+    step_time_model: StepTimeFit = field(default_factory=StepTimeFit)
+
+
+@dataclass(slots=True)
 class SchedulerStats:
     """Requests by state and the device KV blocks, right after a step.
 
@@ -45,6 +74,7 @@ class SchedulerStats:
     prefix_cache_hits: int = 0           # tokens, cumulative
     num_preemptions: int = 0             # cumulative
     spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+    chunking: ChunkingStats = field(default_factory=ChunkingStats)
 
     @property
     def num_not_running(self) -> int:

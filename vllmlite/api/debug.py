@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI
@@ -114,6 +115,7 @@ class LocalDebug:
         payload["recent_steps"] = [{"time": s.time, "duration_ms": s.duration_ms, "num_decode": s.num_decode,
                                     "num_prefill_tokens": s.num_prefill_tokens, "num_requests": s.num_requests}
                                    for s in snapshot.recent_steps]
+        payload["chunking"] = asdict(snapshot.stats.scheduler.chunking)
         payload["config"] = {"model": self.model_name, **snapshot.config}
         return payload
 

@@ -106,11 +106,39 @@ class StepShape(_Shape):
     num_requests: int
 
 
+class StepTimeFitShape(_Shape):
+    """The fitted step-time model (vllmlite/chunking.py): ms ~= intercept + per row * decode rows +
+    per token * prefill tokens + per kpair * thousands of attention (query, key) pairs."""
+
+    intercept_ms: float
+    per_decode_row_ms: float
+    per_prefill_token_ms: float
+    per_attention_kpair_ms: float
+    rms_error_ms: float
+    num_observations: int
+
+
+class ChunkingShape(_Shape):
+    """The chunked-prefill policy's last decision (`prefill_chunking`: fixed or adaptive)."""
+
+    policy: Literal["fixed", "adaptive"]
+    target_tpot_ms: float
+    prefill_budget: int            # prompt tokens the last step allowed
+    per_request_budget: int        # of which one prompt could take at most this
+    budget_by_time: int | None     # adaptive: the largest share meeting the target
+    budget_by_memory: int | None   # adaptive: the share the free blocks allow
+    predicted_step_ms: float | None
+    last_step_ms: float | None
+    step_time_model: StepTimeFitShape
+
+
 class DebugEngineResponse(EngineStatsShape):
-    """GET /debug/engine: /v1/stats plus each block's state, recent steps and the effective config."""
+    """GET /debug/engine: /v1/stats plus each block's state, recent steps, the chunked-prefill
+    policy's last decision and the effective config."""
 
     blocks: list[Literal[0, 1, 2, 3]]  # per block id: 0 free, 1 used, 2 cached and free, 3 cached and used
     recent_steps: list[StepShape]      # oldest first, at most 256
+    chunking: ChunkingShape
     config: dict[str, Any]
 
 
