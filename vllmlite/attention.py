@@ -57,6 +57,8 @@ class AttentionMetadata:
         self.slot_mapping = slot_mapping
         self.block_tables = block_tables
         self.block_size = block_size
+        # [num_long] the sequences with more than MAX_BATCHED_QUERY_LEN queries (long prefill chunks)
+        self.long_seqs = np.flatnonzero(np.diff(query_start) > MAX_BATCHED_QUERY_LEN)
         self._short_group: list[AttentionGroup] | None = None
         self._long_groups: list[AttentionGroup] | None = None
         # What a kernel backend derives from these arrays, built by the first layer of the step
@@ -73,11 +75,6 @@ class AttentionMetadata:
             short = np.flatnonzero(np.diff(self.query_start) <= MAX_BATCHED_QUERY_LEN)
             self._short_group = [_group(short, self)] if len(short) else []
         return self._short_group + self.long_groups
-
-    @property
-    def long_seqs(self) -> np.ndarray:
-        """[num_long] indices of the sequences with more than MAX_BATCHED_QUERY_LEN queries."""
-        return np.flatnonzero(np.diff(self.query_start) > MAX_BATCHED_QUERY_LEN)
 
     @property
     def long_groups(self) -> list[AttentionGroup]:

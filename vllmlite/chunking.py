@@ -231,14 +231,19 @@ class ChunkingPolicy:
         self.target_tpot_ms = config.target_tpot_ms
         self.block_size = block_size
         # vLLM's long_prefill_token_threshold, as a share of the budget (256 of 2048; never under a block)
-        self.long_prompt_threshold = max(block_size, self.token_budget // 8) if self.policy == "adaptive" else None
+        self.long_prompt_threshold = max(block_size, self.token_budget // 8) if self.is_adaptive else None
         self.model = StepTimeModel()
         self._decision = ChunkingStats(self.policy, self.target_tpot_ms, self.token_budget, self.token_budget)
         self._last_step_ms: float | None = None
 
-    def prefill_share(self, load: StepLoad) -> PrefillShare:
-        """This step's prompt tokens (the scheduler spends them); logged at debug level."""
-        if self.policy == "fixed":
+    @property
+    def is_adaptive(self) -> bool:
+        return self.policy == "adaptive"
+
+    def prefill_share(self, load: StepLoad | None) -> PrefillShare:
+        """This step's prompt tokens (the scheduler spends them); logged at debug level. `load` is
+        read only under adaptive chunking (the scheduler passes None under fixed)."""
+        if not self.is_adaptive:
             return PrefillShare(self.token_budget, self.token_budget)
         by_time, predicted = self._by_time(load)
         by_memory = self._by_memory(load, by_time)

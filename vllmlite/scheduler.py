@@ -125,7 +125,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        self._prefill = self.chunking.prefill_share(self._step_load())
+        self._prefill = self.chunking.prefill_share(self._step_load() if self.chunking.is_adaptive else None)
         budget = self._schedule_running(out, budget)
         if out.num_preempted == 0:
             budget = self._schedule_swapped(out, budget)
@@ -138,10 +138,10 @@ class Scheduler:
         return out
 
     def _step_load(self) -> StepLoad:
-        """The decodes this step will run and the prompts in line behind them (chunking's input)."""
+        """The decodes this step will run and the prompts in line behind them (adaptive chunking's input)."""
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         prompt = next((r for r in self.running if r.num_tokens - r.num_computed_tokens > 1), self.waiting.peek())
-        threshold = self.chunking.long_prompt_threshold  # None under fixed chunking: no prompt is short or long
+        threshold = self.chunking.long_prompt_threshold  # None: no prompt is short or long
         short = sum(r.num_tokens for r in self.waiting if r.num_tokens <= threshold) if threshold is not None else 0
         return StepLoad(num_decode_rows=len(decodes) * (1 + self.num_speculative_tokens),
                         decode_attention_pairs=sum(r.num_tokens for r in decodes),
