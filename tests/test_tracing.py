@@ -166,20 +166,25 @@ def test_recent_steps_count_decodes_and_prefill_tokens(make_engine):
     assert all(s.duration_ms > 0 for s in engine.tracer.recent_steps())
 
 
+
+def _trace_through(tracer: RequestTracer, request, num_cached: int) -> None:
+    """One request's whole life through the tracer's hooks: arrived, queued, admitted with a prefix
+    hit of `num_cached`, prefilled in chunks of 8 up to 40 tokens, finished, its step done."""
+    tracer.arrived(request.request_id, [request], None)
+    tracer.queued(request, 1)
+    tracer.admitted(request, num_cached)
+    for start in range(num_cached, 40, 8):
+        tracer.scheduled(request, start, 8)
+    request.finish(FinishReason.STOP)
+    tracer.finished(request)
+    tracer.step_done(0.0, _no_step())
+
 def test_the_ring_stays_bounded_under_ten_thousand_requests():
     """10,000 requests through the tracer's hooks, each with more events than the cap: the records
     and events held stay bounded, the newest are kept."""
     tracer = RequestTracer(ring_size=100, max_events=4)
     for i in range(10_000):
-        request = _request(str(i))
-        tracer.arrived(request.request_id, [request], None)
-        tracer.queued(request, 1)
-        tracer.admitted(request, 8)
-        for start in range(8, 40, 8):
-            tracer.scheduled(request, start, 8)
-        request.finish(FinishReason.STOP)
-        tracer.finished(request)
-        tracer.step_done(0.0, _no_step())
+        _trace_through(tracer, _request(str(i)), num_cached=8)
         assert tracer.num_records <= 100
     assert tracer.num_records == 100 and tracer.num_events() == 100 * (4 + 1)
     snapshots = tracer.snapshots()
@@ -196,15 +201,7 @@ def test_the_engine_keeps_only_the_ring(make_engine):
 
 def test_events_past_the_cap_are_counted_and_the_final_one_kept():
     tracer = RequestTracer(ring_size=2, max_events=3)
-    request = _request("r")
-    tracer.arrived("r", [request], None)
-    tracer.queued(request, 1)
-    tracer.admitted(request, 0)
-    for start in range(0, 40, 8):
-        tracer.scheduled(request, start, 8)
-    request.finish(FinishReason.STOP)
-    tracer.finished(request)
-    tracer.step_done(0.0, _no_step())
+    _trace_through(tracer, _request("r"), num_cached=0)
     trace = tracer.snapshot("r")
     assert names(trace) == ["arrived", "queued", "scheduled", "finished"] and trace.num_dropped_events == 5
 
