@@ -106,7 +106,7 @@ def test_numba_backend_on_several_threads_matches_the_reference(monkeypatch, dty
     tiles dealt to several threads (the work threshold lowered to 0): the reference's output."""
     if numba.get_num_threads() < 2:
         pytest.skip("one numba thread: the tiles run on this one")
-    monkeypatch.setattr(numba_kernels, "PARALLEL_MIN_PAIRS", 0)
+    monkeypatch.setattr(numba_kernels, "PARALLEL_MIN_TILE_PAIRS", 0)
     rng = np.random.default_rng(3)
     bs, num_kv_heads, num_heads = 16, 3, 9
     shapes = [(1, 70), (150, 150), (1, 33), (90, 290), (130, 131)]     # (queries, sequence length)
@@ -124,3 +124,27 @@ def test_numba_backend_on_several_threads_matches_the_reference(monkeypatch, dty
     reference.paged_attention(q, k_cache, v_cache, meta, expected)
     numba_kernels.paged_attention(q, k_cache, v_cache, meta, out)
     np.testing.assert_allclose(out, expected, rtol=0, atol=TOLERANCE[dtype])
+
+
+def test_layers_of_one_step_each_attend_their_own_context():
+    """The gathered context's buffers belong to the step and are reused by every layer: two
+    layers' caches attended in turn with the same metadata each match the reference, and the
+    second layer's output does not depend on the first having run."""
+    rng = np.random.default_rng(11)
+    bs, num_kv_heads, num_heads = 4, 2, 4
+    shapes = [(1, 40), (20, 60), (12, 30)]     # (queries, sequence length): a decode, two long chunks
+    needed = [-(-length // bs) for _, length in shapes]
+    tables = np.split(rng.permutation(sum(needed)), np.cumsum(needed)[:-1])
+    meta = build_metadata([q for q, _ in shapes], [s for _, s in shapes], [t.tolist() for t in tables], bs)
+    assert meta.long_seqs.tolist() == [1, 2]
+    q = rng.standard_normal((int(meta.query_start[-1]), num_heads, HEAD_DIM))
+    layers = [tuple(rng.standard_normal((sum(needed) * bs, num_kv_heads, HEAD_DIM)) for _ in range(2))
+              for _ in range(2)]
+    outputs = []
+    for k_cache, v_cache in layers:
+        expected, out = np.empty_like(q), np.full_like(q, np.nan)
+        reference.paged_attention(q, k_cache, v_cache, meta, expected)
+        numba_kernels.paged_attention(q, k_cache, v_cache, meta, out)
+        np.testing.assert_allclose(out, expected, rtol=0, atol=1e-12)
+        outputs.append(out)
+    assert not np.allclose(outputs[0], outputs[1])

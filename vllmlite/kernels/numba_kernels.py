@@ -622,12 +622,14 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
         _attend_long_chunks(q, k_cache, v_cache, meta, out)
 
 
-# Query-key pairs (`Chunk.num_pairs`) above which a step's long chunks are attended on several
-# threads: below, handing tiles to threads and back cost about what the second core gave. One
-# SmolLM2 layer's paged_attention, 2 cores, two threads vs one: a 256-token prompt (32,896 pairs)
-# 4.1 vs 3.6 ms, 512 tokens (131,328) 13.9 vs 13.4, 768 tokens (295,296) 26.5 vs 31.3, a 256-token
-# chunk after 1792 tokens (491,648) 29 vs 41, 1024 tokens 23 vs 40.
-PARALLEL_MIN_PAIRS = 1 << 18
+# Query-key pairs per tile (`Chunk.num_pairs` over the step's tiles) from which a step's long
+# chunks are attended on several threads: below, handing tiles to threads and back cost about what
+# the second core gave. One SmolLM2 layer's paged_attention, 2 cores, two threads vs one: a
+# 256-token prompt (2,741 pairs a tile) 4.1 vs 3.6 ms, 512 tokens (5,472) 13.9 vs 13.4, 768 tokens
+# (8,203) 26.5 vs 31.3, 1024 tokens 23 vs 40, a 256-token chunk after 1792 tokens (40,971) 29 vs 41.
+# Over the whole model (30 layers, `model.forward`): a 16-token chunk after 2000 tokens (10,712)
+# 126 vs 138 ms, 64 after 2000 (43,360) 314 vs 333, 64 after 500 (11,360) 173 vs 181.
+PARALLEL_MIN_TILE_PAIRS = 8192
 
 # Threads that attend long chunks' tiles (`_attend_long_chunks`); started on first use.
 _tile_workers = ThreadPoolExecutor(max_workers=numba.config.NUMBA_NUM_THREADS, thread_name_prefix="vllmlite-attention")
@@ -641,7 +643,8 @@ def _attend_long_chunks(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     chunks = [prepare_chunk(q, k_cache, v_cache, meta, int(seq)) for seq in meta.long_seqs]
     work = [(chunk, h, t0) for chunk in chunks for h, t0 in chunk.tiles]
     num_pairs = sum(chunk.num_pairs for chunk in chunks)
-    num_workers = min(numba.get_num_threads(), len(work)) if num_pairs > PARALLEL_MIN_PAIRS else 1
+    parallel = num_pairs >= PARALLEL_MIN_TILE_PAIRS * len(work)
+    num_workers = min(numba.get_num_threads(), len(work)) if parallel else 1
 
     def attend_share(worker: int) -> None:
         for chunk, h, t0 in work[worker::num_workers]:
