@@ -11,13 +11,15 @@ from conftest import greedy, make_prompts, run_to_completion
 from reference import dense_greedy
 
 from vllmlite import chunking
+from vllmlite.batch import ScheduledSequence, SchedulerOutput
 from vllmlite.chunking import MIN_OBSERVATIONS, ChunkingPolicy, StepLoad, StepShape, StepTimeModel
 from vllmlite.config import SchedulerConfig
 from vllmlite.kernels import BACKENDS
 
 MAX_TOKENS = 10
-# A synthetic cost (seconds): 20 ms a step, 2 ms a decode row, 1 ms a prefill token, 0.1 ms per 1000 pairs.
-COST = np.array([0.020, 0.002, 0.001, 0.0001])
+# A synthetic cost (seconds): 20 ms a step, 2 ms a decode row, 1 ms a prefill token, 0.1 ms per 1000 pairs,
+# 20 ms per 1000 tokens of context before the prefill chunks.
+COST = np.array([0.020, 0.002, 0.001, 0.0001, 0.020])
 
 
 def synthetic_seconds(shape: StepShape) -> float:
@@ -29,7 +31,7 @@ def trained(policy: ChunkingPolicy, steps: int = 40, seed: int = 0) -> ChunkingP
     rng = np.random.default_rng(seed)
     for _ in range(steps):
         rows, tokens = int(rng.integers(0, 16)), int(rng.integers(0, 600)) * int(rng.integers(0, 2))
-        shape = StepShape(rows, tokens, int(rng.integers(0, 300_000)))
+        shape = StepShape(rows, tokens, int(rng.integers(0, 300_000)), int(rng.integers(0, 2000)) if tokens else 0)
         policy.model.observe(shape, synthetic_seconds(shape))
     return policy
 
@@ -66,14 +68,16 @@ def test_step_time_model_converges_on_a_synthetic_cost_function():
     model = StepTimeModel()
     rng = np.random.default_rng(1)
     for _ in range(300):
-        shape = StepShape(int(rng.integers(0, 32)), int(rng.integers(0, 512)) * int(rng.integers(0, 2)),
-                          int(rng.integers(0, 200_000)))
+        tokens = int(rng.integers(0, 512)) * int(rng.integers(0, 2))
+        shape = StepShape(int(rng.integers(0, 32)), tokens, int(rng.integers(0, 200_000)),
+                          int(rng.integers(0, 3000)) if tokens else 0)
         model.observe(shape, synthetic_seconds(shape) * rng.normal(1.0, 0.02))  # 2% timing noise
     np.testing.assert_allclose(model.coefficients, COST, rtol=0.1)
-    probe = StepShape(8, 256, 100_000)
+    probe = StepShape(8, 256, 100_000, 1000)
     assert model.predict(probe) == pytest.approx(synthetic_seconds(probe), rel=0.03)
     fit = model.snapshot()
     assert fit.num_observations == 300 and fit.per_prefill_token_ms == pytest.approx(1.0, rel=0.1)
+    assert fit.per_context_ktoken_ms == pytest.approx(20.0, rel=0.1)
 
 
 def test_step_time_model_never_fits_a_negative_cost():
@@ -120,6 +124,18 @@ def test_decodes_get_the_largest_share_that_meets_the_target():
     assert stats.predicted_step_ms <= 100.0 and stats.budget_by_time == 59
     # Decoding alone over the target: prompts still progress by one block a step.
     assert policy.prefill_share(load(num_decode_rows=60)).num_left == 16
+
+
+def test_a_chunk_deep_in_a_long_prompt_pays_for_its_context():
+    """Its context costs 20 ms per 1000 tokens whatever the chunk's length: 1000 tokens in, 40 + 20 =
+    60 ms of the 100 are gone before a token, and P + 0.1 * (1000 P + P (P + 1) / 2) / 1000 <= 40 ms
+    gives P = 36 (59 at the prompt's start)."""
+    config = SchedulerConfig(max_num_batched_tokens=512, prefill_chunking="adaptive", target_tpot_ms=100.0)
+    policy = trained(ChunkingPolicy(config, block_size=16))
+    assert policy.prefill_share(load(num_decode_rows=10, prefill_start=1000)).num_left == 36
+    chunk = StepShape.of(SchedulerOutput([ScheduledSequence(None, list(range(30)), 1000, [0]),
+                                          ScheduledSequence(None, [5], 70, [0])]))
+    assert (chunk.num_decode_rows, chunk.num_prefill_tokens, chunk.prefill_context) == (1, 30, 1000)
 
 
 def test_an_unfitted_model_gives_prompts_one_block_beside_decodes():

@@ -21,9 +21,9 @@ from vllmlite.stats import ChunkingStats, StepTimeFit
 
 logger = logging.getLogger(__name__)
 
-NUM_FEATURES = 4  # [1, decode rows, prefill tokens, attention pairs / 1000]
+NUM_FEATURES = 5  # [1, decode rows, prefill tokens, attention pairs / 1000, prefill context / 1000]
 MIN_OBSERVATIONS = 8  # steps seen before the fit is trusted; until then the whole budget goes to prefill
-# [15, NUM_FEATURES]: each non-empty subset of the features as a 0/1 row (the fit tries them all)
+# [31, NUM_FEATURES]: each non-empty subset of the features as a 0/1 row (the fit tries them all)
 _SUBSETS = np.array([[(mask >> i) & 1 for i in range(NUM_FEATURES)] for mask in range(1, 1 << NUM_FEATURES)],
                     dtype=float)
 
@@ -34,20 +34,26 @@ class StepShape:
 
     attention_pairs counts (query, key) pairs: a chunk of n tokens after s computed ones attends
     n * s + n * (n + 1) / 2 of them (chunk of 3 after 5: 15 + 6 = 21); a decode row (n = 1), s + 1.
+    prefill_context sums the s of the chunks: a chunk reads its whole context once per layer
+    whatever its length (the compiled backend gathers it from the blocks), a cost per step that
+    neither the tokens nor the pairs describe (a 16-token chunk after 2000 tokens pays it as a
+    256-token one there does).
     """
 
     num_decode_rows: int     # sequences computing one token (speculative guesses count as rows)
     num_prefill_tokens: int  # tokens of chunks longer than one token
     attention_pairs: int
+    prefill_context: int = 0  # tokens computed before those chunks
 
     @property
     def features(self) -> np.ndarray:
-        # [NUM_FEATURES]; attention in thousands of pairs, so every column is of a similar scale
-        return np.array([1.0, self.num_decode_rows, self.num_prefill_tokens, self.attention_pairs / 1000.0])
+        # [NUM_FEATURES]; pairs and context in thousands, so every column is of a similar scale
+        return np.array([1.0, self.num_decode_rows, self.num_prefill_tokens, self.attention_pairs / 1000.0,
+                         self.prefill_context / 1000.0])
 
     @classmethod
     def of(cls, scheduled: SchedulerOutput) -> StepShape:
-        rows = tokens = pairs = 0
+        rows = tokens = pairs = context = 0
         for seq in scheduled.scheduled:
             n = len(seq.token_ids) + seq.num_draft_slots
             pairs += n * seq.start_position + n * (n + 1) // 2
@@ -55,7 +61,8 @@ class StepShape:
                 rows += n
             else:
                 tokens += n
-        return cls(rows, tokens, pairs)
+                context += seq.start_position
+        return cls(rows, tokens, pairs, context)
 
 
 def attention_pairs(num_tokens: int, start: int) -> int:
@@ -87,11 +94,12 @@ class _Window:
 
 
 class StepTimeModel:
-    """Step seconds ~= coef . [1, decode rows, prefill tokens, attention kpairs], coefficients >= 0.
+    """Step seconds ~= coef . [1, decode rows, prefill tokens, attention kpairs, prefill context
+    ktokens], coefficients >= 0.
 
     Fitted by least squares over recent steps: the last `window` steps without prefill, plus the
     last `window // 4` with, kept apart so a long stretch of pure decoding cannot push out what
-    prefill costs. Non-negative by exhaustion: of the 15 non-empty subsets of the 4 features, the
+    prefill costs. Non-negative by exhaustion: of the 31 non-empty subsets of the 5 features, the
     best fit whose coefficients are all >= 0 (a negative cost is noise, and would invite a huge
     chunk). The fit solves normal equations kept as running sums, so it costs the same however
     many steps the windows hold.
@@ -159,7 +167,8 @@ class StepTimeModel:
         ms = self.coefficients * 1000.0
         return StepTimeFit(intercept_ms=float(ms[0]), per_decode_row_ms=float(ms[1]),
                            per_prefill_token_ms=float(ms[2]), per_attention_kpair_ms=float(ms[3]),
-                           rms_error_ms=self._rms_error * 1000.0, num_observations=self.num_observations)
+                           per_context_ktoken_ms=float(ms[4]), rms_error_ms=self._rms_error * 1000.0,
+                           num_observations=self.num_observations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +302,7 @@ class ChunkingPolicy:
     @staticmethod
     def _shape(load: StepLoad, num_prefill: int) -> StepShape:
         pairs = load.decode_attention_pairs + attention_pairs(num_prefill, load.prefill_start)
-        return StepShape(load.num_decode_rows, num_prefill, pairs)
+        return StepShape(load.num_decode_rows, num_prefill, pairs, load.prefill_start if num_prefill > 1 else 0)
 
     def observe(self, scheduled: SchedulerOutput, seconds: float) -> None:
         """Feed the model one measured step (a step that computed nothing teaches nothing)."""

@@ -29,12 +29,14 @@ class SpecDecodeStats:
 @dataclass(slots=True)
 class StepTimeFit:
     """The fitted step-time model: step ms ~= intercept + per row * decode rows + per token * prefill
-    tokens + per kpair * thousands of attention (query, key) pairs (vllmlite/chunking.py)."""
+    tokens + per kpair * thousands of attention (query, key) pairs + per ktoken * thousands of
+    tokens before the prefill chunks (vllmlite/chunking.py)."""
 
     intercept_ms: float = 0.0
     per_decode_row_ms: float = 0.0
     per_prefill_token_ms: float = 0.0
     per_attention_kpair_ms: float = 0.0
+    per_context_ktoken_ms: float = 0.0
     rms_error_ms: float = 0.0            # of the fit over the steps it was fitted to
     num_observations: int = 0            # steps measured, cumulative
 

@@ -108,12 +108,14 @@ class StepShape(_Shape):
 
 class StepTimeFitShape(_Shape):
     """The fitted step-time model (vllmlite/chunking.py): ms ~= intercept + per row * decode rows +
-    per token * prefill tokens + per kpair * thousands of attention (query, key) pairs."""
+    per token * prefill tokens + per kpair * thousands of attention (query, key) pairs + per
+    ktoken * thousands of tokens before the prefill chunks."""
 
     intercept_ms: float
     per_decode_row_ms: float
     per_prefill_token_ms: float
     per_attention_kpair_ms: float
+    per_context_ktoken_ms: float
     rms_error_ms: float
     num_observations: int
 
