@@ -206,8 +206,10 @@ def chunking_section(report: dict) -> list[str]:
              f"{w['stream_max_tokens']} output tokens each), then at {w['burst_at_s']:g} s long prompts of "
              f"{', '.join(map(str, w['long_prompt_lens']))} tokens arrive at once. Stream latency is measured from "
              "their arrival to the last long prompt's first token: ITL is every inter-token gap, TPOT the "
-             "per-request mean (vLLM's). Adaptive rows name their target (`1.5x`: 1.5 times the baseline's "
-             "ITL p50) and use the largest fixed budget as their ceiling.", "", format_table(report), "",
+             "per-request mean (vLLM's). Adaptive rows name their target (`default`: none given, the engine's "
+             "own, 1.5x the decodes' predicted step without prompts; `3x`: 3 times the baseline's ITL p50; "
+             "`p99:fixed-64`: the streams' ITL p99 measured under that fixed budget) and use the largest fixed "
+             "budget as their ceiling.", "", format_table(report), "",
              "Targets (from the issue):", ""]
     lines += [f"- {t['name']}: {t['value']:.2f} (target <= {t['threshold']}) - {'met' if t['met'] else '**missed**'}"
               for t in report["targets"]]

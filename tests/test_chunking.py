@@ -18,8 +18,8 @@ from vllmlite.kernels import BACKENDS
 
 MAX_TOKENS = 10
 # A synthetic cost (seconds): 20 ms a step, 2 ms a decode row, 1 ms a prefill token, 0.1 ms per 1000 pairs,
-# 20 ms per 1000 tokens of context before the prefill chunks.
-COST = np.array([0.020, 0.002, 0.001, 0.0001, 0.020])
+# 20 ms per 1000 tokens of context before the prefill chunks, 30 ms more for a step with any prefill.
+COST = np.array([0.020, 0.002, 0.001, 0.0001, 0.020, 0.030])
 
 
 def synthetic_seconds(shape: StepShape) -> float:
@@ -78,6 +78,7 @@ def test_step_time_model_converges_on_a_synthetic_cost_function():
     fit = model.snapshot()
     assert fit.num_observations == 300 and fit.per_prefill_token_ms == pytest.approx(1.0, rel=0.1)
     assert fit.per_context_ktoken_ms == pytest.approx(20.0, rel=0.1)
+    assert fit.per_prefill_step_ms == pytest.approx(30.0, rel=0.1)
 
 
 def test_step_time_model_never_fits_a_negative_cost():
@@ -117,25 +118,74 @@ def test_with_no_decodes_the_whole_budget_goes_to_prefill():
 def test_decodes_get_the_largest_share_that_meets_the_target():
     config = SchedulerConfig(max_num_batched_tokens=512, prefill_chunking="adaptive", target_tpot_ms=100.0)
     policy = trained(ChunkingPolicy(config, block_size=16))
-    # 20 + 2 * 10 = 40 ms of decoding leaves 60 ms: 1 ms a token, 0.1 ms per 1000 pairs (P * (P + 1) / 2).
+    # 20 + 2 * 10 = 40 ms of decoding and 30 for having a prompt chunk leave 30 ms: 1 ms a token,
+    # 0.1 ms per 1000 pairs (P * (P + 1) / 2).
     share = policy.prefill_share(load(num_decode_rows=10))
-    assert share.num_left == 59
+    assert share.num_left == 29
     stats = policy.snapshot()
-    assert stats.predicted_step_ms <= 100.0 and stats.budget_by_time == 59
+    assert stats.predicted_step_ms <= 100.0 and stats.budget_by_time == 29
     # Decoding alone over the target: prompts still progress by one block a step.
     assert policy.prefill_share(load(num_decode_rows=60)).num_left == 16
 
 
-def test_a_chunk_deep_in_a_long_prompt_pays_for_its_context():
-    """Its context costs 20 ms per 1000 tokens whatever the chunk's length: 1000 tokens in, 40 + 20 =
-    60 ms of the 100 are gone before a token, and P + 0.1 * (1000 P + P (P + 1) / 2) / 1000 <= 40 ms
-    gives P = 36 (59 at the prompt's start)."""
-    config = SchedulerConfig(max_num_batched_tokens=512, prefill_chunking="adaptive", target_tpot_ms=100.0)
+def test_without_a_target_the_decodes_own_step_time_is_stretched_by_half():
+    """40 decode rows alone: 20 + 2 * 40 = 100 ms predicted, so the target is 150 ms, leaving 20 after
+    the 30 a step with a prompt chunk costs: P + 0.1 * P (P + 1) / 2 / 1000 <= 20 ms gives P = 19.
+    60 rows: 140 ms alone, a 210 ms target, P = 39."""
+    config = SchedulerConfig(max_num_batched_tokens=512, prefill_chunking="adaptive")
+    assert config.target_tpot_ms is None
     policy = trained(ChunkingPolicy(config, block_size=16))
-    assert policy.prefill_share(load(num_decode_rows=10, prefill_start=1000)).num_left == 36
+    assert policy.prefill_share(load(num_decode_rows=40)).num_left == 19
+    assert policy.snapshot().target_tpot_ms == pytest.approx(150.0)
+    assert policy.prefill_share(load(num_decode_rows=60)).num_left == 39
+    assert policy.snapshot().target_tpot_ms == pytest.approx(210.0)
+
+
+def test_a_chunk_deep_in_a_long_prompt_pays_for_its_context():
+    """Its context costs 20 ms per 1000 tokens whatever the chunk's length: 1000 tokens in, 40 + 30 +
+    20 = 90 ms of the 120 are gone before a token, and P + 0.1 * (1000 P + P (P + 1) / 2) / 1000 <= 30
+    ms gives P = 27 (49 at the prompt's start)."""
+    config = SchedulerConfig(max_num_batched_tokens=512, prefill_chunking="adaptive", target_tpot_ms=120.0)
+    policy = trained(ChunkingPolicy(config, block_size=16))
+    assert policy.prefill_share(load(num_decode_rows=10, prefill_start=1000)).num_left == 27
+    assert policy.prefill_share(load(num_decode_rows=10, prefill_start=0)).num_left == 49
     chunk = StepShape.of(SchedulerOutput([ScheduledSequence(None, list(range(30)), 1000, [0]),
                                           ScheduledSequence(None, [5], 70, [0])]))
     assert (chunk.num_decode_rows, chunk.num_prefill_tokens, chunk.prefill_context) == (1, 30, 1000)
+
+
+def shares_over_steps(policy: ChunkingPolicy, num_steps: int, **values) -> list[int]:
+    """The prompt share of each of num_steps steps of 10 decodes beside a prompt 3000 tokens in, each
+    step measured at exactly COST's time for what it ran."""
+    shares = []
+    for _ in range(num_steps):
+        share = policy.prefill_share(load(num_decode_rows=10, prefill_start=3000, **values)).num_left
+        decodes = [ScheduledSequence(None, [5], 70, [0]) for _ in range(10)]
+        step = SchedulerOutput(decodes + ([ScheduledSequence(None, list(range(share)), 3000, [0])] if share else []))
+        policy.observe(step, synthetic_seconds(StepShape.of(step)))
+        shares.append(share)
+    return shares
+
+
+@pytest.mark.parametrize("target_tpot_ms, expected", [
+    # One block 3000 tokens in: 151 ms predicted; the decodes alone 40. At 100 ms a block overruns by
+    # 51, the next step's decodes alone make up 60: blocks every other step.
+    (100.0, [16, 0] * 4),
+    # At 45 ms the decodes make up 5 ms a step: the block waits the most steps allowed, then goes.
+    (45.0, [16] + [0] * chunking.MAX_DEFERRED_STEPS + [16]),
+    # At 30 ms the decodes alone overrun: waiting would never help, so a block every step.
+    (30.0, [16] * 6),
+])
+def test_a_block_over_the_target_waits_until_the_decodes_make_up_for_the_overrun(target_tpot_ms, expected):
+    config = SchedulerConfig(max_num_batched_tokens=512, prefill_chunking="adaptive", target_tpot_ms=target_tpot_ms)
+    policy = trained(ChunkingPolicy(config, block_size=16))
+    assert shares_over_steps(policy, len(expected)) == expected
+
+
+def test_short_prompts_waiting_are_not_held_to_make_up_an_overrun():
+    config = SchedulerConfig(max_num_batched_tokens=512, prefill_chunking="adaptive", target_tpot_ms=100.0)
+    policy = trained(ChunkingPolicy(config, block_size=16))
+    assert shares_over_steps(policy, 4, short_prompt_tokens=40) == [16] * 4
 
 
 def test_an_unfitted_model_gives_prompts_one_block_beside_decodes():

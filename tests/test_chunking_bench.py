@@ -9,9 +9,10 @@ from bench import chunking
 
 def test_quick_chunking_benchmark_reports_each_policy(tmp_path):
     out = tmp_path / "bench_chunking_quick.json"
-    report = chunking.main(["--quick", "--model", "random", "--targets", "2x,50", "--out", str(out), "--no-plot"])
+    report = chunking.main(["--quick", "--model", "random", "--targets", "2x,50,default,p99:fixed-64", "--out", str(out), "--no-plot"])
     saved = json.loads(out.read_text())
-    assert [r["policy"]["name"] for r in saved["rows"]] == ["fixed-16", "fixed-64", "adaptive-2x", "adaptive-50"]
+    assert [r["policy"]["name"] for r in saved["rows"]] == ["fixed-16", "fixed-64", "adaptive-2x", "adaptive-50",
+                                                             "adaptive-default", "adaptive-p99:fixed-64"]
     assert saved["baseline"]["with_burst"] is False and saved["baseline"]["stream_itl_ms"]["count"] > 0
     for row in saved["rows"]:
         assert row["with_burst"] and set(row["long_ttft_s"]["each"]) == {"96", "160"}
@@ -22,7 +23,13 @@ def test_quick_chunking_benchmark_reports_each_policy(tmp_path):
     assert adaptive["policy"]["target_tpot_ms"] == round(2 * saved["baseline"]["stream_itl_ms"]["p50"], 1)
     assert adaptive["chunking"]["step_time_model"]["num_observations"] > 0
     assert saved["rows"][3]["policy"]["target_tpot_ms"] == 50.0
-    assert len(saved["targets"]) >= 3 * 2 and {t["threshold"] for t in saved["targets"]} == {1.5, 1.2}
+    default = saved["rows"][4]
+    assert default["policy"]["target_tpot_ms"] is None and default["chunking"]["target_tpot_ms"] is not None
+    matched = saved["rows"][5]["policy"]
+    assert matched["matches"] == "fixed-64"
+    assert matched["target_tpot_ms"] == round(saved["rows"][1]["stream_itl_ms"]["p99"], 1)
+    assert any(t["name"].startswith("adaptive-p99:fixed-64 long TTFT mean / fixed-64's") for t in saved["targets"])
+    assert len(saved["targets"]) >= 3 * 4 + 1 and {t["threshold"] for t in saved["targets"]} == {1.5, 1.2}
     alone, bound = saved["prefill_alone"], saved["ttft_bound"]
     assert alone["stream_itl_ms"]["count"] == 0 and set(alone["long_ttft_s"]["each"]) == {"96", "160"}
     assert bound["least_last_ttft_s"] == 3 * bound["prefill_alone_s"] == 3 * alone["long_ttft_s"]["max"]

@@ -21,9 +21,20 @@ from vllmlite.stats import ChunkingStats, StepTimeFit
 
 logger = logging.getLogger(__name__)
 
-NUM_FEATURES = 5  # [1, decode rows, prefill tokens, attention pairs / 1000, prefill context / 1000]
+# [1, decode rows, prefill tokens, attention pairs / 1000, prefill context / 1000, 1 if any prefill]
+NUM_FEATURES = 6
 MIN_OBSERVATIONS = 8  # steps seen before the fit is trusted; until then the whole budget goes to prefill
-# [31, NUM_FEATURES]: each non-empty subset of the features as a 0/1 row (the fit tries them all)
+# Without a target_tpot_ms, the target is this multiple of the running decodes' own step time (the
+# model's prediction for them alone): what they see without prompts, stretched by half. Their time
+# per output token grows at most so while prompts are prefilled, on any machine, under any load.
+DEFAULT_TPOT_SLACK = 1.5
+# Late in a long prompt even one block beside the decodes can overrun the target. Such a step is
+# taken only once the steps since the last overrun have made up for it (measured under the target
+# by as much), so the decodes' mean step, their time per output token, stays on target; but never
+# after more than this many steps without one, so prompts always progress. Short prompts waiting
+# are never held so: a new request starts as it would without a burst.
+MAX_DEFERRED_STEPS = 8
+# [63, NUM_FEATURES]: each non-empty subset of the features as a 0/1 row (the fit tries them all)
 _SUBSETS = np.array([[(mask >> i) & 1 for i in range(NUM_FEATURES)] for mask in range(1, 1 << NUM_FEATURES)],
                     dtype=float)
 
@@ -37,7 +48,9 @@ class StepShape:
     prefill_context sums the s of the chunks: a chunk reads its whole context once per layer
     whatever its length (the compiled backend gathers it from the blocks), a cost per step that
     neither the tokens nor the pairs describe (a 16-token chunk after 2000 tokens pays it as a
-    256-token one there does).
+    256-token one there does). And a step with any prompt chunk pays a cost of its own whatever
+    the chunk (the products of more rows take another path than a few decodes', the chunk's
+    attention runs on threads), so the decodes' own step is not the intercept of a mixed one.
     """
 
     num_decode_rows: int     # sequences computing one token (speculative guesses count as rows)
@@ -49,7 +62,7 @@ class StepShape:
     def features(self) -> np.ndarray:
         # [NUM_FEATURES]; pairs and context in thousands, so every column is of a similar scale
         return np.array([1.0, self.num_decode_rows, self.num_prefill_tokens, self.attention_pairs / 1000.0,
-                         self.prefill_context / 1000.0])
+                         self.prefill_context / 1000.0, 1.0 if self.num_prefill_tokens else 0.0])
 
     @classmethod
     def of(cls, scheduled: SchedulerOutput) -> StepShape:
@@ -95,11 +108,11 @@ class _Window:
 
 class StepTimeModel:
     """Step seconds ~= coef . [1, decode rows, prefill tokens, attention kpairs, prefill context
-    ktokens], coefficients >= 0.
+    ktokens, any prefill], coefficients >= 0 (StepShape).
 
     Fitted by least squares over recent steps: the last `window` steps without prefill, plus the
     last `window // 4` with, kept apart so a long stretch of pure decoding cannot push out what
-    prefill costs. Non-negative by exhaustion: of the 31 non-empty subsets of the 5 features, the
+    prefill costs. Non-negative by exhaustion: of the 63 non-empty subsets of the 6 features, the
     best fit whose coefficients are all >= 0 (a negative cost is noise, and would invite a huge
     chunk). The fit solves normal equations kept as running sums, so it costs the same however
     many steps the windows hold.
@@ -167,8 +180,8 @@ class StepTimeModel:
         ms = self.coefficients * 1000.0
         return StepTimeFit(intercept_ms=float(ms[0]), per_decode_row_ms=float(ms[1]),
                            per_prefill_token_ms=float(ms[2]), per_attention_kpair_ms=float(ms[3]),
-                           per_context_ktoken_ms=float(ms[4]), rms_error_ms=self._rms_error * 1000.0,
-                           num_observations=self.num_observations)
+                           per_context_ktoken_ms=float(ms[4]), per_prefill_step_ms=float(ms[5]),
+                           rms_error_ms=self._rms_error * 1000.0, num_observations=self.num_observations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,8 +234,11 @@ class ChunkingPolicy:
     before adaptive chunking existed). `adaptive`, from the fitted step time:
 
     - nothing decoding: the whole token budget;
-    - else the largest share P whose predicted step time stays within target_tpot_ms, at least one
-      block's worth (prompts always progress), at most the budget less the decode rows, and no
+    - else the largest share P whose predicted step time stays within target_tpot_ms (unset:
+      DEFAULT_TPOT_SLACK times the decodes' own predicted step time), at least one block's worth
+      (prompts always progress; but a block that would overrun the target waits, up to
+      MAX_DEFERRED_STEPS steps, until the decodes' steps have made up for the last overrun), at
+      most the budget less the decode rows, and no
       larger than the model can vouch for (`StepTimeModel.is_trusted`: until it is fitted, one
       block; then up to twice the largest step measured);
     - memory: while anything decodes, the first prompt in line goes ahead only if the free blocks
@@ -242,8 +258,10 @@ class ChunkingPolicy:
         # vLLM's long_prefill_token_threshold, as a share of the budget (256 of 2048; never under a block)
         self.long_prompt_threshold = max(block_size, self.token_budget // 8) if self.is_adaptive else None
         self.model = StepTimeModel()
-        self._decision = ChunkingStats(self.policy, self.target_tpot_ms, self.token_budget, self.token_budget)
+        self._decision = ChunkingStats(self.policy, None, self.token_budget, self.token_budget)
         self._last_step_ms: float | None = None
+        self._overrun_ms = 0.0   # measured time over the target of the decodes' steps, not yet made up
+        self._num_deferred = 0   # steps in a row that left prompts waiting for it
 
     @property
     def is_adaptive(self) -> bool:
@@ -254,20 +272,42 @@ class ChunkingPolicy:
         read only under adaptive chunking (the scheduler passes None under fixed)."""
         if not self.is_adaptive:
             return PrefillShare(self.token_budget, self.token_budget)
-        by_time, predicted = self._by_time(load)
+        target_ms = self._target_ms(load)
+        by_time, predicted = self._by_time(load, target_ms)
+        if predicted * 1000 > target_ms and self._defers(load, target_ms):
+            by_time, predicted = 0, self.model.predict(self._shape(load, 0))
         by_memory = self._by_memory(load, by_time)
         num_tokens = min(by_time, by_memory)
         # Short prompts waiting get what they need of the share; a long one keeps at least half.
         per_request = max(num_tokens - load.short_prompt_tokens, num_tokens // 2)
         logger.debug("prefill budget %d tokens (%d per prompt): %d decode rows, by time %d (predicted %.1f ms, "
                      "target %.1f ms), by memory %d (%d free blocks)", num_tokens, per_request,
-                     load.num_decode_rows, by_time, predicted * 1000, self.target_tpot_ms, by_memory,
+                     load.num_decode_rows, by_time, predicted * 1000, target_ms, by_memory,
                      load.num_free_blocks)
-        self._decision = ChunkingStats(self.policy, self.target_tpot_ms, num_tokens, per_request, by_time, by_memory,
+        self._decision = ChunkingStats(self.policy, target_ms, num_tokens, per_request, by_time, by_memory,
                                        predicted * 1000)
         return PrefillShare(num_tokens, per_request, self.long_prompt_threshold)
 
-    def _by_time(self, load: StepLoad) -> tuple[int, float]:
+    def _target_ms(self, load: StepLoad) -> float:
+        """target_tpot_ms, else DEFAULT_TPOT_SLACK times the decodes' predicted step time (0 while
+        the model is unfitted, when the share is one block anyway)."""
+        if self.target_tpot_ms is not None:
+            return self.target_tpot_ms
+        return DEFAULT_TPOT_SLACK * self.model.predict(self._shape(load, 0)) * 1000
+
+    def _defers(self, load: StepLoad, target_ms: float) -> bool:
+        """Whether a share over the target waits this step (MAX_DEFERRED_STEPS): an overrun is still
+        to be made up, the decodes alone would make it up, no short prompt waits, and prompts have
+        not waited too long."""
+        alone_ms = self.model.predict(self._shape(load, 0)) * 1000
+        if (self._overrun_ms <= 0 or alone_ms >= target_ms or load.short_prompt_tokens
+                or self._num_deferred >= MAX_DEFERRED_STEPS):
+            self._num_deferred = 0
+            return False
+        self._num_deferred += 1
+        return True
+
+    def _by_time(self, load: StepLoad, target_ms: float) -> tuple[int, float]:
         """The largest prefill share meeting the target (binary search: predicted time grows with
         it), and the predicted step time with that share."""
         limit = max(0, self.token_budget - load.num_decode_rows)
@@ -278,7 +318,7 @@ class ChunkingPolicy:
         while low < high:
             middle = (low + high + 1) // 2
             shape = self._shape(load, middle)
-            if self.model.is_trusted(shape) and self.model.predict(shape) * 1000 <= self.target_tpot_ms:
+            if self.model.is_trusted(shape) and self.model.predict(shape) * 1000 <= target_ms:
                 low = middle
             else:
                 high = middle - 1
@@ -305,11 +345,15 @@ class ChunkingPolicy:
         return StepShape(load.num_decode_rows, num_prefill, pairs, load.prefill_start if num_prefill > 1 else 0)
 
     def observe(self, scheduled: SchedulerOutput, seconds: float) -> None:
-        """Feed the model one measured step (a step that computed nothing teaches nothing)."""
+        """Feed the model one measured step (a step that computed nothing teaches nothing), and count
+        the decodes' time over the target (MAX_DEFERRED_STEPS)."""
         shape = StepShape.of(scheduled)
         if shape.num_decode_rows or shape.num_prefill_tokens:
             self.model.observe(shape, seconds)
             self._last_step_ms = seconds * 1000
+        target_ms = self._decision.target_tpot_ms
+        if shape.num_decode_rows and target_ms is not None:
+            self._overrun_ms = max(0.0, self._overrun_ms + seconds * 1000 - target_ms)
 
     def snapshot(self) -> ChunkingStats:
         d = self._decision

@@ -133,9 +133,9 @@ class SchedulerConfig:
     max_model_len: int | None = None  # defaults to the model's context length
     batching: str = "continuous"  # "static": admit a new batch only when the running one is done (a baseline)
     prefill_chunking: str = "fixed"  # "adaptive": prompt chunks sized to meet target_tpot_ms (chunking.py)
-    # adaptive: the step time running decodes should see; 1.5x the 8-stream ITL p50 of bench/chunking.py
-    # at the lightest load measured (147 ms), rounded up (bench/README.md).
-    target_tpot_ms: float = 250.0
+    # adaptive: the step time running decodes should see while prompts are prefilled; None: 1.5x the
+    # time of the decodes' own step, as the step-time model predicts it (chunking.DEFAULT_TPOT_SLACK)
+    target_tpot_ms: float | None = None
 
     def __post_init__(self) -> None:
         _require(self.batching in ("continuous", "static"),
@@ -145,7 +145,8 @@ class SchedulerConfig:
                  f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         _require(self.prefill_chunking in PREFILL_CHUNKING,
                  f"prefill_chunking must be one of {PREFILL_CHUNKING}, got {self.prefill_chunking!r}")
-        _require(self.target_tpot_ms > 0, f"target_tpot_ms must be > 0, got {self.target_tpot_ms}")
+        _require(self.target_tpot_ms is None or self.target_tpot_ms > 0,
+                 f"target_tpot_ms must be > 0, got {self.target_tpot_ms}")
         _require(self.max_model_len is None or self.max_model_len >= 2,
                  f"max_model_len must be >= 2, got {self.max_model_len}")
 

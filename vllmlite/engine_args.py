@@ -111,9 +111,10 @@ class EngineArgs:
                                  "prompt chunk size per step: fixed (whatever max-num-batched-tokens leaves after "
                                  "the decodes) or adaptive (sized from a step-time model fitted online so the "
                                  "running decodes meet --target-tpot-ms; smaller under memory pressure)")
-    target_tpot_ms: float = knob(SchedulerConfig.target_tpot_ms,
-                                 "prefill-chunking adaptive: the step time (ms per output token) the running "
-                                 "decodes should see while prompts are prefilled")
+    target_tpot_ms: float | None = knob(SchedulerConfig.target_tpot_ms,
+                                        "prefill-chunking adaptive: the step time (ms per output token) the "
+                                        "running decodes should see while prompts are prefilled (default: 1.5x "
+                                        "their own step's time, from the fitted model)")
     speculative_config: dict | str | None = knob(
         None, "speculative decoding as JSON (a dict in LLM()), e.g. "
               "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' (methods: ngram, draft_model, self_draft)",

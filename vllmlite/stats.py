@@ -30,13 +30,14 @@ class SpecDecodeStats:
 class StepTimeFit:
     """The fitted step-time model: step ms ~= intercept + per row * decode rows + per token * prefill
     tokens + per kpair * thousands of attention (query, key) pairs + per ktoken * thousands of
-    tokens before the prefill chunks (vllmlite/chunking.py)."""
+    tokens before the prefill chunks + per prefill step, if the step has any (vllmlite/chunking.py)."""
 
     intercept_ms: float = 0.0
     per_decode_row_ms: float = 0.0
     per_prefill_token_ms: float = 0.0
     per_attention_kpair_ms: float = 0.0
     per_context_ktoken_ms: float = 0.0
+    per_prefill_step_ms: float = 0.0
     rms_error_ms: float = 0.0            # of the fit over the steps it was fitted to
     num_observations: int = 0            # steps measured, cumulative
 
@@ -47,7 +48,7 @@ class ChunkingStats:
     per prompt), the limits the adaptive policy took it from, and the step time it predicted."""
 
     policy: str = ""                     # "fixed" or "adaptive" (the prefill_chunking knob)
-    target_tpot_ms: float = 0.0
+    target_tpot_ms: float | None = None  # adaptive: the last step's target (None under fixed)
     prefill_budget: int = 0              # prompt tokens the last step allowed
     per_request_budget: int = 0          # of which one prompt could take at most this
     budget_by_time: int | None = None    # adaptive: the largest share meeting the target

@@ -109,13 +109,14 @@ class StepShape(_Shape):
 class StepTimeFitShape(_Shape):
     """The fitted step-time model (vllmlite/chunking.py): ms ~= intercept + per row * decode rows +
     per token * prefill tokens + per kpair * thousands of attention (query, key) pairs + per
-    ktoken * thousands of tokens before the prefill chunks."""
+    ktoken * thousands of tokens before the prefill chunks + per prefill step, if it has any."""
 
     intercept_ms: float
     per_decode_row_ms: float
     per_prefill_token_ms: float
     per_attention_kpair_ms: float
     per_context_ktoken_ms: float
+    per_prefill_step_ms: float
     rms_error_ms: float
     num_observations: int
 
@@ -124,7 +125,7 @@ class ChunkingShape(_Shape):
     """The chunked-prefill policy's last decision (`prefill_chunking`: fixed or adaptive)."""
 
     policy: Literal["fixed", "adaptive"]
-    target_tpot_ms: float
+    target_tpot_ms: float | None
     prefill_budget: int            # prompt tokens the last step allowed
     per_request_budget: int        # of which one prompt could take at most this
     budget_by_time: int | None     # adaptive: the largest share meeting the target
