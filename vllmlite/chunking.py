@@ -272,10 +272,11 @@ class ChunkingPolicy:
         read only under adaptive chunking (the scheduler passes None under fixed)."""
         if not self.is_adaptive:
             return PrefillShare(self.token_budget, self.token_budget)
-        target_ms = self._target_ms(load)
+        alone = self.model.predict(self._shape(load, 0))   # the decodes' step without prompts
+        target_ms = self.target_tpot_ms if self.target_tpot_ms is not None else DEFAULT_TPOT_SLACK * alone * 1000
         by_time, predicted = self._by_time(load, target_ms)
-        if predicted * 1000 > target_ms and self._defers(load, target_ms):
-            by_time, predicted = 0, self.model.predict(self._shape(load, 0))
+        if predicted * 1000 > target_ms and self._defers(load, alone * 1000 < target_ms):
+            by_time, predicted = 0, alone
         by_memory = self._by_memory(load, by_time)
         num_tokens = min(by_time, by_memory)
         # Short prompts waiting get what they need of the share; a long one keeps at least half.
@@ -288,19 +289,11 @@ class ChunkingPolicy:
                                        predicted * 1000)
         return PrefillShare(num_tokens, per_request, self.long_prompt_threshold)
 
-    def _target_ms(self, load: StepLoad) -> float:
-        """target_tpot_ms, else DEFAULT_TPOT_SLACK times the decodes' predicted step time (0 while
-        the model is unfitted, when the share is one block anyway)."""
-        if self.target_tpot_ms is not None:
-            return self.target_tpot_ms
-        return DEFAULT_TPOT_SLACK * self.model.predict(self._shape(load, 0)) * 1000
-
-    def _defers(self, load: StepLoad, target_ms: float) -> bool:
+    def _defers(self, load: StepLoad, alone_meets_target: bool) -> bool:
         """Whether a share over the target waits this step (MAX_DEFERRED_STEPS): an overrun is still
         to be made up, the decodes alone would make it up, no short prompt waits, and prompts have
         not waited too long."""
-        alone_ms = self.model.predict(self._shape(load, 0)) * 1000
-        if (self._overrun_ms <= 0 or alone_ms >= target_ms or load.short_prompt_tokens
+        if (self._overrun_ms <= 0 or not alone_meets_target or load.short_prompt_tokens
                 or self._num_deferred >= MAX_DEFERRED_STEPS):
             self._num_deferred = 0
             return False
