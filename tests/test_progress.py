@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import sys
 
 import pytest
@@ -24,6 +25,18 @@ def test_model_warm_up_shows_a_bar_on_a_terminal_only(tiny_model, monkeypatch):
         model.warm_up()
         assert ("Warming up kernels" in stream.getvalue()) is shows
         assert ("3/3" in stream.getvalue()) is shows
+
+
+@pytest.mark.parametrize("kernels, compiles", [("numba", True), ("numpy", False)])
+def test_the_engine_says_it_compiles_kernels_before_it_waits_for_them(make_engine, caplog, kernels, compiles):
+    """A log line, not a bar: it shows in a server's log and a pipe too, before the first start's
+    silent compilation (numpy has nothing to compile)."""
+    with caplog.at_level(logging.INFO, logger="vllmlite.engine"):
+        make_engine(kernels=kernels)
+    messages = [r.getMessage() for r in caplog.records]
+    ready = next(i for i, m in enumerate(messages) if "ready in" in m)
+    compiling = [i for i, m in enumerate(messages) if "compiling kernels" in m]
+    assert compiling == ([ready - 1] if compiles else [])
 
 
 @pytest.mark.real_model

@@ -78,8 +78,12 @@ class LLMEngine:
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
         self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
                                   proposer)
+        backend = resolve_backend(config.kernels)
+        if backend != "numpy":  # numpy has nothing to compile; said before the wait, terminal or not
+            logger.info("kernels: %s, compiling kernels (first start only, about 25 s on 2 quiet cores; "
+                        "cached afterwards, 1-2 s)", backend)
         logger.info("kernels: %s, ready in %.1f s (compiled, or loaded from the on-disk cache)",
-                    resolve_backend(config.kernels), model.warm_up())
+                    backend, model.warm_up())
         if not THREAD_ENV_APPLIED:
             logger.warning("numpy was imported before vllmlite, so its BLAS threads spin when idle and take "
                            "the cores the attention kernels need (steps up to 2x slower): import vllmlite "
