@@ -43,8 +43,8 @@ from bench.report import (
 from bench.static_batching import run_batches
 from bench.workload import BASE, FULL, QUICK, SHARED_PREFIX, BenchRequest, Workload, build_workload
 from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig
-from vllmlite.engine import LLMEngine
-from vllmlite.loader import LoadedModel, load_model
+from vllmlite.engine.llm_engine import LLMEngine
+from vllmlite.models.loader import LoadedModel, load_model
 
 BLOCK_SIZE = 16
 

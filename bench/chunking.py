@@ -38,9 +38,9 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 import numpy as np
 
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
-from vllmlite.engine import LLMEngine
+from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.engine_args import EngineArgs
-from vllmlite.loader import LoadedModel, load_model
+from vllmlite.models.loader import LoadedModel, load_model
 from vllmlite.sampling_params import SamplingParams
 
 

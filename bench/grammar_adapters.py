@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from vllmlite.structured_output import make_llg_tokenizer
+from vllmlite.worker.structured_output import make_llg_tokenizer
 from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.tokenizer import HFTokenizer
 

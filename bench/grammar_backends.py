@@ -37,7 +37,7 @@ import numpy as np
 
 from bench.grammar_adapters import BACKENDS, GrammarBackend
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
-from vllmlite.loader import load_model
+from vllmlite.models.loader import load_model
 from vllmlite.tokenizer import HFTokenizer
 
 

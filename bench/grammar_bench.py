@@ -26,10 +26,10 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 import numpy as np
 
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
-from vllmlite.engine import LLMEngine
+from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.engine_args import EngineArgs
 from vllmlite.sampling_params import SamplingParams
-from vllmlite.structured_output import GrammarMasker, GrammarState
+from vllmlite.worker.structured_output import GrammarMasker, GrammarState
 from vllmlite.structured_output_params import StructuredOutputsParams
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "email", "tags"],

@@ -31,12 +31,12 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 import numpy as np
 
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
-from vllmlite.attention import AttentionMetadata, build_metadata
+from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
 from vllmlite.config import ceil_div
 from vllmlite.kernels import blas, numba_kernels, reference
 from vllmlite.kernels.prefill_attention import TILE_QUERIES, attend_chunk
-from vllmlite.loader import LoadedModel, load_model
-from vllmlite.model import LlamaModel
+from vllmlite.models.loader import LoadedModel, load_model
+from vllmlite.models.llama import LlamaModel
 
 BLOCK_SIZE = 16
 

@@ -25,8 +25,8 @@ import numpy as np
 
 from bench.report import REPO_ROOT, machine_info, module_command
 from vllmlite.kernels import get_kernels
-from vllmlite.model_source import resolve_model
-from vllmlite.quant import dequantize, from_gguf, tile
+from vllmlite.models.model_source import resolve_model
+from vllmlite.kernels.quant import dequantize, from_gguf, tile
 
 MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from bench.report import REPO_ROOT, machine_info, module_command
 from bench.serve import benchmark as serve_benchmark
-from vllmlite.model_source import resolve_model
+from vllmlite.models.model_source import resolve_model
 
 F32_COPY = REPO_ROOT / "bench" / "data" / "SmolLM2-135M-Instruct.F32.gguf"  # git-ignored (*.gguf)
 LONG_PROMPT = 512  # prompts at least this long count for prefill tok/s

@@ -14,7 +14,7 @@ a request starting service looks up its prefix hit and allocates its
 blocks exactly as the scheduler does, publishes its prompt's full blocks, and frees them when done
 (cached blocks stay in the LRU until evicted). Its service time is `prefill_cost` per uncached prompt
 token plus `decode_cost` per output token. The arrival rate is set so round robin without any cache
-hit would keep the cluster `utilization` busy. The router is vllmlite.routing.Router, seeing what
+hit would keep the cluster `utilization` busy. The router is vllmlite.api.ray.routing.Router, seeing what
 the Ray ingress sees: each request's cost (`request_cost`: its prompt less the hit that replica
 reported for the prefix's last request, plus the clients' max_tokens, 128), each replica's
 in-flight costs and health.
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
-from vllmlite.block_manager import BlockManager
-from vllmlite.routing import Router, RoutingPolicy, request_cost, routing_key
+from vllmlite.core.block_manager import BlockManager
+from vllmlite.api.ray.routing import Router, RoutingPolicy, request_cost, routing_key
 
 BLOCK_SIZE = 16
 VOCAB = 49152

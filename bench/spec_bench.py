@@ -22,8 +22,8 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 # isort: split
 from bench.report import REPO_ROOT, machine_info, module_command
 from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
-from vllmlite.engine import LLMEngine
-from vllmlite.loader import load_model
+from vllmlite.engine.llm_engine import LLMEngine
+from vllmlite.models.loader import load_model
 from vllmlite.sampling_params import SamplingParams
 
 PROMPTS = {

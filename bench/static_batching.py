@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bench.workload import BenchRequest
-from vllmlite.engine import LLMEngine
+from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.outputs import RequestOutput
 from vllmlite.sampling_params import SamplingParams
 

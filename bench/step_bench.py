@@ -26,11 +26,11 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 import numpy as np
 
 from bench.report import REPO_ROOT, machine_info, module_command
-from vllmlite.attention import build_metadata
+from vllmlite.kernels.attention_metadata import build_metadata
 from vllmlite.kernels import get_kernels, resolve_backend
 from vllmlite.kernels.reference import linear  # BLAS: the GEMM-only bound
-from vllmlite.loader import load_model
-from vllmlite.model import LlamaModel
+from vllmlite.models.loader import load_model
+from vllmlite.models.llama import LlamaModel
 
 BLOCK_SIZE = 16
 

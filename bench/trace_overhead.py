@@ -29,14 +29,14 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 import numpy as np
 
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
-from vllmlite.batch import ScheduledSequence, SchedulerOutput
-from vllmlite.engine import LLMEngine
+from vllmlite.core.batch import ScheduledSequence, SchedulerOutput
+from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.engine_args import EngineArgs
-from vllmlite.loader import LoadedModel, load_model
-from vllmlite.request import FinishReason, Request
-from vllmlite.sampling import make_generator
+from vllmlite.models.loader import LoadedModel, load_model
+from vllmlite.core.request import FinishReason, Request
+from vllmlite.worker.sampling import make_generator
 from vllmlite.sampling_params import SamplingParams
-from vllmlite.tracing import RequestTracer, Tracer
+from vllmlite.core.tracing import RequestTracer, Tracer
 
 SHARED_PREFIX = 64  # tokens every other prompt starts with
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from vllmlite.config import ceil_div
-from vllmlite.model_source import RANDOM_MODEL, resolve_model
+from vllmlite.models.model_source import RANDOM_MODEL, resolve_model
 from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, read_gguf_fields
 
 BASE, SHARED_PREFIX, LONG_MIX = "base", "shared_prefix", "long_mix"

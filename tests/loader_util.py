@@ -7,7 +7,7 @@ from typing import NamedTuple
 import numpy as np
 
 from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig
-from vllmlite.engine import LLMEngine
+from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.sampling_params import SamplingParams
 
 

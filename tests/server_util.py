@@ -23,8 +23,8 @@ from prometheus_client.samples import Sample
 
 from vllmlite.api.cli import ServerArgs
 from vllmlite.api.server import build_app, make_async_engine, uvicorn_config
-from vllmlite.async_engine import AsyncLLMEngine
-from vllmlite.loader import LoadedModel
+from vllmlite.engine.async_engine import AsyncLLMEngine
+from vllmlite.models.loader import LoadedModel
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 60.0

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from bench.report import ProgressBar
-from vllmlite.loader import load_model
-from vllmlite.model import LlamaModel
+from vllmlite.models.loader import load_model
+from vllmlite.models.llama import LlamaModel
 
 
 class Terminal(io.StringIO):
@@ -31,7 +31,7 @@ def test_model_warm_up_shows_a_bar_on_a_terminal_only(tiny_model, monkeypatch):
 def test_the_engine_says_it_compiles_kernels_before_it_waits_for_them(make_engine, caplog, kernels, compiles):
     """A log line, not a bar: it shows in a server's log and a pipe too, before the first start's
     silent compilation (numpy has nothing to compile)."""
-    with caplog.at_level(logging.INFO, logger="vllmlite.engine"):
+    with caplog.at_level(logging.INFO, logger="vllmlite.engine.llm_engine"):
         make_engine(kernels=kernels)
     messages = [r.getMessage() for r in caplog.records]
     ready = next(i for i, m in enumerate(messages) if "ready in" in m)

@@ -13,7 +13,7 @@ import pytest
 from server_util import running_server
 
 from vllmlite import LLM, SamplingParams
-from vllmlite.sampling import Sampler, SamplingBatch, make_generator
+from vllmlite.worker.sampling import Sampler, SamplingBatch, make_generator
 from vllmlite.tokenizer import ByteTokenizer
 
 MAX_MODEL_LEN = 64

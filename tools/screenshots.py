@@ -24,7 +24,7 @@ import uvicorn
 
 from vllmlite.api.cli import ServerArgs, parse_config
 from vllmlite.api.server import build_app, make_async_engine, uvicorn_config
-from vllmlite.loader import load_model
+from vllmlite.models.loader import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "screenshots"

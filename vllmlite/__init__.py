@@ -3,7 +3,7 @@
 from vllmlite import threads  # noqa: F401  (first: sets the thread pools' environment before numpy loads)
 
 # isort: split
-from vllmlite.engine import LLMEngine
+from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.llm import LLM
 from vllmlite.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput
 from vllmlite.pooling_params import PoolingParams

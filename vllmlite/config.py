@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 DTYPES = ("float32", "float64")
-QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, blocks of 32 (vllmlite/quant.py)
+QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, blocks of 32 (vllmlite/kernels/quant.py)
 QUANTIZATION_ENV = "VLLMLITE_QUANTIZATION"
 KERNEL_BACKENDS = ("numba", "numpy")  # vllmlite/kernels: compiled (default) or the numpy references
 PREEMPTION_MODES = ("recompute", "swap")
-PREFILL_CHUNKING = ("fixed", "adaptive")  # vllmlite/chunking.py
+PREFILL_CHUNKING = ("fixed", "adaptive")  # vllmlite/core/chunking.py
 POOLING_TYPES = ("last", "mean")  # embeddings: the values of pooling_params.PoolingType
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB: about 23k tokens of SmolLM2-135M in float32
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from vllmlite.engine import LLMEngine
+from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.engine_args import ENGINE_ARG_NAMES, EngineArgs
 from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllmlite.pooling_params import PoolingParams

@@ -30,7 +30,7 @@ class SpecDecodeStats:
 class StepTimeFit:
     """The fitted step-time model: step ms ~= intercept + per row * decode rows + per token * prefill
     tokens + per kpair * thousands of attention (query, key) pairs + per ktoken * thousands of
-    tokens before the prefill chunks + per prefill step, if the step has any (vllmlite/chunking.py)."""
+    tokens before the prefill chunks + per prefill step, if the step has any (vllmlite/core/chunking.py)."""
 
     intercept_ms: float = 0.0
     per_decode_row_ms: float = 0.0

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from vllmlite.engine_args import EngineArgs, knob, parse_bytes
-from vllmlite.metrics import DEFAULT_PREFIX
-from vllmlite.model_source import DEFAULT_ALIASES, RANDOM_MODEL
-from vllmlite.routing import RoutingPolicy
+from vllmlite.engine.metrics import DEFAULT_PREFIX
+from vllmlite.models.model_source import DEFAULT_ALIASES, RANDOM_MODEL
+from vllmlite.api.ray.routing import RoutingPolicy
 
 ENV_PREFIX = "VLLMLITE_"
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from vllmlite.async_engine import (
+from vllmlite.engine.async_engine import (
     EngineDeadError,
     EngineDrainingError,
     QueueFullError,

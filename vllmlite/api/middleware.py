@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from vllmlite.api.errors import APIError
-from vllmlite.api.web import is_page_path
+from vllmlite.api.ops.web import is_page_path
 
 # Open without the API key, as in vLLM (whose key guards /v1/*): probes, scrapers and the version.
 # `--api-key-on-metrics` keeps only /health open.

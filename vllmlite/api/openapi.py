@@ -17,7 +17,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from vllmlite.api.protocol import (
+from vllmlite.api.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -33,17 +33,17 @@ from vllmlite.api.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
-from vllmlite.api.protocol_debug import (
+from vllmlite.api.ops.protocol_debug import (
     DebugEngineResponse,
     ReplicasDebugEngineResponse,
     RequestDetail,
     RequestList,
     StatsResponse,
 )
-from vllmlite.api.protocol_responses import STREAM_EVENTS, ResponsesRequest, ResponsesResponse
-from vllmlite.api.serving import NO_OP_FIELDS, UNSUPPORTED_FIELDS
-from vllmlite.api.serving_chat import CHAT_UNSUPPORTED_FIELDS
-from vllmlite.api.serving_responses import RESPONSES_UNSUPPORTED_FIELDS
+from vllmlite.api.openai.protocol_responses import STREAM_EVENTS, ResponsesRequest, ResponsesResponse
+from vllmlite.api.openai.serving import NO_OP_FIELDS, UNSUPPORTED_FIELDS
+from vllmlite.api.openai.serving_chat import CHAT_UNSUPPORTED_FIELDS
+from vllmlite.api.openai.serving_responses import RESPONSES_UNSUPPORTED_FIELDS
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest, TokenizeRequest,

@@ -29,12 +29,12 @@ from starlette.types import Receive, Scope, Send
 
 from vllmlite import __version__
 from vllmlite.api.cli import ServerArgs, parse_config
-from vllmlite.api.constraints import is_constrained
-from vllmlite.api.debug import add_stats_and_debug_routes
+from vllmlite.api.openai.constraints import is_constrained
+from vllmlite.api.ops.debug import add_stats_and_debug_routes
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
 from vllmlite.api.middleware import OPEN_PATHS, RequestGuard, header_timeout_protocol
 from vllmlite.api.openapi import GENERATE, GUARDED, install_openapi, route_doc
-from vllmlite.api.protocol import (
+from vllmlite.api.openai.protocol import (
     MAX_NAME_CHARS,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -52,8 +52,8 @@ from vllmlite.api.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
-from vllmlite.api.protocol_responses import STREAM_EVENTS, ResponsesRequest, ResponsesResponse
-from vllmlite.api.serving import (
+from vllmlite.api.openai.protocol_responses import STREAM_EVENTS, ResponsesRequest, ResponsesResponse
+from vllmlite.api.openai.serving import (
     Admission,
     ServingContext,
     check_model,
@@ -61,16 +61,16 @@ from vllmlite.api.serving import (
     new_request_id,
     reject_unknown_fields,
 )
-from vllmlite.api.serving_chat import create_chat, prepare_chat, render_messages
-from vllmlite.api.serving_completions import create_completion, prepare_completion
-from vllmlite.api.serving_embeddings import create_embeddings, prepare_embeddings
-from vllmlite.api.serving_responses import chat_request, create_response, new_response_id, prepare_response
-from vllmlite.api.web import add_web_routes
-from vllmlite.async_engine import AsyncLLMEngine
-from vllmlite.engine import LLMEngine
-from vllmlite.loader import LoadedModel
-from vllmlite.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from vllmlite.metrics import EngineMetrics
+from vllmlite.api.openai.serving_chat import create_chat, prepare_chat, render_messages
+from vllmlite.api.openai.serving_completions import create_completion, prepare_completion
+from vllmlite.api.openai.serving_embeddings import create_embeddings, prepare_embeddings
+from vllmlite.api.openai.serving_responses import chat_request, create_response, new_response_id, prepare_response
+from vllmlite.api.ops.web import add_web_routes
+from vllmlite.engine.async_engine import AsyncLLMEngine
+from vllmlite.engine.llm_engine import LLMEngine
+from vllmlite.models.loader import LoadedModel
+from vllmlite.engine.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from vllmlite.engine.metrics import EngineMetrics
 
 logger = logging.getLogger("vllmlite.api.server")
 Model = TypeVar("Model", bound=BaseModel)
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if config.uses_ray:  # Ray is an optional extra: imported only here
-        from vllmlite.api.ray_serving import add_replica_routes, launch_replicas
+        from vllmlite.api.ray.serving import add_replica_routes, launch_replicas
         engine = launch_replicas(config)
         app = build_app(engine, config)
         add_replica_routes(app, engine)

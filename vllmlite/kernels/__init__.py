@@ -20,9 +20,9 @@ from typing import Protocol
 
 import numpy as np
 
-from vllmlite.attention import AttentionMetadata
+from vllmlite.kernels.attention_metadata import AttentionMetadata
 from vllmlite.config import KERNEL_BACKENDS
-from vllmlite.quant import QuantizedMatrix
+from vllmlite.kernels.quant import QuantizedMatrix
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ ENV_VAR = "VLLMLITE_KERNELS"
 class Kernels(Protocol):
     """What every backend module provides. Shapes: x/out [tokens, hidden]; q/out [tokens, heads,
     head_dim]; caches [slots, kv_heads, head_dim]; gate_up [tokens, 2 * inter] -> out [tokens, inter];
-    linear: x [tokens, in], weight [out, in] (float, or quantized: vllmlite/quant.py) -> out [tokens, out]."""
+    linear: x [tokens, in], weight [out, in] (float, or quantized: vllmlite/kernels/quant.py) -> out [tokens, out]."""
 
     def linear(self, x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray) -> None: ...
 

@@ -16,10 +16,10 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from vllmlite.attention import MAX_BATCHED_QUERY_LEN, AttentionMetadata
+from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionMetadata
 from vllmlite.kernels import blas, reference
 from vllmlite.kernels.prefill_attention import prepare_chunk
-from vllmlite.quant import BLOCK, TILE, QuantizedMatrix
+from vllmlite.kernels.quant import BLOCK, TILE, QuantizedMatrix
 
 # Floating-point reassociation lets LLVM vectorize the dot products and sums; no "ninf"/"nnan",
 # because the online softmax starts from -inf on purpose.
@@ -101,7 +101,7 @@ def _int4_gemv(xt, qs, scales, mins, out_t):  # pragma: no cover - compiled
     """out_t[o, r] = dequantized row o . x[r] for a few tokens, straight from the packed bytes.
 
     Per block, w = scale * q + min, so row . x = sum over blocks of scale * (q . x_block) +
-    min * sum(x_block). One work item is a tile of rows (vllmlite/quant.py): the innermost loop
+    min * sum(x_block). One work item is a tile of rows (vllmlite/kernels/quant.py): the innermost loop
     runs over its rows, one byte each, with the activations broadcast, so LLVM vectorizes it
     with no sum across lanes. A byte q holds q_lo = q & 15 and q_hi = q >> 4, and
     q_lo * x_lo + q_hi * x_hi = q_lo * (x_lo - x_hi / 16) + q * (x_hi / 16): two conversions

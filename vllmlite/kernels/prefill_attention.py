@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vllmlite.attention import AttentionMetadata
+from vllmlite.kernels.attention_metadata import AttentionMetadata
 
 # Queries a tile. Per KV head a tile's scores are [tile * group, context]: 1.5 MB at SmolLM2's
 # group of 3 and 2048 tokens of context. One layer's attention at SmolLM2's shape on one OpenBLAS

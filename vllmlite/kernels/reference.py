@@ -10,13 +10,13 @@ import math
 
 import numpy as np
 
-from vllmlite.attention import AttentionGroup, AttentionMetadata
-from vllmlite.quant import QuantizedMatrix, dequantize
+from vllmlite.kernels.attention_metadata import AttentionGroup, AttentionMetadata
+from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 
 
 def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray) -> None:
     """out = x @ weight.T: x [tokens, in], weight [out, in], out [tokens, out]. A quantized weight
-    means its dequantized float32 matrix (vllmlite/quant.py).
+    means its dequantized float32 matrix (vllmlite/kernels/quant.py).
 
     Computed as weight @ x.T into out.T, one BLAS GEMM: the model's activations are transposed
     views of row-major [features, tokens] arrays (model.Workspace), so x.T and out.T are plain

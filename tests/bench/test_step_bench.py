@@ -1,0 +1,37 @@
+"""Smoke test of the step microbenchmark: `python -m bench.step_bench --quick --model random` end to end.
+
+Checks that every decode shape and the prefill row ran and that the reported figures agree with
+each other, not how fast anything is.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from paths import REPO_ROOT
+
+
+
+def test_step_bench_reports_every_shape_for_each_backend(tmp_path):
+    out = tmp_path / "bench_step.json"
+    result = subprocess.run([sys.executable, "-m", "bench.step_bench", "--quick", "--model", "random",
+                             "--kernels", "numba,numpy", "--out", str(out)],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["kernels"] == ["numba", "numpy"] and set(report["kernel_warm_up_s"]) == {"numba", "numpy"}
+    assert [(r["kernels"], r["num_seqs"], r["context"]) for r in report["decode"]] == [
+        (k, n, c) for k in ("numba", "numpy") for n, c in [(2, 16), (4, 16), (2, 40), (4, 40)]]
+    for row in report["decode"]:
+        assert row["forward_s"] > 0 and row["gemm_only_s"] > 0
+        assert row["ratio"] == pytest.approx(row["forward_s"] / row["gemm_only_s"])
+        assert row["tokens_per_s"] == pytest.approx(row["num_seqs"] / row["forward_s"])
+    assert [p["kernels"] for p in report["prefill"]] == ["numba", "numpy"]
+    for prefill in report["prefill"]:
+        assert prefill["prompt_len"] == 32
+        assert prefill["fraction_of_gemm_rate"] == pytest.approx(prefill["gemm_only_s"] / prefill["forward_s"])
+    assert report["machine"]["cpu_count"] >= 1 and "-m bench.step_bench" in report["command"]

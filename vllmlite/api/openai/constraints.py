@@ -1,0 +1,76 @@
+"""Which output constraint a request asks for, from the request fields of OpenAI, vLLM and llama.cpp
+users: `response_format`, `structured_outputs`, `guided_json/regex/choice/grammar`.
+
+Owns mapping those fields onto one StructuredOutputsParams and the 400s for a bad or doubled
+constraint. Knows nothing of tools (api/tool_calls.py adds their grammar) or of the engine.
+"""
+
+from __future__ import annotations
+
+import re
+
+from vllmlite.api.errors import APIError, bad_request
+from vllmlite.api.openai.protocol import SamplingFields
+from vllmlite.structured_output_params import StructuredOutputsParams
+
+# vLLM's older names -> the StructuredOutputsParams field each sets
+GUIDED_FIELDS = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                 ("guided_grammar", "grammar"))
+
+
+def is_constrained(req: SamplingFields) -> bool:
+    """Whether the request may constrain its output (by any field, tools included): preparing it
+    compiles a grammar."""
+    return any(getattr(req, name, None) is not None
+               for name in ("response_format", "structured_outputs", "tools", *(n for n, _ in GUIDED_FIELDS)))
+
+
+def request_constraint(req: SamplingFields) -> tuple[str, StructuredOutputsParams] | None:
+    """(the field that set it, the constraint), or None for free text. 400 when the constraint is
+    invalid (llguidance's message) or when two fields each set one."""
+    found: list[tuple[str, StructuredOutputsParams]] = []
+    if req.response_format is not None and req.response_format.type != "text":
+        found.append(("response_format", _from_response_format(req)))
+    if req.structured_outputs is not None:
+        fields = req.structured_outputs.model_dump(by_alias=True, exclude_none=True)
+        found.append(("structured_outputs", make_constraint("structured_outputs", **fields)))
+    for name, kind in GUIDED_FIELDS:
+        value = getattr(req, name)
+        if value is not None:
+            found.append((name, make_constraint(name, **{kind: value})))
+    if len(found) > 1:
+        raise bad_request(f"{found[0][0]} and {found[1][0]} each constrain the output; use one of them",
+                          found[1][0])
+    return found[0] if found else None
+
+
+def _from_response_format(req: SamplingFields) -> StructuredOutputsParams:
+    response_format = req.response_format
+    if response_format.type == "json_object":
+        return make_constraint("response_format", json_object=True)
+    if response_format.json_schema is None:
+        raise bad_request("response_format.json_schema is required when response_format.type is 'json_schema'",
+                          "response_format.json_schema")
+    schema = response_format.json_schema.schema_
+    if schema is None:  # OpenAI's schema is optional: any JSON object then
+        return make_constraint("response_format", json_object=True)
+    return make_constraint("response_format.json_schema.schema", json=schema)
+
+
+def make_constraint(param: str, **fields) -> StructuredOutputsParams:
+    """StructuredOutputsParams(**fields), checked to compile; a 400 naming `param` if not."""
+    try:
+        constraint = StructuredOutputsParams(**fields)
+        constraint.verify()
+    except (TypeError, ValueError) as error:
+        raise as_bad_request(error, param) from error
+    return constraint
+
+
+def as_bad_request(error: Exception, param: str) -> APIError:
+    """A constraint's error as a 400 naming the request field it came from (its message names the
+    engine's field: "structured_outputs.json is not a valid JSON schema" -> "guided_json is not...")."""
+    message = str(error)
+    if not param.startswith("structured_outputs"):
+        message = re.sub(r"^structured_outputs(\.\w+)?", param, message)
+    return bad_request(message, param)

@@ -1,0 +1,493 @@
+"""Who runs this step: running requests first (oldest first), then waiting ones, under a token budget.
+
+No prefill or decode phases: each request computes `num_tokens - num_computed_tokens` tokens,
+capped by the budget (that is chunked prefill). Under memory pressure the newest running request
+is preempted, so the oldest always progresses. Embedding requests are prompts that never sample:
+they finish (STOP) on the step that computes their last prompt token, holding the pooled hidden
+state the runner handed back. Owns request lifecycles; never touches tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
+from vllmlite.core.block_manager import BlockManager, PrefixHit
+from vllmlite.core.chunking import ChunkingPolicy, PrefillShare, StepLoad
+from vllmlite.config import SchedulerConfig, ceil_div
+from vllmlite.pooling_params import PoolingType
+from vllmlite.core.request import FinishReason, Request, RequestStatus, internal_error
+from vllmlite.core.request_queue import WaitingQueue
+from vllmlite.stats import KVOccupancy, SchedulerStats, SpecDecodeStats
+from vllmlite.core.tracing import Tracer
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int,
+                 preemption_mode: str, stop_token_ids: frozenset[int], num_speculative_tokens: int = 0,
+                 tracer: Tracer | None = None, chunking: ChunkingPolicy | None = None) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.preemption_mode = preemption_mode
+        self.stop_token_ids = stop_token_ids      # the model's EOS and end-of-turn tokens
+        self.waiting = WaitingQueue()
+        self.running: list[Request] = []          # admission order: oldest first
+        self.swapped: list[Request] = []          # oldest first
+        self.requests: dict[str, Request] = {}
+        self.forks: dict[str, list[Request]] = {}  # parent id -> samples waiting for its prompt
+        self.num_preemptions = 0
+        self._static_batch_open = False  # batching="static": the current batch still takes requests
+        self.num_speculative_tokens = num_speculative_tokens
+        self._spec_counts = _SpecDecodeCounts(num_speculative_tokens)
+        self.tracer = tracer or Tracer()  # told of each lifecycle event; the default records nothing
+        self.chunking = chunking or ChunkingPolicy(config, block_manager.block_size)
+        self._prefill = PrefillShare(0, 0)  # this step's prompt tokens (chunking.py)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def add_request(self, request: Request, forks: Iterable[Request] = ()) -> None:
+        """Queue a request; `forks` are its extra samples (n > 1), born when its prompt is computed."""
+        self.requests[request.request_id] = request
+        forks = list(forks)
+        for fork in forks:
+            fork.status = RequestStatus.FORK_PENDING
+            self.requests[fork.request_id] = fork
+        if forks:
+            self.forks[request.request_id] = forks
+        self.waiting.add(request)
+        self.tracer.queued(request, len(self.waiting))
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
+        """Finish the given requests (and pending forks of a parent) as aborted; return them."""
+        aborted = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is not None and not request.is_finished:
+                self.finish(request, FinishReason.ABORT)
+                aborted.append(request)
+        return aborted
+
+    def finish(self, request: Request, reason: FinishReason, stop_reason=None, error=None) -> None:
+        """End a request wherever it is and free its blocks. Forks not yet born (the parent's prompt is
+        still being computed) share its fate; born forks are independent requests."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status is RequestStatus.SWAPPED:
+            self.swapped.remove(request)
+        elif request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+        request.finish(reason, stop_reason, error)
+        self.tracer.finished(request)
+        self.block_manager.free(request.request_id)
+        self.requests.pop(request.request_id, None)
+        for fork in self.forks.pop(request.request_id, []):
+            fork.finish(reason, stop_reason, error)
+            self.tracer.finished(fork)
+            self.requests.pop(fork.request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def kv_occupancy(self) -> KVOccupancy:
+        """Tokens held by running requests and blocks in use. Block i of a table holds
+        min(block_size, computed - i * block_size) tokens (block size 16, 40 computed tokens:
+        [16, 16, 8]); a block shared through the prefix cache is counted once."""
+        bm, size = self.block_manager, self.block_manager.block_size
+        filled: dict[int, int] = {}  # block id -> tokens held in it
+        for request in self.running:
+            for i, block_id in enumerate(bm.block_table(request.request_id)):
+                num_held = min(size, request.num_computed_tokens - i * size)
+                if num_held > 0:
+                    filled[block_id] = max(filled.get(block_id, 0), num_held)
+        return KVOccupancy(sum(filled.values()), bm.num_blocks - bm.num_free_blocks, len(self.running))
+
+    def make_stats(self) -> SchedulerStats:
+        """A snapshot of the request queues, the device blocks and the cumulative counts."""
+        bm = self.block_manager
+        num_free = bm.num_free_blocks
+        return SchedulerStats(
+            num_running=len(self.running), num_waiting=len(self.waiting), num_swapped=len(self.swapped),
+            num_kv_blocks=bm.num_blocks, num_kv_blocks_used=bm.num_blocks - num_free,
+            num_kv_blocks_cached=bm.num_cached_blocks, num_kv_blocks_free=num_free,
+            prefix_cache_queries=bm.prefix_queries, prefix_cache_hits=bm.prefix_hits,
+            num_preemptions=self.num_preemptions, spec_decode=self._spec_counts.snapshot(),
+            chunking=self.chunking.snapshot())
+
+    # --- schedule -------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        self._prefill = self.chunking.prefill_share(self._step_load() if self.chunking.is_adaptive else None)
+        budget = self._schedule_running(out, budget)
+        if out.num_preempted == 0:
+            budget = self._schedule_swapped(out, budget)
+        if out.num_preempted == 0 and not self.swapped and self._may_admit():
+            self._schedule_waiting(out, budget)
+            if self.config.batching == "static" and (len(self.running) >= self.config.max_num_seqs
+                                                     or not len(self.waiting)):
+                self._static_batch_open = False
+        out.blocks_to_copy = self.block_manager.take_copies()
+        return out
+
+    def _step_load(self) -> StepLoad:
+        """The decodes this step will run and the prompts in line behind them (adaptive chunking's input)."""
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prompt = next((r for r in self.running if r.num_tokens - r.num_computed_tokens > 1), self.waiting.peek())
+        threshold = self.chunking.long_prompt_threshold  # None: no prompt is short or long
+        short = sum(r.num_tokens for r in self.waiting if r.num_tokens <= threshold) if threshold is not None else 0
+        return StepLoad(num_decode_rows=len(decodes) * (1 + self.num_speculative_tokens),
+                        decode_attention_pairs=sum(r.num_tokens for r in decodes),
+                        prefill_start=prompt.num_computed_tokens if prompt is not None else 0,
+                        prompt_tokens_left=prompt.num_tokens - prompt.num_computed_tokens if prompt is not None else 0,
+                        short_prompt_tokens=short,
+                        num_free_blocks=self.block_manager.num_free_blocks)
+
+    def _may_admit(self) -> bool:
+        """Continuous batching admits whenever there is room. Static batching (a benchmark baseline)
+        forms a batch when the machine is empty, admitting over as many steps as the token budget
+        needs, until it holds max_num_seqs requests or the queue is empty; then no one joins it."""
+        if self.config.batching == "continuous":
+            return True
+        if not self.running:
+            self._static_batch_open = True
+        return self._static_batch_open
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_scheduled = self._guarded(out, request, self._schedule_running_one, out, request, index, budget)
+            if num_scheduled is not None:  # 0: a prompt held back by the prefill share
+                budget -= num_scheduled
+                index += 1
+        return budget
+
+    def _schedule_running_one(self, out: SchedulerOutput, request: Request, index: int, budget: int) -> int | None:
+        """Grow `request` (running[index]) by its next tokens, preempting the newest if needed; the
+        tokens scheduled, or None if it left the running list (preempted, or finished for lack of room)."""
+        num_new = self._prefill.chunk(request.num_tokens - request.num_computed_tokens, budget)
+        if num_new == 0:
+            return 0
+        num_drafts = self._num_draft_slots(request, budget)
+        if num_drafts and not self._allocate(request, num_new + num_drafts):
+            num_drafts = 0  # under memory pressure, guesses go before any request is preempted
+        while not self._allocate(request, num_new + num_drafts):
+            victim = self.running[-1]
+            if victim is request and index == 0:
+                # Alone and still no room: the cache is too small for this sequence to grow.
+                self.finish(request, FinishReason.LENGTH)
+                out.finished.append(request)
+                return None
+            self._preempt(victim, out)
+            if victim is request:
+                return None
+        self._add_scheduled(out, request, num_new, num_drafts)
+        return num_new + num_drafts
+
+    def _num_draft_slots(self, request: Request, budget: int) -> int:
+        """Guesses a decoding request may verify this step: k, capped so the round can never pass
+        the budget, max_tokens or the context length (one round emits up to drafts + 1 tokens)."""
+        if not self.num_speculative_tokens or request.num_computed_tokens != request.num_tokens - 1 \
+                or request.is_pooling:
+            return 0
+        if request.request_id in self.forks:
+            return 0  # its last prompt token also births the forks: no guesses on that step
+        return max(0, min(self.num_speculative_tokens, budget - 1,
+                          request.max_tokens - request.num_output_tokens - 1,
+                          self.max_model_len - request.num_tokens - 1))
+
+    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        bm = self.block_manager
+        while self.swapped and budget > 0 and self._has_seats_for(self.swapped[0]):
+            request = self.swapped[0]
+            num_new = self._prefill.chunk(request.num_tokens - request.num_computed_tokens, budget)
+            needed = ceil_div(request.num_computed_tokens + num_new, bm.block_size)
+            if not num_new or not bm.can_swap_in(request.request_id) or bm.num_free_blocks < needed:
+                break
+            if self._guarded(out, request, self._swap_in, out, request, num_new) is not None:
+                budget -= num_new
+        return budget
+
+    def _swap_in(self, out: SchedulerOutput, request: Request, num_new: int) -> int:
+        out.blocks_to_swap_in.extend(self.block_manager.swap_in(request.request_id))
+        if not self._allocate(request, num_new):  # cannot fail: checked above
+            raise AssertionError("allocation after swap-in failed")
+        self.swapped.pop(0)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self.tracer.swapped_in(request)
+        self._add_scheduled(out, request, num_new)
+        return num_new
+
+    def _has_seats_for(self, request: Request) -> bool:
+        """Whether `request` and its unborn forks fit beside the running sequences (counted with
+        their own unborn forks) within max_num_seqs."""
+        def seats(r: Request) -> int:
+            return 1 + len(self.forks.get(r.request_id, ()))
+        return sum(map(seats, self.running)) + seats(request) <= self.config.max_num_seqs
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        bm = self.block_manager
+        while budget > 0:
+            request = self._next_waiting()
+            if request is None:
+                return
+            if not self._has_seats_for(request):
+                return  # the engine refuses a group larger than max_num_seqs, so this one fits later
+            if ceil_div(request.num_tokens + 1, bm.block_size) > bm.num_blocks:
+                self.finish(request, FinishReason.ERROR, error=(
+                    f"the prompt needs {request.num_tokens} tokens of KV cache but the whole cache holds "
+                    f"{bm.num_blocks * bm.block_size}"))
+                out.finished.append(request)
+                continue
+            num_scheduled = self._guarded(out, request, self._admit, out, request, budget)
+            if num_scheduled == 0:
+                return  # no room for the head of the queue: nobody behind it jumps ahead
+            budget -= num_scheduled or 0
+
+    def _next_waiting(self) -> Request | None:
+        """The head of the waiting queue; but while a long prompt is being prefilled, a long head
+        waits and the first short prompt behind it goes (adaptive chunking only: `is_long`)."""
+        head = self.waiting.peek()
+        if head is None or not self._prefill.is_long(head.num_tokens - head.num_computed_tokens):
+            return head
+        if not any(self._prefill.is_long(r.num_tokens - r.num_computed_tokens) for r in self.running):
+            return head
+        return next((r for r in self.waiting if not self._prefill.is_long(r.num_tokens - r.num_computed_tokens)),
+                    None)
+
+    def _admit(self, out: SchedulerOutput, request: Request, budget: int) -> int:
+        """Move the head of the waiting queue to running with its first chunk; the tokens scheduled
+        (0 if there is no room for them)."""
+        bm = self.block_manager
+        hit = self._prefix_hit(request)
+        num_new = self._prefill.chunk(request.num_tokens - hit.num_tokens, budget)
+        if num_new == 0:
+            return 0
+        try:
+            if not bm.allocate(request.request_id, hit.num_tokens, hit.num_tokens + num_new, hit):
+                return 0
+        except MemoryError:
+            bm.free(request.request_id)  # whatever it took before failing
+            return 0
+        bm.record_prefix_lookup(request.num_tokens, hit)
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = hit.num_tokens
+        request.num_computed_tokens = hit.num_tokens
+        self.waiting.pop(request)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self.tracer.admitted(request, hit.num_tokens)
+        self._add_scheduled(out, request, num_new)
+        return num_new
+
+    def _prefix_hit(self, request: Request) -> PrefixHit:
+        if request.sampling_params.prompt_logprobs is not None or request.pooling is PoolingType.MEAN:
+            return PrefixHit([], 0)  # prompt logprobs and mean pooling need every prompt position computed
+        return self.block_manager.find_prefix_hit(request.token_ids, request.extra_keys)
+
+    def _allocate(self, request: Request, num_new: int) -> bool:
+        """Room for `num_new` more tokens; an allocation that raises MemoryError is no room (the
+        caller preempts), never a crash. Blocks it took before failing stay in the request's table
+        and count toward its next try."""
+        start = request.num_computed_tokens
+        try:
+            return self.block_manager.allocate(request.request_id, start, start + num_new)
+        except MemoryError:
+            logger.warning("allocation for %s raised MemoryError: treated as no free blocks", request.request_id)
+            return False
+
+    def _guarded(self, out: SchedulerOutput, request: Request, action: Callable[..., T], *args) -> T | None:
+        """`action(*args)` for one request; if it raises, that request alone ends in error (its
+        blocks freed, reported in `out.finished`) and None is returned."""
+        try:
+            return action(*args)
+        except Exception as error:
+            logger.exception("request %s failed while being scheduled", request.request_id)
+            self.finish(request, FinishReason.ERROR, error=internal_error(error))
+            out.finished.append(request)
+            return None
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        """Take the newest running request off the machine: swap its KV out, or drop it to recompute."""
+        bm = self.block_manager
+        self.running.remove(request)
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        out.num_preempted += 1
+        if self.preemption_mode == "swap" and bm.can_swap_out(request.request_id):
+            out.blocks_to_swap_out.extend(bm.swap_out(request.request_id))
+            request.status = RequestStatus.SWAPPED
+            self.swapped.insert(0, request)
+            self.tracer.preempted(request, "swap")
+            return
+        bm.free(request.request_id)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        self.waiting.push_front(request)
+        self.tracer.preempted(request, "recompute")
+
+    def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int, num_drafts: int = 0) -> None:
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.monotonic()
+        start = request.num_computed_tokens
+        self._prefill.spend(num_new, request.num_tokens - start)
+        self.tracer.scheduled(request, start, num_new)
+        samples = start + num_new == request.num_tokens
+        samplers = [request] + self.forks.get(request.request_id, []) if samples else []
+        if request.is_pooling:
+            samplers = []  # an embedding request never samples
+        pooling = request.pooling if request.pooling is PoolingType.MEAN or samples else None
+        out.scheduled.append(ScheduledSequence(
+            request=request,
+            token_ids=request.token_ids[start:start + num_new],
+            start_position=start,
+            block_table=self.block_manager.block_table(request.request_id),  # already a copy
+            num_draft_slots=num_drafts,
+            samplers=samplers,
+            pooling=pooling,
+        ))
+
+    # --- update ---------------------------------------------------------------------------------
+
+    def update(self, out: SchedulerOutput, result: RunnerOutput) -> list[Request]:
+        """Apply a step's results: advance computed counts, publish full blocks, append sampled tokens,
+        apply stop conditions. Returns every request that produced a token or finished. A sequence
+        whose update raises ends in error with its samples; the others are unaffected."""
+        touched: list[Request] = list(out.finished)
+        for seq in out.scheduled:
+            if seq.request.is_finished:
+                continue
+            try:
+                self._update_one(seq, result, touched)
+            except Exception as error:
+                logger.exception("request %s failed while its step was applied", seq.request.request_id)
+                for request in (seq.request, *seq.samplers[1:]):
+                    if not request.is_finished:
+                        self.finish(request, FinishReason.ERROR, error=internal_error(error))
+                    if request not in touched:
+                        touched.append(request)
+        return touched
+
+    def _update_one(self, seq: ScheduledSequence, result: RunnerOutput, touched: list[Request]) -> None:
+        request = seq.request
+        error = result.errors.get(request.request_id)
+        if error is not None:
+            self.finish(request, FinishReason.ERROR, error=error)
+            touched.append(request)
+            touched.extend(seq.samplers[1:])  # pending forks share the parent's fate
+            return
+        if seq.num_draft_slots:
+            self._apply_speculative(seq, result)
+            touched.append(request)
+            return
+        request.num_computed_tokens += len(seq.token_ids)
+        request.prompt_logprobs.extend(result.prompt_logprobs.get(request.request_id, ()))
+        self.block_manager.publish_full_blocks(request.request_id, request.token_ids,
+                                               request.num_computed_tokens, request.extra_keys)
+        if seq.pooling is not None:
+            self._apply_pooled(seq, result)
+            if request.is_finished:
+                touched.append(request)
+            return
+        # Every fork is born before any sample's token can finish the parent (and free its blocks).
+        for fork in seq.samplers[1:]:
+            self._birth_fork(request, fork)
+        for sampler in seq.samplers:
+            self._append_tokens(sampler, result.sampled_token_ids.get(sampler.request_id, []),
+                                result.logprobs.get(sampler.request_id))
+            touched.append(sampler)
+
+    def _apply_speculative(self, seq: ScheduledSequence, result: RunnerOutput) -> None:
+        """A verified round: the last token and the accepted guesses now have KV; the tokens emitted
+        are the accepted guesses plus one. Slots of rejected or unproposed guesses are returned."""
+        request = seq.request
+        num_accepted = result.num_accepted.get(request.request_id, 0)
+        self._spec_counts.record(request, result.num_drafts.get(request.request_id, 0), num_accepted)
+        request.num_computed_tokens += len(seq.token_ids) + num_accepted
+        self._append_tokens(request, result.sampled_token_ids.get(request.request_id, []),
+                            result.logprobs.get(request.request_id))
+        if not request.is_finished:  # a stop mid-round already freed everything
+            self.block_manager.trim(request.request_id, request.num_computed_tokens)
+            self.block_manager.publish_full_blocks(request.request_id, request.token_ids,
+                                                   request.num_computed_tokens, request.extra_keys)
+
+    def _apply_pooled(self, seq: ScheduledSequence, result: RunnerOutput) -> None:
+        """Hand an embedding request its pooled rows; it finishes once its whole prompt is computed.
+        A chunk starting at position 0 starts a mean's sum afresh (after a recompute preemption too)."""
+        request = seq.request
+        request.add_pooled(result.pooled[request.request_id],
+                           restart=seq.pooling is PoolingType.LAST or seq.start_position == 0)
+        if request.num_computed_tokens == request.num_tokens:
+            self.finish(request, FinishReason.STOP)
+
+    def _birth_fork(self, parent: Request, fork: Request) -> None:
+        """An extra sample starts life sharing every block of its parent's computed prompt."""
+        self.forks.pop(parent.request_id, None)
+        self.block_manager.fork(parent.request_id, fork.request_id)
+        fork.num_computed_tokens = parent.num_computed_tokens
+        fork.num_cached_tokens = parent.num_cached_tokens
+        fork.status = RequestStatus.RUNNING
+        self.running.append(fork)
+
+    def _append_tokens(self, request: Request, token_ids: list[int], logprobs: list | None) -> None:
+        params = request.sampling_params
+        for i, token_id in enumerate(token_ids):
+            if request.grammar is not None and not request.grammar.accept(token_id):
+                # The sampler's mask makes this unreachable; were it reached, no invalid output.
+                self.finish(request, FinishReason.ERROR, error=f"the grammar rejected token {token_id}: "
+                            f"{request.grammar.error}")
+                return
+            request.append_token(token_id)
+            if logprobs is not None:
+                request.logprobs.append(logprobs[i])
+                request.cumulative_logprob += logprobs[i].logprob
+            reason, stop_reason = self._check_stop(request, token_id, params)
+            if reason is not None:
+                self.finish(request, reason, stop_reason)
+                return
+
+    def _check_stop(self, request: Request, token_id: int, params) -> tuple[FinishReason | None, object]:
+        if request.num_output_tokens >= params.min_tokens:
+            if token_id in (params.stop_token_ids or ()):
+                return FinishReason.STOP, token_id
+            if not params.ignore_eos and token_id in self.stop_token_ids:
+                return FinishReason.STOP, None
+        if request.grammar is not None and request.grammar.is_terminated:
+            return FinishReason.STOP, None  # complete, and nothing may follow: even with ignore_eos
+        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH, None
+        return None, None
+
+
+class _SpecDecodeCounts:
+    """Speculative decoding counters: guesses scored, guesses kept, and acceptance per position."""
+
+    def __init__(self, num_speculative_tokens: int) -> None:
+        self.num_drafts = 0               # rounds that scored at least one guess
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_position = [0] * num_speculative_tokens  # [k]: rounds whose guess i was kept
+
+    def record(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        if num_drafts == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        for position in range(num_accepted):
+            self.accepted_per_position[position] += 1
+        request.num_draft_tokens += num_drafts
+        request.num_accepted_tokens += num_accepted
+
+    def snapshot(self) -> SpecDecodeStats:
+        return SpecDecodeStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                               tuple(self.accepted_per_position))

@@ -1,0 +1,329 @@
+"""LLMEngine: one step = schedule, one forward pass, update, then output processing.
+
+Owns the wiring (scheduler, runner, output processor), `step()`, the per-request fault retry and
+the stats snapshot. Groups, detokenization and stop strings live in output_processor.py.
+Knows nothing of HTTP or threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import asdict
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
+from vllmlite.core.block_manager import BlockManager
+from vllmlite.core.chunking import ChunkingPolicy
+from vllmlite.config import EngineConfig
+from vllmlite.kernels import get_kernels, resolve_backend
+from vllmlite.models.loader import LoadedModel, load_model
+from vllmlite.models.llama import LlamaModel
+from vllmlite.engine.output_processor import OutputProcessor, StopStringHit
+from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
+from vllmlite.pooling_params import PoolingParams, PoolingType
+from vllmlite.core.request import FinishReason, Request, internal_error
+from vllmlite.engine.request_limits import RequestLimits, truncated_prompt
+from vllmlite.worker.runner import ModelRunner
+from vllmlite.worker.sampling import make_generator
+from vllmlite.sampling_params import SamplingParams
+from vllmlite.core.scheduler import Scheduler
+from vllmlite.worker.speculative import make_proposer
+from vllmlite.stats import EngineDebugSnapshot, EngineStats, KVOccupancy
+from vllmlite.worker.structured_output import GrammarCompiler
+from vllmlite.threads import THREAD_ENV, THREAD_ENV_APPLIED
+from vllmlite.core.tracing import make_tracer
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | list[int]
+GRAMMAR_WAIT_SECONDS = 0.05  # an idle step waits this long at most for a grammar to compile
+
+
+class _Compiling(NamedTuple):
+    """A request whose grammar is compiling: it joins the scheduler when the future is done."""
+
+    grammar: Future
+    samples: list[Request]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        loaded = loaded or load_model(config.model, config.dtype, config.seed, config.weight_quantization)
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.model_source = loaded.source
+        sched = config.scheduler
+        self.max_model_len = min(sched.max_model_len or loaded.config.max_position_embeddings,
+                                 loaded.config.max_position_embeddings)
+        itemsize = np.dtype(config.dtype).itemsize
+        bytes_per_block = loaded.config.kv_bytes_per_token(itemsize) * config.cache.block_size
+        num_blocks = config.cache.resolve_num_blocks(bytes_per_block)
+        num_host_blocks = config.cache.resolve_num_host_blocks(bytes_per_block)
+        stop_ids = self.tokenizer.stop_token_ids
+        self.block_manager = BlockManager(num_blocks, config.cache.block_size,
+                                          config.cache.enable_prefix_caching, num_host_blocks)
+        spec = config.speculative
+        self.tracer = make_tracer(config.trace, self.tokenizer.decode)  # read on the engine thread only
+        self.chunking = ChunkingPolicy(sched, config.cache.block_size)  # fed each step's measured time
+        self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
+                                   config.cache.preemption_mode, stop_ids,
+                                   spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking)
+        kernels = get_kernels(config.kernels)
+        model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
+        proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
+        self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
+                                  proposer)
+        backend = resolve_backend(config.kernels)
+        if backend != "numpy":  # numpy has nothing to compile; said before the wait, terminal or not
+            logger.info("kernels: %s, compiling kernels (first start only, about 25 s on 2 quiet cores; "
+                        "cached afterwards, 1-2 s)", backend)
+        logger.info("kernels: %s, ready in %.1f s (compiled, or loaded from the on-disk cache)",
+                    backend, model.warm_up())
+        if not THREAD_ENV_APPLIED:
+            logger.warning("numpy was imported before vllmlite, so its BLAS threads spin when idle and take "
+                           "the cores the attention kernels need (steps up to 2x slower): import vllmlite "
+                           "first, or set %s", " ".join(f"{k}={v}" for k, v in THREAD_ENV.items()))
+        self.weights_bytes = loaded.weights.num_bytes
+        self._seed_rng = np.random.default_rng(config.seed)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._grammar_compiler: GrammarCompiler | None = None  # made by the first constrained request
+        self._compiling: list[_Compiling] = []
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes held by weights, the device KV cache and the host swap arena."""
+        proposer = self.runner.proposer
+        return {"weights": self.weights_bytes, "kv_cache": self.runner.kv_cache_bytes,
+                "draft_kv_cache": proposer.kv_cache_bytes if proposer is not None else 0,
+                "host_swap": self.runner.host_cache_bytes,
+                "kv_blocks": self.block_manager.num_blocks, "block_size": self.block_manager.block_size}
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | PoolingParams, *,
+                    arrival_time: float | None = None, priority: int = 0,
+                    cache_salt: str | None = None, client_id: str | None = None) -> None:
+        """Validate and queue a request: one that generates (SamplingParams) or an embedding request
+        (PoolingParams). Raises ValueError (a client error) before allocating anything.
+
+        The engine keeps its own validated copy of `params` (as vLLM clones them): fields assigned
+        since construction are checked here, and assigning fields later never reaches this request.
+        """
+        if self.output_processor.has_request(request_id):
+            raise ValueError(f"request id {request_id!r} is already in use")
+        try:
+            self._add_request(request_id, prompt, params, arrival_time, priority, cache_salt, client_id)
+        except BaseException:
+            self.abort_request(request_id)  # whatever part of it was registered before the failure
+            raise
+
+    def _add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | PoolingParams,
+                     arrival_time: float | None, priority: int, cache_salt: str | None,
+                     client_id: str | None) -> None:
+        params = params.clone()
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if isinstance(params, PoolingParams):
+            self.check_request(token_ids, params)
+            # It never samples; the scheduler and runner read its (default) sampling params like any request's.
+            request = Request(request_id=request_id, prompt_token_ids=token_ids, sampling_params=SamplingParams(),
+                              max_tokens=0, generator=make_generator(0), arrival_time=arrival_time or time.monotonic(),
+                              priority=priority, cache_salt=cache_salt, client_id=client_id,
+                              pooling_params=params, pooling=PoolingType(self.config.pooling))
+            self.output_processor.add_embedding_request(request_id, prompt if isinstance(prompt, str) else None,
+                                                        request)
+            self.tracer.arrived(request_id, [request], prompt if isinstance(prompt, str) else None)
+            self.scheduler.add_request(request)
+            return
+        internal = self.output_processor.sampling_params_for(params)
+        internal.update_from_tokenizer(self.tokenizer)
+        max_tokens = self.check_request(token_ids, internal)
+        token_ids = truncated_prompt(token_ids, internal)
+        samples = []
+        for i in range(params.num_sequences):
+            # Sample i of a seeded request is that request alone with seed + i (as vLLM does).
+            seed = int(self._seed_rng.integers(2**63)) if params.seed is None else params.seed + i
+            samples.append(Request(
+                request_id=request_id if i == 0 else f"{request_id}#{i}",
+                prompt_token_ids=token_ids, sampling_params=internal, max_tokens=max_tokens,
+                generator=make_generator(seed), arrival_time=arrival_time or time.monotonic(),
+                priority=priority, cache_salt=cache_salt, client_id=client_id,
+                parent_id=None if i == 0 else request_id, sample_index=i))
+        self.output_processor.add_request(request_id, prompt if isinstance(prompt, str) else None, params,
+                                          samples)
+        self.tracer.arrived(request_id, samples, prompt if isinstance(prompt, str) else None)
+        if internal.structured_outputs is None:
+            self.scheduler.add_request(samples[0], samples[1:])
+            return
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+        self._compiling.append(_Compiling(self._grammar_compiler.submit(internal.structured_outputs), samples))
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        """What `check_request` checks against: a small picklable value (an ingress in front of
+        replicas checks requests with it, without a model of its own)."""
+        bm = self.block_manager
+        return RequestLimits(self.model_config.vocab_size, self.max_model_len,
+                             self.config.scheduler.max_num_seqs, bm.num_blocks, bm.block_size)
+
+    def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
+        """`RequestLimits.check`: the prompt against the vocabulary, context length and KV cache; the
+        resolved max_tokens. Pure, so the HTTP thread may call it to answer 400 before queueing."""
+        return self.request_limits.check(token_ids, params)
+
+    def abort_request(self, request_id: str, why: str = "aborted by the caller") -> None:
+        """Stop a request (all its samples) and free its blocks; unknown ids are ignored. `why` goes
+        into its trace ("client disconnected", "timeout", ...)."""
+        samples = self.output_processor.abort_request(request_id)
+        self._compiling = [c for c in self._compiling if c.samples[0].request_id != request_id]
+        self.scheduler.abort_requests([r.request_id for r in samples])
+        self.tracer.aborted(request_id, why)
+        self._forget_finished(samples)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.num_unfinished_requests > 0
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return self.output_processor.num_unfinished_requests
+
+    def get_stats(self) -> EngineStats:
+        """A snapshot of the engine's numbers; what other modules read instead of its parts. A request
+        whose grammar is still compiling counts as waiting."""
+        proposer = self.runner.proposer
+        scheduler_stats = self.scheduler.make_stats()
+        scheduler_stats.num_waiting += len(self._compiling)
+        return EngineStats(scheduler_stats, self.output_processor.num_unfinished_requests,
+                           self.runner.num_forward_passes,
+                           proposer.num_forward_passes if proposer is not None else 0)
+
+    def debug_snapshot(self) -> EngineDebugSnapshot:
+        """Stats, each block's state, recent steps, latency and the effective config: O(num_blocks),
+        for debugging pages, not for every step. Call it on the engine's thread."""
+        return EngineDebugSnapshot(self.get_stats(), self.block_manager.block_states(),
+                                   tuple(self.tracer.recent_steps()), self.tracer.latency(), self.effective_config())
+
+    def effective_config(self) -> dict[str, Any]:
+        """The knobs in effect, resolved (block count, context length, kernels), as plain JSON values.
+        Model paths are left out: the caller names the model."""
+        config = self.config
+        values: dict[str, Any] = {**asdict(config.scheduler), **asdict(config.cache), **asdict(config.trace)}
+        spec = asdict(config.speculative) if config.speculative is not None else None
+        if spec is not None:
+            spec.pop("model")
+        values.update(max_model_len=self.max_model_len, num_blocks=self.block_manager.num_blocks,
+                      num_host_blocks=self.block_manager.num_host_blocks, dtype=config.dtype, seed=config.seed,
+                      kernels=resolve_backend(config.kernels), quantization=config.weight_quantization,
+                      pooling=config.pooling, speculative=spec)
+        return values
+
+    def kv_occupancy(self) -> KVOccupancy:
+        """How full the KV blocks are (for benchmarks; it walks every block table)."""
+        return self.scheduler.kv_occupancy()
+
+    # --- step -----------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
+        """Run one scheduling step and forward pass; return an output for every request that changed.
+
+        A fault in one request's part of a stage (scheduling it, running it, applying its result,
+        detokenizing it) ends that request in error and no other. Whatever else raises is a fault
+        of the engine itself: it propagates."""
+        failed = self._start_compiled_requests()
+        started = time.perf_counter()  # the step's time, as the chunking model and the tracer count it
+        scheduled = self.scheduler.schedule()
+        result = self._execute(scheduled)
+        touched = failed + self.scheduler.update(scheduled, result)
+        for finish in self.output_processor.detokenize(touched):
+            if isinstance(finish, StopStringHit):
+                self.scheduler.finish(finish.request, FinishReason.STOP, finish.stop_str)
+            else:
+                self.scheduler.finish(finish.request, FinishReason.ERROR, error=finish.error)
+        self._forget_finished(touched)
+        outputs = self.output_processor.make_outputs()
+        self.chunking.observe(scheduled, time.perf_counter() - started)
+        self.tracer.step_done(started, scheduled)
+        return outputs
+
+    def _start_compiled_requests(self) -> list[Request]:
+        """Queue the requests whose grammar has compiled, each sample with its own grammar state;
+        end in error those whose grammar failed (returned, for their outputs). With nothing else
+        to run, wait a little for a compile rather than spin."""
+        if not self._compiling:
+            return []
+        if not self.scheduler.has_unfinished_requests():
+            wait([c.grammar for c in self._compiling], GRAMMAR_WAIT_SECONDS, FIRST_COMPLETED)
+        failed: list[Request] = []
+        for compiling in [c for c in self._compiling if c.grammar.done()]:
+            self._compiling.remove(compiling)
+            first, *forks = compiling.samples
+            error = compiling.grammar.exception()
+            if error is not None:
+                for request in compiling.samples:
+                    request.finish(FinishReason.ERROR, error=str(error))
+                    self.tracer.finished(request)
+                failed.extend(compiling.samples)
+                continue
+            for request in compiling.samples:
+                request.grammar = self._grammar_compiler.new_state(compiling.grammar.result())
+            self.scheduler.add_request(first, forks)
+        return failed
+
+    def _execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        """Run the batch; if it raises, run each sequence alone so only the failing ones end in error.
+
+        Each rerun rewrites its K/V into the same slots and starts from the generator states the
+        batch started from, so a request that succeeds alone gets exactly the tokens it would have
+        got. The block copies run once, before the batch, and are not retried: if they fail, K/V
+        is in an unknown state, a fault of the engine.
+        """
+        self.runner.copy_blocks(scheduled)
+        states = _generator_states(scheduled)
+        try:
+            return self.runner.execute(scheduled)
+        except Exception as error:
+            if len(scheduled.scheduled) == 1:
+                return self._failed_alone(scheduled.scheduled[0], error)
+        result = RunnerOutput()
+        for seq in scheduled.scheduled:
+            _restore_generators(seq, states)
+            try:
+                part = self.runner.execute(SchedulerOutput(scheduled=[seq]))
+            except Exception as error:
+                part = self._failed_alone(seq, error)
+            result.merge(part)
+        return result
+
+    def _failed_alone(self, seq: ScheduledSequence, error: Exception) -> RunnerOutput:
+        """`seq` fails even alone: its requests end in error, unless the model also fails a forward
+        pass that holds no request at all. Then the fault is not the request's: it is raised."""
+        if not self.runner.is_model_healthy():
+            raise RuntimeError("the model fails even without any request (a request-free canary "
+                               "forward pass failed too)") from error
+        logger.error("request %s failed inside the engine", seq.request.request_id, exc_info=error)
+        message = internal_error(error)
+        return RunnerOutput(errors={r.request_id: message for r in [seq.request, *seq.samplers]})
+
+    def _forget_finished(self, requests: list[Request]) -> None:
+        """The proposer drops what it kept for requests that are finished (or aborted)."""
+        proposer = self.runner.proposer
+        if proposer is not None:
+            for request in requests:
+                if request.is_finished:
+                    proposer.forget(request.request_id)
+
+
+def _generator_states(scheduled: SchedulerOutput) -> dict[str, dict]:
+    """Each sampling request's generator state before the step (greedy requests draw nothing)."""
+    return {r.request_id: r.generator.bit_generator.state for seq in scheduled.scheduled
+            for r in seq.samplers if not r.sampling_params.is_greedy}
+
+
+def _restore_generators(seq: ScheduledSequence, states: dict[str, dict]) -> None:
+    for request in seq.samplers:
+        if request.request_id in states:
+            request.generator.bit_generator.state = states[request.request_id]

@@ -1,0 +1,194 @@
+"""The Llama-family decoder in numpy: embedding, RMSNorm, RoPE, GQA attention, SwiGLU, LM head.
+
+It runs one flattened batch of tokens from many sequences, each token with its own position.
+Where K/V live and who attends to what comes in as AttentionMetadata; the model knows nothing of
+blocks, requests or sampling.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
+from vllmlite.config import ModelConfig
+from vllmlite.kernels import Kernels, get_kernels
+from vllmlite.models.loader import Matrix, ModelWeights
+from vllmlite.progress import progress
+from vllmlite.kernels.quant import QuantizedMatrix, dequantize
+
+KVCache = list[tuple[np.ndarray, np.ndarray]]  # per layer (K, V), each [num_slots, kv_heads, head_dim]
+WARM_UP_TOKENS = 20  # warm_up's longest prompt: past the few-token/BLAS switch of the linear layers
+
+
+def rope_inv_freq(config: ModelConfig, freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """Rotary inverse frequencies [head_dim / 2], with linear or llama3 scaling when configured."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    if freq_factors is not None:
+        return inv_freq / freq_factors.astype(np.float64)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    # llama3: long wavelengths are divided by `factor`, short ones kept, the middle interpolated.
+    old_len = scaling.original_max_position_embeddings
+    wavelen = 2 * np.pi / inv_freq
+    scaled = np.where(wavelen > old_len / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    is_medium = (wavelen >= old_len / scaling.high_freq_factor) & (wavelen <= old_len / scaling.low_freq_factor)
+    return np.where(is_medium, smoothed, scaled)
+
+
+def embed_rows(embed: Matrix, token_ids: np.ndarray) -> np.ndarray:
+    """The embedding rows of `token_ids` [num_tokens, hidden] (a quantized table dequantizes just those)."""
+    return dequantize(embed, token_ids) if isinstance(embed, QuantizedMatrix) else embed[token_ids]
+
+
+@dataclass
+class Workspace:
+    """Activation buffers of one forward pass, reused by every layer and every step.
+
+    Stored feature-major ([features, tokens], one column per token) and handed out as
+    token-major views ([num_tokens, features], transposed), so every shape below reads as tokens
+    first while the linear layers and kernels get BLAS-friendly operands. A step of n tokens uses
+    the first features * n values of each buffer as one C-contiguous [features, n] block, so a
+    kernel's inner loop over tokens has unit stride, known at compile time. The buffers grow (to
+    twice the need) only when a step is larger than any before: a step allocates nothing but the
+    logits it returns.
+    """
+
+    capacity: int
+    residual: np.ndarray  # [tokens, hidden]   the residual stream
+    hidden: np.ndarray    # [tokens, hidden]   normed input of the next linear layer
+    out: np.ndarray       # [tokens, hidden]   a sublayer's output before the residual add
+    qkv: np.ndarray       # [tokens, (heads + 2 * kv_heads) * head_dim]
+    attn: np.ndarray      # [tokens, heads * head_dim]
+    gate_up: np.ndarray   # [tokens, 2 * intermediate]
+    act: np.ndarray       # [tokens, intermediate]
+
+    @classmethod
+    def allocate(cls, config: ModelConfig, capacity: int, dtype: np.dtype) -> Workspace:
+        c = config
+        widths = (c.hidden_size, c.hidden_size, c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim,
+                  c.num_heads * c.head_dim, 2 * c.intermediate_size, c.intermediate_size)
+        return cls(capacity, *(np.zeros((width, capacity), dtype).T for width in widths))
+
+    def views(self, num_tokens: int) -> Workspace:
+        """The buffers for a step of `num_tokens` tokens (called on the allocated workspace)."""
+        def first(buffer: np.ndarray) -> np.ndarray:   # buffer: [capacity, width], a transposed C array
+            width = buffer.shape[1]
+            return buffer.T.reshape(-1)[:width * num_tokens].reshape(width, num_tokens).T
+        return Workspace(num_tokens, *(first(getattr(self, f.name)) for f in fields(self)[1:]))
+
+
+class LlamaModel:
+    """A forward pass over a flattened batch. Weights are read-only; K/V are written in place.
+
+    Every hot operation, the linear layers included, goes through `self.kernels` (see
+    vllmlite/kernels), writing into the workspace.
+    """
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, max_positions: int,
+                 kernels: Kernels | None = None) -> None:
+        self.config = config
+        self.weights = weights
+        self.dtype = weights.dtype
+        self.kernels = kernels if kernels is not None else get_kernels()
+        inv_freq = rope_inv_freq(config, weights.rope_freq_factors)
+        num_positions = max(max_positions, WARM_UP_TOKENS)   # warm_up's passes reach position 19
+        angles = np.outer(np.arange(num_positions, dtype=np.float64), inv_freq)  # [positions, head_dim/2]
+        self.cos = np.cos(angles).astype(self.dtype)
+        self.sin = np.sin(angles).astype(self.dtype)
+        self._workspace = Workspace.allocate(config, 1, self.dtype)
+
+    def forward(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache,
+                logits_rows: np.ndarray) -> np.ndarray:
+        """input_ids [num_tokens] at meta.positions; logits_rows [num_logits] rows whose logits are wanted.
+
+        Returns logits [num_logits, vocab]: the LM head runs only on the rows that sample.
+        """
+        return self._logits(self._final_hidden(input_ids, meta, kv_cache), logits_rows)
+
+    def forward_with_hidden(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache,
+                            logits_rows: np.ndarray, hidden_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`forward`, plus the final-norm hidden states of `hidden_rows` [num_hidden] (what
+        embeddings pool): (logits [num_logits, vocab], hidden [num_hidden, hidden_size], a copy)."""
+        hidden = self._final_hidden(input_ids, meta, kv_cache)
+        return self._logits(hidden, logits_rows), hidden[hidden_rows]
+
+    def _final_hidden(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache) -> np.ndarray:
+        """Every layer, then the final norm: [num_tokens, hidden], a view into the workspace."""
+        c, w, k = self.config, self.weights, self.kernels
+        buf = self.workspace(len(input_ids))
+        buf.residual[...] = embed_rows(w.embed, input_ids)
+        k.rms_norm(buf.residual, w.layers[0].attn_norm, c.rms_norm_eps, buf.hidden)
+        for i, (layer, layer_kv) in enumerate(zip(w.layers, kv_cache)):
+            self._attention(buf, layer, layer_kv, meta)                        # -> buf.out
+            k.add_rms_norm(buf.out, buf.residual, layer.ffn_norm, c.rms_norm_eps, buf.hidden)
+            k.linear(buf.hidden, layer.w_gate_up, buf.gate_up)
+            k.silu_and_mul(buf.gate_up, buf.act)
+            k.linear(buf.act, layer.w_down, buf.out)
+            # The residual add, then the next layer's input norm (the final norm after the last).
+            next_norm = w.layers[i + 1].attn_norm if i + 1 < len(w.layers) else w.final_norm
+            k.add_rms_norm(buf.out, buf.residual, next_norm, c.rms_norm_eps, buf.hidden)
+        return buf.hidden
+
+    def _logits(self, hidden: np.ndarray, logits_rows: np.ndarray) -> np.ndarray:
+        """The LM head on rows `logits_rows` of `hidden`: [num_logits, vocab]."""
+        lm_head = self.weights.lm_head
+        logits = np.empty((lm_head.shape[0], len(logits_rows)), self.dtype).T   # [num_logits, vocab] view
+        self.kernels.linear(hidden[logits_rows], lm_head, logits)
+        return np.ascontiguousarray(logits)
+
+    def _attention(self, buf: Workspace, layer, layer_kv: tuple[np.ndarray, np.ndarray],
+                   meta: AttentionMetadata) -> None:
+        """buf.hidden (normed) -> buf.out, the attention sublayer's output; K/V written to the cache."""
+        c, k = self.config, self.kernels
+        num_tokens = buf.capacity
+        qkv = buf.qkv                                          # [num_tokens, (heads + 2 kv) * head_dim]
+        k.linear(buf.hidden, layer.wqkv, qkv)
+        if layer.bqkv is not None:
+            qkv += layer.bqkv
+        k_end = (c.num_heads + c.num_kv_heads) * c.head_dim
+        # Views into qkv. Q and K heads sit side by side, so one RoPE call rotates both.
+        qk = qkv[:, :k_end].reshape(num_tokens, c.num_heads + c.num_kv_heads, c.head_dim)
+        q, key = qk[:, :c.num_heads], qk[:, c.num_heads:]
+        value = qkv[:, k_end:].reshape(num_tokens, c.num_kv_heads, c.head_dim)
+        k.rope(qk, meta.positions, self.cos, self.sin)
+        k_cache, v_cache = layer_kv
+        k.write_kv(k_cache, v_cache, key, value, meta.slot_mapping)
+        attn = buf.attn.reshape(num_tokens, c.num_heads, c.head_dim)           # a view
+        k.paged_attention(q, k_cache, v_cache, meta, attn)
+        k.linear(buf.attn, layer.wo, buf.out)
+
+    def workspace(self, num_tokens: int) -> Workspace:
+        """Token-major views for a step of `num_tokens` tokens (the buffers grow when needed)."""
+        if num_tokens > self._workspace.capacity:
+            self._workspace = Workspace.allocate(self.config, 2 * num_tokens, self.dtype)
+        return self._workspace.views(num_tokens)
+
+    def warm_up(self) -> float:
+        """Tiny forward passes on a scratch KV cache, so every kernel is compiled, or loaded from
+        the disk cache, for this model's dtype and array layouts before the first request: a
+        3-token prompt with a decode, a 20-token prompt (the other side of the linear layers'
+        few-token/BLAS switch), and a lone decode (one token: its views of the QKV buffer are
+        contiguous, which numba compiles separately; without it a single user's first request
+        paid ~8 s of compiling). Returns the seconds it took."""
+        start = time.perf_counter()
+        c, block_size = self.config, 4
+        shape = (8 * block_size, c.num_kv_heads, c.head_dim)
+        kv_cache = [(np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)) for _ in range(c.num_layers)]
+        # (query lens, sequence lens, block tables, rows whose logits are wanted: one row and
+        # several give the LM head differently laid out inputs)
+        steps = [([3, 1], [3, 2], [[0], [1]], [2, 3]),
+                 ([WARM_UP_TOKENS], [WARM_UP_TOKENS], [[2, 3, 4, 5, 6]], [WARM_UP_TOKENS - 1]),
+                 ([1], [4], [[0]], [0])]
+        for query_lens, seq_lens, block_tables, logits_rows in progress(steps, "Warming up kernels", unit="pass"):
+            meta = build_metadata(query_lens, seq_lens, block_tables, block_size)
+            self.forward(np.zeros(sum(query_lens), dtype=np.int64), meta, kv_cache, np.array(logits_rows))
+        return time.perf_counter() - start

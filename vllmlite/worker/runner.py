@@ -1,0 +1,243 @@
+"""The model runner: owns the KV tensors, flattens a SchedulerOutput into one batch, runs the
+forward pass, samples and verifies speculative guesses. It reads requests but never changes
+scheduler state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+
+from vllmlite.kernels.attention_metadata import build_metadata
+from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
+from vllmlite.models.llama import LlamaModel
+from vllmlite.pooling_params import PoolingType
+from vllmlite.worker.sampling import Sampler, SamplingBatch, compute_logprobs
+from vllmlite.worker.speculative import Draft, Proposer, verify
+from vllmlite.worker.structured_output import GrammarMasker
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, num_host_blocks: int,
+                 stop_token_ids: frozenset[int], proposer: Proposer | None = None) -> None:
+        c = model.config
+        self.model = model
+        self.block_size = block_size
+        self.stop_token_ids = stop_token_ids
+        self.sampler = Sampler()
+        self.proposer = proposer
+        shape = (num_blocks * block_size, c.num_kv_heads, c.head_dim)
+        # np.zeros maps pages lazily, so an unused part of a large budget costs no RAM.
+        self.kv_cache = [(np.zeros(shape, model.dtype), np.zeros(shape, model.dtype))
+                         for _ in range(c.num_layers)]       # per layer: [slots, kv_heads, head_dim]
+        host_shape = (num_host_blocks * block_size, c.num_kv_heads, c.head_dim)
+        self.host_cache = [(np.zeros(host_shape, model.dtype), np.zeros(host_shape, model.dtype))
+                           for _ in range(c.num_layers)] if num_host_blocks else []
+        self.num_forward_passes = 0
+        self.grammar_masker: GrammarMasker | None = None  # made when a constrained request first samples
+        # Test-only: called with each step's SchedulerOutput before the forward pass.
+        self.fault_hook: Callable[[SchedulerOutput], None] | None = None
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.kv_cache)
+
+    @property
+    def host_cache_bytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.host_cache)
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        """Propose guesses, run one forward pass over every scheduled token (guesses included),
+        then sample or verify. The step's block copies must be applied first (`copy_blocks`).
+
+        Rerunning a sequence alone after a failed batch is safe: it rewrites the same K/V into the
+        same slots; what it draws from the request's generator is the caller's to restore."""
+        if not out.scheduled:
+            return RunnerOutput()
+        if self.fault_hook is not None:
+            self.fault_hook(out)
+        seqs = out.scheduled
+        drafts = self._propose(seqs)
+        tokens = [s.token_ids + d.token_ids for s, d in zip(seqs, drafts)]          # this step's inputs
+        input_ids = np.array([t for ts in tokens for t in ts], dtype=np.int64)      # [num_tokens]
+        seq_lens = [s.start_position + len(ts) for s, ts in zip(seqs, tokens)]
+        meta = build_metadata([len(ts) for ts in tokens], seq_lens, [s.block_table for s in seqs],
+                              self.block_size)
+        ends = meta.query_start[1:] - 1                                              # [num_seqs] last rows
+        # Rows whose logits are needed: sampling rows (forks of one parent share a row), every
+        # row of a sequence with guesses, and prompt rows scored for prompt logprobs.
+        sample_rows = [ends[i] for i, s in enumerate(seqs) for _ in s.samplers if not drafts[i].token_ids]
+        spec_rows = [r for i, d in enumerate(drafts) if d.token_ids
+                     for r in range(ends[i] - len(d.token_ids), ends[i] + 1)]
+        prompt_rows, prompt_next, prompt_owners = _prompt_logprob_rows(seqs, ends)
+        rows = np.concatenate([np.array(sample_rows + spec_rows, dtype=np.int64), prompt_rows])
+        unique_rows, inverse = np.unique(rows, return_inverse=True)
+        result = RunnerOutput()
+        if any(s.pooling is not None for s in seqs):
+            pool_rows, pool_owners = _pooling_rows(seqs, meta.query_start)
+            logits, hidden = self.model.forward_with_hidden(input_ids, meta, self.kv_cache, unique_rows, pool_rows)
+            _pool(hidden, pool_owners, result)
+        else:
+            logits = self.model.forward(input_ids, meta, self.kv_cache, unique_rows)
+        logits = logits[inverse]
+        self.num_forward_passes += 1
+        num_sample, num_spec = len(sample_rows), len(spec_rows)
+        self._sample([(s, r) for s, d in zip(seqs, drafts) if not d.token_ids for r in s.samplers],
+                     logits[:num_sample], result)
+        self._verify([(s, d) for s, d in zip(seqs, drafts) if d.token_ids],
+                     logits[num_sample:num_sample + num_spec], result)
+        if prompt_owners:
+            self._prompt_logprobs(logits[num_sample + num_spec:], prompt_next, prompt_owners, result)
+        return result
+
+    def is_model_healthy(self) -> bool:
+        """Whether the model runs a forward pass that holds no request (the warm-up's, on scratch K/V):
+        tells a fault of one request's data from a fault of the model itself."""
+        try:
+            self.model.warm_up()
+        except Exception:
+            logger.exception("the model fails a forward pass without any request")
+            return False
+        return True
+
+    def _propose(self, seqs: list[ScheduledSequence]) -> list[Draft]:
+        """A Draft per sequence: empty unless the scheduler reserved guess slots for it."""
+        drafts = [Draft([], None)] * len(seqs)
+        speculating = [i for i, s in enumerate(seqs) if s.num_draft_slots]
+        if self.proposer is not None and speculating:
+            for i, draft in zip(speculating, self.proposer.propose([seqs[i] for i in speculating])):
+                drafts[i] = draft  # proposers fill at most num_draft_slots guesses
+        return drafts
+
+    def _sample(self, samplers: list, logits: np.ndarray, result: RunnerOutput) -> None:
+        """One token per sampler from its row of logits [num_samplers, vocab]."""
+        if not samplers:
+            return
+        requests = [r for _, r in samplers]
+        batch = self._batch(requests, [r.output_token_ids for r in requests],
+                            self._allowed_mask([(r.grammar, []) for r in requests]))
+        sampled = self.sampler(logits, batch)
+        for j, request in enumerate(requests):
+            result.sampled_token_ids[request.request_id] = [int(sampled.token_ids[j])]
+            if sampled.logprobs[j] is not None:
+                result.logprobs[request.request_id] = [sampled.logprobs[j]]
+
+    def _verify(self, spec: list[tuple[ScheduledSequence, Draft]], logits: np.ndarray,
+                result: RunnerOutput) -> None:
+        """Score every guess: row j of a sequence is the target's view after its first j guesses."""
+        if not spec:
+            return
+        requests, outputs = [], []
+        for seq, draft in spec:
+            for j in range(len(draft.token_ids) + 1):
+                requests.append(seq.request)
+                outputs.append(seq.request.output_token_ids + draft.token_ids[:j])
+        masks = self._allowed_mask([(seq.request.grammar, draft.token_ids) for seq, draft in spec])
+        probs = self.sampler.probs(logits, self._batch(requests, outputs, masks))   # [rows, vocab]
+        start = 0
+        for seq, draft in spec:
+            request, num_rows = seq.request, len(draft.token_ids) + 1
+            emitted = verify(probs[start:start + num_rows], draft, request.sampling_params.is_greedy,
+                             request.generator)
+            request_id = request.request_id
+            result.sampled_token_ids[request_id] = emitted
+            result.num_drafts[request_id] = len(draft.token_ids)
+            result.num_accepted[request_id] = len(emitted) - 1
+            k = request.sampling_params.logprobs
+            if k is not None:
+                rows = logits[start:start + len(emitted)]
+                result.logprobs[request_id] = compute_logprobs(rows, np.array(emitted), [k] * len(emitted))
+            self.proposer.verified(seq, len(draft.token_ids), len(emitted) - 1)
+            start += num_rows
+
+    def _batch(self, requests: list, outputs: list, allowed_mask: np.ndarray | None) -> SamplingBatch:
+        return SamplingBatch(params=[r.sampling_params for r in requests],
+                             prompt_token_ids=[r.prompt_token_ids for r in requests],
+                             output_token_ids=outputs, generators=[r.generator for r in requests],
+                             stop_token_ids=self.stop_token_ids, allowed_mask=allowed_mask)
+
+    def _allowed_mask(self, entries: list) -> np.ndarray | None:
+        """What the grammars allow at each sampling row ([rows, vocab] bool), None if no row has one;
+        entries are (grammar state or None, guesses) per sequence, as GrammarMasker.masks takes."""
+        if all(state is None for state, _ in entries):
+            return None
+        if self.grammar_masker is None:
+            self.grammar_masker = GrammarMasker(self.model.config.vocab_size)
+        return self.grammar_masker.masks(entries)
+
+    @staticmethod
+    def _prompt_logprobs(logits: np.ndarray, next_ids: np.ndarray, owners: list, result: RunnerOutput) -> None:
+        """Logprob of each next prompt token under the logits one position before it."""
+        top = [r.sampling_params.prompt_logprobs for r in owners]
+        for request, entry in zip(owners, compute_logprobs(logits, next_ids, top)):
+            result.prompt_logprobs.setdefault(request.request_id, []).append(entry)
+
+    def copy_blocks(self, out: SchedulerOutput) -> None:
+        """Swap-out first (its device blocks may be reused below), then swap-in, then copy-on-write
+        (in the draft model's KV too, which shares the block tables)."""
+        draft_kv = self.proposer.kv_cache if self.proposer is not None else []
+        for pairs, src_of, dst_of in ((out.blocks_to_swap_out, self.kv_cache, self.host_cache),
+                                      (out.blocks_to_swap_in, self.host_cache, self.kv_cache),
+                                      (out.blocks_to_copy, self.kv_cache + draft_kv, self.kv_cache + draft_kv)):
+            if not pairs:
+                continue
+            src = self._slots([p[0] for p in pairs])
+            dst = self._slots([p[1] for p in pairs])
+            for (src_k, src_v), (dst_k, dst_v) in zip(src_of, dst_of):
+                dst_k[dst] = src_k[src]
+                dst_v[dst] = src_v[src]
+
+    def _slots(self, block_ids: list[int]) -> np.ndarray:
+        """Every slot of the given blocks: [2, 5] with block_size 2 -> [4, 5, 10, 11]."""
+        ids = np.asarray(block_ids, dtype=np.int64)
+        return (ids[:, None] * self.block_size + np.arange(self.block_size)[None, :]).reshape(-1)
+
+
+def _pooling_rows(seqs: list[ScheduledSequence], query_start: np.ndarray) -> tuple[np.ndarray, list]:
+    """Rows whose final-norm hidden states an embedding request pools, and (request, pooling, number
+    of rows) per such sequence, in row order.
+    Example: query_start [0, 3, 8], seq 0 MEAN, seq 1 LAST -> rows [0, 1, 2, 7]."""
+    rows, owners = [], []
+    for i, seq in enumerate(seqs):
+        if seq.pooling is None:
+            continue
+        start, end = int(query_start[i]), int(query_start[i + 1])
+        span = range(start, end) if seq.pooling is PoolingType.MEAN else range(end - 1, end)
+        rows.extend(span)
+        owners.append((seq.request, seq.pooling, len(span)))
+    return np.array(rows, dtype=np.int64), owners
+
+
+def _pool(hidden: np.ndarray, owners: list, result: RunnerOutput) -> None:
+    """Each embedding sequence's share of `hidden` [num_rows, hidden_size]: its last row, or the
+    sum of its rows (float64, so a mean over many chunks loses nothing)."""
+    start = 0
+    for request, pooling, num_rows in owners:
+        rows = hidden[start:start + num_rows]
+        result.pooled[request.request_id] = (rows[-1].astype(np.float64) if pooling is PoolingType.LAST
+                                             else rows.sum(axis=0, dtype=np.float64))
+        start += num_rows
+
+
+def _prompt_logprob_rows(seqs: list, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
+    """Rows whose logits score the next prompt token, for requests that asked for prompt logprobs.
+
+    Position p predicts token p + 1; positions already scored (before a preemption) are skipped.
+    Example: prompt of 5 tokens computed in one chunk -> positions 0..3 score tokens 1..4.
+    """
+    rows, next_ids, owners = [], [], []
+    for seq, end in zip(seqs, ends):
+        request = seq.request
+        if request.sampling_params.prompt_logprobs is None:
+            continue
+        first_row = end - len(seq.token_ids) + 1
+        start = max(seq.start_position, len(request.prompt_logprobs))
+        for position in range(start, min(seq.seq_len, request.num_prompt_tokens - 1)):
+            rows.append(first_row + position - seq.start_position)
+            next_ids.append(request.token_ids[position + 1])
+            owners.append(request)
+    return np.array(rows, dtype=np.int64), np.array(next_ids, dtype=np.int64), owners
