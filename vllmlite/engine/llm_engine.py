@@ -15,26 +15,26 @@ from typing import Any
 
 import numpy as np
 
+from vllmlite.config import EngineConfig
 from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.core.block_manager import BlockManager
 from vllmlite.core.chunking import ChunkingPolicy
-from vllmlite.config import EngineConfig
-from vllmlite.kernels import get_kernels, resolve_backend
-from vllmlite.models.loader import LoadedModel, load_model
-from vllmlite.models.llama import LlamaModel
-from vllmlite.engine.output_processor import OutputProcessor, StopStringHit
-from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
-from vllmlite.pooling_params import PoolingParams, PoolingType
 from vllmlite.core.request import FinishReason, Request, internal_error
+from vllmlite.core.scheduler import Scheduler
+from vllmlite.core.tracing import make_tracer
+from vllmlite.engine.output_processor import OutputProcessor, StopStringHit
 from vllmlite.engine.processor import InputProcessor, NewRequest, Prompt
 from vllmlite.engine.request_limits import RequestLimits
-from vllmlite.worker.runner import ModelRunner
+from vllmlite.kernels import get_kernels, resolve_backend
+from vllmlite.models.llama import LlamaModel
+from vllmlite.models.loader import LoadedModel, load_model
+from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
+from vllmlite.pooling_params import PoolingParams, PoolingType
 from vllmlite.sampling_params import SamplingParams
-from vllmlite.core.scheduler import Scheduler
-from vllmlite.worker.speculative import make_proposer
 from vllmlite.stats import EngineDebugSnapshot, EngineStats, KVOccupancy
 from vllmlite.threads import THREAD_ENV, THREAD_ENV_APPLIED
-from vllmlite.core.tracing import make_tracer
+from vllmlite.worker.runner import ModelRunner
+from vllmlite.worker.speculative import make_proposer
 
 logger = logging.getLogger(__name__)
 
