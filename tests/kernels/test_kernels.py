@@ -16,9 +16,9 @@ import pytest
 from conftest import engine_on, greedy, run_to_completion
 from gguf import GGMLQuantizationType, quants
 
-from vllmlite.kernels.attention_metadata import build_metadata
 from vllmlite.kernels import BACKENDS, blas, get_kernels, resolve_backend
-from vllmlite.kernels.numba_kernels import DECODE_PART
+from vllmlite.kernels.attention_metadata import build_metadata
+from vllmlite.kernels.numba.attention import DECODE_PART
 from vllmlite.kernels.quant import dequantize, from_gguf, quantize, tile
 
 REFERENCE = get_kernels("numpy")
@@ -231,11 +231,12 @@ def test_backend_is_chosen_by_name_or_environment(monkeypatch):
 WARM_UP_COVERAGE = """
 import vllmlite
 from vllmlite import LLM, SamplingParams
-from vllmlite.kernels import numba_kernels as nk
+from vllmlite.kernels.numba import attention, elementwise, linear
 from numba.core.registry import CPUDispatcher
 
 def signatures():
-    return {name: len(f.signatures) for name, f in vars(nk).items() if isinstance(f, CPUDispatcher)}
+    return {f"{m.__name__}.{name}": len(f.signatures) for m in (attention, elementwise, linear)
+            for name, f in vars(m).items() if isinstance(f, CPUDispatcher)}
 
 llm = LLM("random", quantization=QUANTIZATION, max_num_batched_tokens=32)   # warms up
 after_warm_up = signatures()

@@ -4,7 +4,7 @@ A backend is a module that defines every function of `Kernels` with the same arg
 writing into `out` or in place (no allocation the caller does not see):
 
     numpy  reference.py      the readable definition and the test oracle
-    numba  numba_kernels.py  compiled, cached on disk, the default
+    numba  numba/            compiled, cached on disk, the default
 
 The model calls `kernels.<op>(...)` on whatever `get_kernels()` returned and never imports a
 backend, so a new backend (a GPU one) is one more module and one more line in BACKENDS.
@@ -20,13 +20,13 @@ from typing import Protocol
 
 import numpy as np
 
-from vllmlite.kernels.attention_metadata import AttentionMetadata
 from vllmlite.config import KERNEL_BACKENDS
+from vllmlite.kernels.attention_metadata import AttentionMetadata
 from vllmlite.kernels.quant import QuantizedMatrix
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = {"numba": "vllmlite.kernels.numba_kernels", "numpy": "vllmlite.kernels.reference"}
+BACKENDS = {"numba": "vllmlite.kernels.numba", "numpy": "vllmlite.kernels.reference"}
 DEFAULT_BACKEND = KERNEL_BACKENDS[0]
 ENV_VAR = "VLLMLITE_KERNELS"
 
