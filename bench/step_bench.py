@@ -27,7 +27,8 @@ import numpy as np
 
 from bench.report import REPO_ROOT, machine_info, module_command
 from vllmlite.kernels.attention_metadata import build_metadata
-from vllmlite.kernels import get_kernels, resolve_backend
+from vllmlite.engine_args import EngineArgs
+from vllmlite.kernels import get_kernels
 from vllmlite.kernels.reference import linear  # BLAS: the GEMM-only bound
 from vllmlite.models.loader import load_model
 from vllmlite.models.llama import LlamaModel
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
     seqs, contexts, prompt_len, min_seconds = ([8, 32, 64], [128, 512, 2048], 512, 2.0) if not args.quick \
         else ([2, 4], [16, 40], 32, 0.05)
     loaded = load_model(args.model)
-    backends = [resolve_backend(name) for name in args.kernels.split(",")] if args.kernels else [resolve_backend()]
+    names = args.kernels.split(",") if args.kernels else [None]   # None: EngineArgs reads $VLLMLITE_KERNELS
+    backends = [EngineArgs(kernels=name).create_engine_config().kernel_backend for name in names]
     rng = np.random.default_rng(0)
     result = {"machine": machine_info(), "command": module_command("bench.step_bench", argv), "model": args.model,
               "kernels": backends, "kernel_warm_up_s": {}, "decode": [], "prefill": []}

@@ -16,6 +16,7 @@ import pytest
 from conftest import engine_on, greedy, run_to_completion
 from gguf import GGMLQuantizationType, quants
 
+from vllmlite.engine_args import EngineArgs
 from vllmlite.kernels import BACKENDS, blas, get_kernels, resolve_backend
 from vllmlite.kernels.attention_metadata import build_metadata
 from vllmlite.kernels.numba.attention import DECODE_PART
@@ -220,8 +221,9 @@ def test_paged_attention_matches_the_reference_at_model_scale(kernels, group, sh
 def test_backend_is_chosen_by_name_or_environment(monkeypatch):
     monkeypatch.delenv("VLLMLITE_KERNELS", raising=False)
     assert resolve_backend() == "numba"
-    monkeypatch.setenv("VLLMLITE_KERNELS", "numpy")
-    assert resolve_backend() == "numpy" and get_kernels() is REFERENCE
+    monkeypatch.setenv("VLLMLITE_KERNELS", "numpy")   # read by EngineArgs alone, into the engine's config
+    backend = EngineArgs(model="random").create_engine_config().kernel_backend
+    assert backend == "numpy" and get_kernels(backend) is REFERENCE
     assert resolve_backend("numba") == "numba"
     with pytest.raises(ValueError, match="kernels must be one of"):
         resolve_backend("cuda")

@@ -25,7 +25,7 @@ from vllmlite.core.tracing import make_tracer
 from vllmlite.engine.output_processor import OutputProcessor, StopStringHit
 from vllmlite.engine.processor import InputProcessor, NewRequest, Prompt
 from vllmlite.engine.request_limits import RequestLimits
-from vllmlite.kernels import get_kernels, resolve_backend
+from vllmlite.kernels import get_kernels
 from vllmlite.models.llama import LlamaModel
 from vllmlite.models.loader import LoadedModel, load_model
 from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
@@ -62,12 +62,12 @@ class LLMEngine:
         self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
                                    config.cache.preemption_mode, stop_ids,
                                    spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking)
-        kernels = get_kernels(config.kernels)
+        backend = config.kernel_backend
+        kernels = get_kernels(backend)
         model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
         self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
                                   proposer)
-        backend = resolve_backend(config.kernels)
         if backend != "numpy":  # numpy has nothing to compile; said before the wait, terminal or not
             logger.info("kernels: %s, compiling kernels (first start only, about 25 s on 2 quiet cores; "
                         "cached afterwards, 1-2 s)", backend)
@@ -179,7 +179,7 @@ class LLMEngine:
             spec.pop("model")
         values.update(max_model_len=self.max_model_len, num_blocks=self.block_manager.num_blocks,
                       num_host_blocks=self.block_manager.num_host_blocks, dtype=config.dtype, seed=config.seed,
-                      kernels=resolve_backend(config.kernels), quantization=config.weight_quantization,
+                      kernels=config.kernel_backend, quantization=config.weight_quantization,
                       pooling=config.pooling, speculative=spec)
         return values
 
