@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,6 +29,7 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 # isort: split
 import numpy as np
 
+from bench.measure import timed
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
 from vllmlite.config import ceil_div
 from vllmlite.kernels import blas, reference
@@ -61,13 +61,6 @@ def dense_kernels() -> SimpleNamespace:
     return SimpleNamespace(**functions, paged_attention=dense_paged_attention)
 
 
-def timed(fn) -> tuple[float, float]:
-    """(wall seconds, process CPU seconds) of fn()."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
 def interleaved(variants: dict, reps: int) -> dict:
     """Each variant once a round, in alternating order; per variant the median wall and CPU
     milliseconds and every round's wall time. Each variant runs once first, untimed (compiling,
@@ -80,9 +73,9 @@ def interleaved(variants: dict, reps: int) -> dict:
     for _ in range(reps):
         names.reverse()
         for name in names:
-            w, c = timed(variants[name])
-            wall[name].append(w)
-            cpu[name].append(c)
+            timing = timed(variants[name])
+            wall[name] += timing.wall_s
+            cpu[name] += timing.cpu_s
     return {name: {"median_ms": 1e3 * float(np.median(wall[name])), "median_cpu_ms": 1e3 * float(np.median(cpu[name])),
                    "rounds_ms": [1e3 * w for w in wall[name]]} for name in names}
 
