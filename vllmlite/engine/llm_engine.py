@@ -64,7 +64,8 @@ class LLMEngine:
                                    spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking)
         backend = config.kernel_backend
         kernels = get_kernels(backend)
-        model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
+        # The model the runner runs; public for tools that measure or spy on its forward pass.
+        self.model = model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
         self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
                                   proposer)
