@@ -71,7 +71,7 @@ class PreloadedLLM(LLM):
 def greedy_and_last_logits(llm: LLM, prompt_token_ids: list[int]) -> tuple[list[int], np.ndarray]:
     """The 32-token greedy continuation, and the logits [vocab] at the last prompt position, taken
     from the first forward pass (the whole prompt fits in one chunk; as tests/test_parity.py)."""
-    model = llm.engine.runner.model
+    model = llm.engine.model
     forward, captured = model.forward, []
 
     def spy(*args):

@@ -229,7 +229,7 @@ def test_a_schema_as_dict_or_text_shares_one_compile_and_keeps_its_property_orde
     engine = make_engine()
     outputs = run_to_completion(engine, [([1], SamplingParams(structured_outputs=a, max_tokens=40)),
                                          ([2], SamplingParams(structured_outputs=b, max_tokens=40))])
-    assert len(engine._grammar_compiler._cache) == 1
+    assert len(engine.input_processor._grammar_compiler._cache) == 1
     # properties come in the schema's order, not sorted (a sorted key once forced {"alpha"... first)
     assert [o.outputs[0].text for o in outputs] == ['{"zeta":1,"alpha":2}'] * 2
 

@@ -14,15 +14,16 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from vllmlite.config import SchedulerConfig, ceil_div
 from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.core.block_manager import BlockManager, PrefixHit
 from vllmlite.core.chunking import ChunkingPolicy, PrefillShare, StepLoad
-from vllmlite.config import SchedulerConfig, ceil_div
-from vllmlite.pooling_params import PoolingType
 from vllmlite.core.request import FinishReason, Request, RequestStatus, internal_error
 from vllmlite.core.request_queue import WaitingQueue
-from vllmlite.stats import KVOccupancy, SchedulerStats, SpecDecodeStats
+from vllmlite.core.stop import append_tokens
 from vllmlite.core.tracing import Tracer
+from vllmlite.pooling_params import PoolingType
+from vllmlite.stats import KVOccupancy, SchedulerStats, SpecDecodeStats
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -439,33 +440,9 @@ class Scheduler:
         self.running.append(fork)
 
     def _append_tokens(self, request: Request, token_ids: list[int], logprobs: list | None) -> None:
-        params = request.sampling_params
-        for i, token_id in enumerate(token_ids):
-            if request.grammar is not None and not request.grammar.accept(token_id):
-                # The sampler's mask makes this unreachable; were it reached, no invalid output.
-                self.finish(request, FinishReason.ERROR, error=f"the grammar rejected token {token_id}: "
-                            f"{request.grammar.error}")
-                return
-            request.append_token(token_id)
-            if logprobs is not None:
-                request.logprobs.append(logprobs[i])
-                request.cumulative_logprob += logprobs[i].logprob
-            reason, stop_reason = self._check_stop(request, token_id, params)
-            if reason is not None:
-                self.finish(request, reason, stop_reason)
-                return
-
-    def _check_stop(self, request: Request, token_id: int, params) -> tuple[FinishReason | None, object]:
-        if request.num_output_tokens >= params.min_tokens:
-            if token_id in (params.stop_token_ids or ()):
-                return FinishReason.STOP, token_id
-            if not params.ignore_eos and token_id in self.stop_token_ids:
-                return FinishReason.STOP, None
-        if request.grammar is not None and request.grammar.is_terminated:
-            return FinishReason.STOP, None  # complete, and nothing may follow: even with ignore_eos
-        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
-            return FinishReason.LENGTH, None
-        return None, None
+        stop = append_tokens(request, token_ids, logprobs, self.stop_token_ids, self.max_model_len)
+        if stop is not None:
+            self.finish(request, *stop)
 
 
 class _SpecDecodeCounts:

@@ -1,6 +1,6 @@
 """The numpy reference kernels: the readable definition of every hot operation, and the test oracle.
 
-Each function writes into `out` (or in place) like its compiled twin in `numba_kernels.py`, so the
+Each function writes into `out` (or in place) like its compiled twin in `numba/`, so the
 model calls both the same way. Plain numpy, no tricks: read these first.
 """
 
