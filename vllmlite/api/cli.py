@@ -20,7 +20,7 @@ from typing import Any
 from vllmlite.engine_args import EngineArgs, knob, parse_bytes
 from vllmlite.engine.metrics import DEFAULT_PREFIX
 from vllmlite.models.model_source import DEFAULT_ALIASES, RANDOM_MODEL
-from vllmlite.api.ray.routing import RoutingPolicy
+from vllmlite.api.routing_policy import RoutingPolicy
 
 ENV_PREFIX = "VLLMLITE_"
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"

@@ -60,7 +60,7 @@ from vllmlite.api.openai.tool_calls import (
     template_messages,
     tool_schema,
 )
-from vllmlite.engine.async_engine import RequestStream
+from vllmlite.engine.request_stream import RequestStream
 from vllmlite.tokenizer.chat_template import CALLER_TEXT_FIELDS, render_with_caller_spans, template_uses_tools
 from vllmlite.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
