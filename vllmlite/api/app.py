@@ -33,7 +33,6 @@ from vllmlite.api.errors import APIError, bad_request, error_body, from_validati
 from vllmlite.api.middleware import OPEN_PATHS, RequestGuard, header_timeout_protocol
 from vllmlite.api.openapi import GENERATE, GUARDED, install_openapi, route_doc
 from vllmlite.api.openai.protocol import (
-    MAX_NAME_CHARS,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -45,11 +44,11 @@ from vllmlite.api.openai.protocol import (
     EmbeddingResponse,
     ModelCard,
     ModelList,
-    SamplingFields,
     TokenizeRequest,
     TokenizeResponse,
     VersionResponse,
 )
+from vllmlite.api.openai.protocol_fields import MAX_NAME_CHARS, SamplingFields
 from vllmlite.api.openai.protocol_responses import STREAM_EVENTS, ResponsesRequest, ResponsesResponse
 from vllmlite.api.openai.serving import (
     Admission,

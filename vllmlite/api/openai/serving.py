@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from vllmlite.api.errors import APIError, bad_request, from_engine_error
-from vllmlite.api.openai.protocol import PromptLogprob, PromptLogprobs, PromptTokensDetails, SamplingFields, Usage
+from vllmlite.api.openai.protocol import PromptLogprob, PromptLogprobs, PromptTokensDetails, Usage
+from vllmlite.api.openai.protocol_fields import SamplingFields
 from vllmlite.engine.client import EngineClient
 from vllmlite.engine.request_stream import GenerateRequest, RequestStream
 from vllmlite.outputs import Logprob, PositionLogprobs, RequestOutput
