@@ -27,11 +27,9 @@ from starlette.types import Receive, Scope, Send
 
 from vllmlite import __version__
 from vllmlite.api.cli import ServerArgs
-from vllmlite.api.openai.constraints import is_constrained
-from vllmlite.api.ops.debug import add_stats_and_debug_routes
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
-from vllmlite.api.middleware import OPEN_PATHS, RequestGuard, header_timeout_protocol
-from vllmlite.api.openapi import GENERATE, GUARDED, install_openapi, route_doc
+from vllmlite.api.middleware import OPEN_PATHS, RequestGuard
+from vllmlite.api.openai.constraints import is_constrained
 from vllmlite.api.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -62,6 +60,8 @@ from vllmlite.api.openai.serving_chat import create_chat, prepare_chat, render_m
 from vllmlite.api.openai.serving_completions import create_completion, prepare_completion
 from vllmlite.api.openai.serving_embeddings import create_embeddings, prepare_embeddings
 from vllmlite.api.openai.serving_responses import chat_request, create_response, new_response_id, prepare_response
+from vllmlite.api.openapi import GENERATE, GUARDED, install_openapi, route_doc
+from vllmlite.api.ops.debug import add_stats_and_debug_routes
 from vllmlite.api.ops.web import add_web_routes
 from vllmlite.engine.client import EngineClient
 from vllmlite.engine.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE

@@ -29,8 +29,10 @@ def first_block_key(token_ids: Sequence[int], block_size: int, cache_salt: str |
     """The prefix-cache key of the prompt's first full block (`block_key(None, first block, salt)`,
     exactly the key the block manager publishes it under), or None for a prompt shorter than a block.
 
-    >>> first_block_key([1, 2, 3], 4) is None, first_block_key([1, 2, 3, 4, 5], 4) == first_block_key([1, 2, 3, 4, 9], 4)
-    (True, True)
+    >>> first_block_key([1, 2, 3], 4) is None
+    True
+    >>> first_block_key([1, 2, 3, 4, 5], 4) == first_block_key([1, 2, 3, 4, 9], 4)
+    True
     """
     if len(token_ids) < block_size:
         return None

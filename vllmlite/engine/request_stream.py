@@ -19,6 +19,8 @@ from vllmlite.engine.output_processor import coalesce_outputs
 from vllmlite.outputs import RequestOutput
 from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import SamplingParams
+
+
 @dataclass
 class GenerateRequest:
     """One request, already validated and tokenized by the caller."""

@@ -11,12 +11,12 @@ import pytest
 from conftest import skip_unless_ci
 
 from vllmlite.api.cli import ServerArgs
+from vllmlite.api.ray.routing import preference_order, routing_key
 from vllmlite.engine.client import EngineSummary
 from vllmlite.engine.exceptions import EngineDeadError, QueueFullError
+from vllmlite.engine.request_limits import RequestLimits
 from vllmlite.engine.request_stream import GenerateRequest
 from vllmlite.outputs import RequestOutput
-from vllmlite.engine.request_limits import RequestLimits
-from vllmlite.api.ray.routing import preference_order, routing_key
 from vllmlite.sampling_params import SamplingParams
 
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore::DeprecationWarning")]

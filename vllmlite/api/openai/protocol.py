@@ -40,6 +40,7 @@ from vllmlite.api.openai.protocol_tools import (
 )
 from vllmlite.sampling_params import MAX_LOGPROBS
 
+
 # JSON schemas of the fields whose Python type is wider than what they accept (a validator narrows
 # them): they document the accepted forms in /openapi.json; parsing stays the validators' job.
 def _token_ids_schema(max_items: int = MAX_PROMPT_TOKEN_IDS) -> dict:

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllmlite.api.openai.constraints import as_bad_request, make_constraint, request_constraint
 from vllmlite.api.errors import bad_request
+from vllmlite.api.openai.constraints import as_bad_request, make_constraint, request_constraint
 from vllmlite.api.openai.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -61,10 +61,10 @@ from vllmlite.api.openai.tool_calls import (
     tool_schema,
 )
 from vllmlite.engine.request_stream import RequestStream
-from vllmlite.tokenizer.chat_template import CALLER_TEXT_FIELDS, render_with_caller_spans, template_uses_tools
 from vllmlite.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import Tokenizer
+from vllmlite.tokenizer.chat_template import CALLER_TEXT_FIELDS, render_with_caller_spans, template_uses_tools
 
 TEMPLATE_AS_IS = "the model's chat template is rendered as it is"
 # Chat fields this server does not implement, checked after serving.UNSUPPORTED_FIELDS.
