@@ -22,7 +22,8 @@ from vllmlite.api.errors import APIError
 from vllmlite.api.openai.protocol import ChatMessage
 from vllmlite.api.openai.serving import ServingContext
 from vllmlite.api.openai.serving_chat import render_messages
-from vllmlite.engine.async_engine import AsyncLLMEngine, GenerateRequest
+from vllmlite.engine.async_engine import AsyncLLMEngine
+from vllmlite.engine.request_stream import GenerateRequest
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer.chat_template import CHATML_TEMPLATE, render_with_caller_spans
 

@@ -11,7 +11,8 @@ import pytest
 from conftest import greedy, make_prompts, run_to_completion
 from server_util import metric_value, wait_until
 
-from vllmlite.engine.async_engine import AsyncLLMEngine, GenerateRequest
+from vllmlite.engine.async_engine import AsyncLLMEngine
+from vllmlite.engine.request_stream import GenerateRequest
 from vllmlite.config import SchedulerConfig, ceil_div
 from vllmlite.engine.metrics import EngineMetrics
 from vllmlite.stats import ChunkingStats, EngineStats, SchedulerStats, SpecDecodeStats

@@ -16,7 +16,7 @@ import pytest
 from conftest import make_prompts, run_to_completion
 
 from vllmlite import LLM
-from vllmlite.engine.async_engine import GenerateRequest
+from vllmlite.engine.request_stream import GenerateRequest
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.worker.structured_output import GrammarCompiler, GrammarMasker, GrammarState, make_llg_tokenizer
 from vllmlite.structured_output_params import StructuredOutputsParams

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from vllmlite.engine.async_engine import (
+from vllmlite.engine.exceptions import (
     EngineDeadError,
     EngineDrainingError,
     QueueFullError,
