@@ -112,6 +112,19 @@ def test_admission_fills_the_token_budget_and_chunks_the_last_prompt_admitted():
     assert_drained(scheduler)
 
 
+def test_running_decodes_spend_the_budget_before_a_waiting_prompt():
+    """A decode's token comes out of the same step budget the next prompt's chunk is cut from."""
+    scheduler = make_scheduler(max_num_batched_tokens=10)
+    scheduler.add_request(make_request("decoding", 3))
+    step(scheduler)
+    scheduler.add_request(make_request("prompt", 20))
+    out, _ = step(scheduler)
+    assert scheduled_ids(out) == ["decoding", "prompt"]
+    assert [len(seq.token_ids) for seq in out.scheduled] == [1, 10 - 1]
+    run_until_done(scheduler)
+    assert_drained(scheduler)
+
+
 def test_admission_stops_at_max_num_seqs():
     """No more than max_num_seqs requests run at once, whatever the budget leaves."""
     scheduler = make_scheduler(max_num_seqs=2, max_num_batched_tokens=256)
