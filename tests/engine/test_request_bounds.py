@@ -2,8 +2,8 @@
 to max_tokens."""
 
 import pytest
-
 from conftest import run_to_completion
+
 from vllmlite.engine.request_limits import RequestLimits
 from vllmlite.sampling_params import SamplingParams
 
