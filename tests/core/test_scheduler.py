@@ -5,6 +5,7 @@ accounting is checked; a drained scheduler holds no block and no request state."
 from __future__ import annotations
 
 import math
+import zlib
 
 import numpy as np
 import pytest
@@ -33,10 +34,10 @@ def make_scheduler(*, num_blocks: int = 64, num_host_blocks: int = 0, prefix_cac
 
 def make_request(request_id: str, prompt: int | list[int], max_tokens: int = 16, client_id: str | None = None,
                  priority: int = 0, **params) -> Request:
-    """A request with `prompt` tokens (a count: distinct ids from the request id's hash), greedy,
-    SamplingParams fields by name."""
+    """A request with `prompt` tokens (a count: ids from the request id's hash, so two requests share
+    no prefix unless given the same list), greedy, SamplingParams fields by name."""
     if isinstance(prompt, int):
-        base = 1000 * (sum(map(ord, request_id)) % 50)
+        base = 1000 * zlib.crc32(request_id.encode())
         prompt = list(range(base, base + prompt))
     return Request(request_id=request_id, prompt_token_ids=prompt,
                    sampling_params=SamplingParams(temperature=0.0, max_tokens=max_tokens, **params),
@@ -250,10 +251,13 @@ def test_several_swapped_requests_come_back_oldest_first():
     assert [r.request_id for r in scheduler.swapped] == ["b", "c"]
     scheduler.abort_requests(["a"])
     back: list[str] = []
+    num_swapped_in = 0
     while scheduler.swapped or not back:
         out, _ = step(scheduler)
         back += [sid for sid in scheduled_ids(out) if sid in "bc" and sid not in back]
+        num_swapped_in += len(out.blocks_to_swap_in)
     assert back == ["b", "c"]
+    assert num_swapped_in > 0  # their KV came back from the host, not recomputed
     run_until_done(scheduler)
     assert_drained(scheduler)
 
