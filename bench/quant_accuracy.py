@@ -40,9 +40,9 @@ from bench.report import REPO_ROOT, machine_info, module_command, write_json
 from vllmlite import LLM, SamplingParams
 from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, ceil_div
 from vllmlite.engine.llm_engine import LLMEngine
+from vllmlite.kernels.quant import dequantize
 from vllmlite.models.loader import LoadedModel, Matrix, ModelWeights, load_model, quantize_weights
 from vllmlite.models.model_source import resolve_model
-from vllmlite.kernels.quant import dequantize
 
 GOLDENS = REPO_ROOT / "tests" / "goldens"
 TEXT = REPO_ROOT / "bench" / "data" / "coriolanus.txt"

@@ -19,8 +19,8 @@ from conftest import assert_no_leaks, engine_on, greedy, make_prompts, run_to_co
 from server_util import running_server, wait_until
 
 from vllmlite.engine.exceptions import EngineDeadError
-from vllmlite.engine.request_stream import GenerateRequest
 from vllmlite.engine.llm_engine import LLMEngine
+from vllmlite.engine.request_stream import GenerateRequest
 from vllmlite.sampling_params import SamplingParams
 
 POISON = "poison"

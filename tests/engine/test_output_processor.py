@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from vllmlite.engine.output_processor import OutputProcessor, StopStringHit
 from vllmlite.core.request import FinishReason, Request, RequestStatus
-from vllmlite.worker.sampling import make_generator
+from vllmlite.engine.output_processor import OutputProcessor, StopStringHit
 from vllmlite.sampling_params import SamplingParams
+from vllmlite.worker.sampling import make_generator
 
 PROMPT = [ord(c) for c in "hi"]
 

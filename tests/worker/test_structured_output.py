@@ -18,9 +18,9 @@ from conftest import make_prompts, run_to_completion
 from vllmlite import LLM
 from vllmlite.engine.request_stream import GenerateRequest
 from vllmlite.sampling_params import SamplingParams
-from vllmlite.worker.structured_output import GrammarCompiler, GrammarMasker, GrammarState, make_llg_tokenizer
 from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.tokenizer import ByteTokenizer
+from vllmlite.worker.structured_output import GrammarCompiler, GrammarMasker, GrammarState, make_llg_tokenizer
 
 SCHEMAS = {
     "flat": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},

@@ -25,7 +25,6 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from vllmlite import __version__
 from vllmlite.api.cli import ServerArgs
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
 from vllmlite.api.middleware import OPEN_PATHS, RequestGuard
@@ -65,6 +64,7 @@ from vllmlite.api.ops.debug import add_stats_and_debug_routes
 from vllmlite.api.ops.web import add_web_routes
 from vllmlite.engine.client import EngineClient
 from vllmlite.engine.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from vllmlite.version import __version__
 
 logger = logging.getLogger("vllmlite.api.server")  # one logger for the server, app and process
 Model = TypeVar("Model", bound=BaseModel)

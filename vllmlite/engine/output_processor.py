@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from vllmlite.tokenizer.detokenizer import IncrementalDetokenizer
+from vllmlite.core.request import FinishReason, Request, internal_error
 from vllmlite.outputs import (
     CompletionOutput,
     EmbeddingOutput,
@@ -28,10 +28,10 @@ from vllmlite.outputs import (
     RequestOutput,
 )
 from vllmlite.pooling_params import finish_embedding
-from vllmlite.core.request import FinishReason, Request, internal_error
-from vllmlite.worker.sampling import TokenLogprobs
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import Tokenizer
+from vllmlite.tokenizer.detokenizer import IncrementalDetokenizer
+from vllmlite.worker.sampling import TokenLogprobs
 
 logger = logging.getLogger(__name__)
 

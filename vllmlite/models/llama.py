@@ -12,12 +12,12 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
 from vllmlite.config import ModelConfig
 from vllmlite.kernels import Kernels, get_kernels
+from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
+from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 from vllmlite.models.loader import Matrix, ModelWeights
 from vllmlite.progress import progress
-from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 
 KVCache = list[tuple[np.ndarray, np.ndarray]]  # per layer (K, V), each [num_slots, kv_heads, head_dim]
 WARM_UP_TOKENS = 20  # warm_up's longest prompt: past the few-token/BLAS switch of the linear layers
