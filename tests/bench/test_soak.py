@@ -27,8 +27,10 @@ def test_soak_leaves_nothing_behind_and_every_answer_checks_out(report):
                         report["alone"]["greedy"]["mismatches"][:3], report["shutdown"])
     client = report["counts"]["client"]
     assert sum(client.values()) == NUM_REQUESTS
-    # The mix really cut requests short both ways, and enough greedy answers were re-run alone.
-    assert client["disconnected"] > 0.1 * NUM_REQUESTS and client["timed_out"] > 0.01 * NUM_REQUESTS
+    # The mix really cut requests short both ways, and enough greedy answers were re-run alone. How
+    # many of the ~5% given a 0.01-0.4 s read timeout outlast it depends on the machine's speed (4 of
+    # 400 on this project's 2-core AMD EPYC when quiet, more under load), so only that some did is asserted.
+    assert client["disconnected"] > 0.1 * NUM_REQUESTS and client["timed_out"] > 0
     assert report["counts"]["admitted_then_cut"] > 0
     assert report["alone"]["greedy"]["checked"] > 0.2 * NUM_REQUESTS
 
