@@ -18,8 +18,8 @@ import numpy as np
 from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.core.block_manager import BlockManager
 from vllmlite.core.chunking import ChunkingPolicy
-from vllmlite.config import EngineConfig
-from vllmlite.kernels import get_kernels, resolve_backend
+from vllmlite.config import DTYPE_BYTES, EngineConfig
+from vllmlite.kernels import TORCH_BACKEND, get_kernels, resolve_backend
 from vllmlite.models.loader import LoadedModel, load_model
 from vllmlite.models.llama import LlamaModel
 from vllmlite.engine.output_processor import OutputProcessor, StopStringHit
@@ -53,14 +53,14 @@ class _Compiling(NamedTuple):
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        loaded = loaded or load_model(config.model, config.dtype, config.seed, config.weight_quantization)
+        loaded = loaded or load_model(config.model, config.load_dtype, config.seed, config.weight_quantization)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source
         sched = config.scheduler
         self.max_model_len = min(sched.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)
-        itemsize = np.dtype(config.dtype).itemsize
+        itemsize = DTYPE_BYTES[config.dtype]
         bytes_per_block = loaded.config.kv_bytes_per_token(itemsize) * config.cache.block_size
         num_blocks = config.cache.resolve_num_blocks(bytes_per_block)
         num_host_blocks = config.cache.resolve_num_host_blocks(bytes_per_block)
@@ -73,13 +73,13 @@ class LLMEngine:
         self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
                                    config.cache.preemption_mode, stop_ids,
                                    spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking)
-        kernels = get_kernels(config.kernels)
+        backend = TORCH_BACKEND if config.uses_torch else resolve_backend(config.kernels)
+        kernels = get_kernels(backend, config.device, config.dtype)
         model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
         self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
                                   proposer)
-        backend = resolve_backend(config.kernels)
-        if backend != "numpy":  # numpy has nothing to compile; said before the wait, terminal or not
+        if backend == "numba":  # the others have nothing to compile; said before the wait, terminal or not
             logger.info("kernels: %s, compiling kernels (first start only, about 25 s on 2 quiet cores; "
                         "cached afterwards, 1-2 s)", backend)
         logger.info("kernels: %s, ready in %.1f s (compiled, or loaded from the on-disk cache)",

@@ -18,6 +18,7 @@ from numba import njit, prange
 
 from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionMetadata
 from vllmlite.kernels import blas, reference
+from vllmlite.kernels.reference import copy_slots, empty, host_zeros, to_device, to_numpy, zeros  # noqa: F401 (numpy memory)
 from vllmlite.kernels.prefill_attention import prepare_chunk
 from vllmlite.kernels.quant import BLOCK, TILE, QuantizedMatrix
 

@@ -14,6 +14,23 @@ from vllmlite.kernels.attention_metadata import AttentionGroup, AttentionMetadat
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 
 
+# Where arrays live: numpy's memory, so these are numpy itself (see Kernels in __init__.py).
+zeros, empty, host_zeros = np.zeros, np.empty, np.zeros
+
+
+def to_device(array: np.ndarray | QuantizedMatrix, dtype=None) -> np.ndarray | QuantizedMatrix:
+    """The array itself (numpy memory is this backend's), in `dtype` when one is given."""
+    return array if dtype is None else np.asarray(array, dtype=dtype)
+
+
+def to_numpy(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x)
+
+
+def copy_slots(src: np.ndarray, dst: np.ndarray, src_slots: np.ndarray, dst_slots: np.ndarray) -> None:
+    dst[dst_slots] = src[src_slots]
+
+
 def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray) -> None:
     """out = x @ weight.T: x [tokens, in], weight [out, in], out [tokens, out]. A quantized weight
     means its dequantized float32 matrix (vllmlite/kernels/quant.py).

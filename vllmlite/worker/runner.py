@@ -30,12 +30,14 @@ class ModelRunner:
         self.stop_token_ids = stop_token_ids
         self.sampler = Sampler()
         self.proposer = proposer
+        k = self.kernels = model.kernels
         shape = (num_blocks * block_size, c.num_kv_heads, c.head_dim)
-        # np.zeros maps pages lazily, so an unused part of a large budget costs no RAM.
-        self.kv_cache = [(np.zeros(shape, model.dtype), np.zeros(shape, model.dtype))
+        # Where the model computes; numpy's zeros map pages lazily, so an unused part of a large budget
+        # costs no RAM.
+        self.kv_cache = [(k.zeros(shape, model.dtype), k.zeros(shape, model.dtype))
                          for _ in range(c.num_layers)]       # per layer: [slots, kv_heads, head_dim]
         host_shape = (num_host_blocks * block_size, c.num_kv_heads, c.head_dim)
-        self.host_cache = [(np.zeros(host_shape, model.dtype), np.zeros(host_shape, model.dtype))
+        self.host_cache = [(k.host_zeros(host_shape, model.dtype), k.host_zeros(host_shape, model.dtype))
                            for _ in range(c.num_layers)] if num_host_blocks else []
         self.num_forward_passes = 0
         self.grammar_masker: GrammarMasker | None = None  # made when a constrained request first samples
@@ -188,8 +190,8 @@ class ModelRunner:
             src = self._slots([p[0] for p in pairs])
             dst = self._slots([p[1] for p in pairs])
             for (src_k, src_v), (dst_k, dst_v) in zip(src_of, dst_of):
-                dst_k[dst] = src_k[src]
-                dst_v[dst] = src_v[src]
+                self.kernels.copy_slots(src_k, dst_k, src, dst)
+                self.kernels.copy_slots(src_v, dst_v, src, dst)
 
     def _slots(self, block_ids: list[int]) -> np.ndarray:
         """Every slot of the given blocks: [2, 5] with block_size 2 -> [4, 5, 10, 11]."""
