@@ -66,11 +66,14 @@ def our_model(hf) -> LoadedModel:
                          num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
                          max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
                          rope_theta=500000.0, tie_word_embeddings=c.tie_word_embeddings)
-    layers = [LayerWeights(l.input_layernorm.weight.data,
-                           torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight]).data,
-                           None, l.self_attn.o_proj.weight.data, l.post_attention_layernorm.weight.data,
-                           torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight]).data, l.mlp.down_proj.weight.data)
-              for l in m.layers]
+    def fused(*linears) -> torch.Tensor:
+        return torch.cat([linear.weight for linear in linears]).data
+
+    layers = [LayerWeights(layer.input_layernorm.weight.data,
+                           fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), None,
+                           layer.self_attn.o_proj.weight.data, layer.post_attention_layernorm.weight.data,
+                           fused(layer.mlp.gate_proj, layer.mlp.up_proj), layer.mlp.down_proj.weight.data)
+              for layer in m.layers]
     embed = m.embed_tokens.weight.data
     lm_head = embed if c.tie_word_embeddings else hf.lm_head.weight.data
     return LoadedModel(config, ModelWeights(embed, layers, m.norm.weight.data, lm_head, None), ByteTokenizer(), "random")

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from vllmlite.worker.structured_output import make_llg_tokenizer
 from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.tokenizer import HFTokenizer
+from vllmlite.worker.structured_output import make_llg_tokenizer
 
 
 class GrammarBackend(Protocol):

@@ -25,12 +25,13 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 # isort: split
 import numpy as np
 
+from bench.measure import timed
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
 from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.engine_args import EngineArgs
 from vllmlite.sampling_params import SamplingParams
-from vllmlite.worker.structured_output import GrammarMasker, GrammarState
 from vllmlite.structured_output_params import StructuredOutputsParams
+from vllmlite.worker.structured_output import GrammarMasker, GrammarState
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "email", "tags"],
           "properties": {"name": {"type": "string", "maxLength": 40},
@@ -47,16 +48,13 @@ class _Timer:
         self.seconds, self.calls, self.results = 0.0, 0, []
         original = getattr(cls, name)
 
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                result = original(*args, **kwargs)
-                self.results.append(result)
-                return result
-            finally:
-                self.seconds += time.perf_counter() - start
-                self.calls += 1
-        setattr(cls, name, timed)
+        def timed_method(*args, **kwargs):
+            timing = timed(lambda: original(*args, **kwargs))
+            self.seconds += timing.wall_s[0]
+            self.calls += 1
+            self.results.append(timing.result)
+            return timing.result
+        setattr(cls, name, timed_method)
         self.restore = lambda: setattr(cls, name, original)
 
 

@@ -1,5 +1,6 @@
-"""What the offline benchmark measures: KV occupancy after every step (`LLMEngine.kv_occupancy()`),
-per-request latency records, and one summary per row. Reads engine stats and outputs; never changes them.
+"""What the benchmarks measure: the time of a call (`timed`, shared by every bench), KV occupancy after
+every step (`LLMEngine.kv_occupancy()`), per-request latency records, and one summary per row. Reads
+engine stats and outputs; never changes them.
 """
 
 from __future__ import annotations
@@ -7,12 +8,47 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
 from vllmlite.outputs import RequestOutput
 from vllmlite.stats import KVOccupancy
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Each timed call of a function: wall and process-CPU seconds, and what the last call returned."""
+
+    wall_s: list[float]
+    cpu_s: list[float]
+    result: Any = None
+
+    @property
+    def median_s(self) -> float:
+        return float(np.median(self.wall_s))
+
+    @property
+    def mean_s(self) -> float:
+        return float(np.mean(self.wall_s))
+
+
+def timed(fn: Callable[[], Any], *, reps: int = 1, min_seconds: float = 0.0, warm_up: bool = False) -> Timing:
+    """Time fn(): `reps` calls at least, and more until `min_seconds` have passed; with `warm_up`,
+    one untimed call first (compiling, first touches of memory)."""
+    if warm_up:
+        fn()
+    wall_s, cpu_s, result = [], [], None
+    start = time.perf_counter()
+    while len(wall_s) < reps or time.perf_counter() - start < min_seconds:
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = fn()
+        wall_s.append(time.perf_counter() - wall)
+        cpu_s.append(time.process_time() - cpu)
+    return Timing(wall_s, cpu_s, result)
 
 
 @dataclass

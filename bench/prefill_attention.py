@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,13 +29,16 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 # isort: split
 import numpy as np
 
+from bench.measure import timed
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
-from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
 from vllmlite.config import ceil_div
-from vllmlite.kernels import blas, numba_kernels, reference
+from vllmlite.kernels import blas, reference
+from vllmlite.kernels import numba as numba_kernels
+from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
+from vllmlite.kernels.numba import attention as numba_attention
 from vllmlite.kernels.prefill_attention import TILE_QUERIES, attend_chunk
-from vllmlite.models.loader import LoadedModel, load_model
 from vllmlite.models.llama import LlamaModel
+from vllmlite.models.loader import LoadedModel, load_model
 
 BLOCK_SIZE = 16
 
@@ -45,25 +47,17 @@ def dense_paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarra
                           out: np.ndarray) -> None:
     """The numba backend's paged_attention with each long chunk through the dense reference."""
     scale = q.dtype.type(1.0 / np.sqrt(q.shape[-1]))
-    parts = numba_kernels._decode_parts(meta.query_start, meta.seq_lens)
-    numba_kernels._paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
-                                   meta.block_size, numba_kernels.MAX_BATCHED_QUERY_LEN, scale, *parts, out)
+    parts = numba_attention._decode_parts(meta.query_start, meta.seq_lens)
+    numba_attention._paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
+                                     meta.block_size, numba_attention.MAX_BATCHED_QUERY_LEN, scale, *parts, out)
     for group in meta.long_groups:
         reference.attend_group(q, k_cache, v_cache, group, meta.block_size, out)
 
 
 def dense_kernels() -> SimpleNamespace:
     """The numba backend with `dense_paged_attention` in place of its own."""
-    functions = {name: getattr(numba_kernels, name) for name in
-                 ("linear", "rms_norm", "add_rms_norm", "rope", "silu_and_mul", "write_kv")}
-    return SimpleNamespace(**functions, paged_attention=dense_paged_attention)
-
-
-def timed(fn) -> tuple[float, float]:
-    """(wall seconds, process CPU seconds) of fn()."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
+    functions = {name: getattr(numba_kernels, name) for name in numba_kernels.__all__}
+    return SimpleNamespace(**{**functions, "paged_attention": dense_paged_attention})
 
 
 def interleaved(variants: dict, reps: int) -> dict:
@@ -78,9 +72,9 @@ def interleaved(variants: dict, reps: int) -> dict:
     for _ in range(reps):
         names.reverse()
         for name in names:
-            w, c = timed(variants[name])
-            wall[name].append(w)
-            cpu[name].append(c)
+            timing = timed(variants[name])
+            wall[name] += timing.wall_s
+            cpu[name] += timing.cpu_s
     return {name: {"median_ms": 1e3 * float(np.median(wall[name])), "median_cpu_ms": 1e3 * float(np.median(cpu[name])),
                    "rounds_ms": [1e3 * w for w in wall[name]]} for name in names}
 

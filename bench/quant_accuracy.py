@@ -40,9 +40,9 @@ from bench.report import REPO_ROOT, machine_info, module_command, write_json
 from vllmlite import LLM, SamplingParams
 from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig, ceil_div
 from vllmlite.engine.llm_engine import LLMEngine
+from vllmlite.kernels.quant import dequantize
 from vllmlite.models.loader import LoadedModel, Matrix, ModelWeights, load_model, quantize_weights
 from vllmlite.models.model_source import resolve_model
-from vllmlite.kernels.quant import dequantize
 
 GOLDENS = REPO_ROOT / "tests" / "goldens"
 TEXT = REPO_ROOT / "bench" / "data" / "coriolanus.txt"
@@ -71,7 +71,7 @@ class PreloadedLLM(LLM):
 def greedy_and_last_logits(llm: LLM, prompt_token_ids: list[int]) -> tuple[list[int], np.ndarray]:
     """The 32-token greedy continuation, and the logits [vocab] at the last prompt position, taken
     from the first forward pass (the whole prompt fits in one chunk; as tests/test_parity.py)."""
-    model = llm.engine.runner.model
+    model = llm.engine.model
     forward, captured = model.forward, []
 
     def spy(*args):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
@@ -23,20 +22,13 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 import gguf
 import numpy as np
 
+from bench.measure import timed
 from bench.report import REPO_ROOT, machine_info, module_command
 from vllmlite.kernels import get_kernels
-from vllmlite.models.model_source import resolve_model
 from vllmlite.kernels.quant import dequantize, from_gguf, tile
+from vllmlite.models.model_source import resolve_model
 
 MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-
-
-def timed(fn, reps: int = 3) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - start) / reps
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -66,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
         row = {"tokens": num_tokens}
         for name, weights in (("quantized_s", quantized), ("float32_s", floats)):
             row[name] = timed(lambda ws=weights: [kernels.linear(xs[w.shape[1]], w, o) for w, o in zip(ws, outs)],
-                              reps)
+                              reps=reps, warm_up=True).mean_s
         row["ratio"] = row["quantized_s"] / row["float32_s"]
         rows.append(row)
         print(f"{num_tokens:3d} tokens: quantized {row['quantized_s'] * 1e3:7.1f} ms, "

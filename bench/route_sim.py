@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
-from vllmlite.core.block_manager import BlockManager
 from vllmlite.api.ray.routing import Router, RoutingPolicy, request_cost, routing_key
+from vllmlite.core.block_manager import BlockManager
 
 BLOCK_SIZE = 16
 VOCAB = 49152

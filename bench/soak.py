@@ -24,13 +24,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.report import REPO_ROOT, ProgressBar, machine_info, module_command, write_json
 from bench.serve.targets import OURS, Target, memory_mib, start
 from bench.soak_client import Outcome, SoakRequest, differences, make_mix, send, validate
 
 IDLE_TIMEOUT_S = 120.0
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
 
 
 @dataclass
@@ -56,14 +56,15 @@ class Checkpoint:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """`name{labels}` -> value for every sample of a Prometheus text exposition (buckets left out)."""
+    """`name{labels}` -> value for every sample of a Prometheus text exposition, read with
+    prometheus_client's parser (as the tests read /metrics); buckets and the model_name label left out."""
     values = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and not match.group(1).endswith("_bucket"):
-            labels = ",".join(p for p in (match.group(2) or "").split(",") if not p.startswith("model_name="))
-            values[match.group(1).removeprefix("vllmlite:") + (f"{{{labels}}}" if labels else "")] = \
-                float(match.group(3))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                continue
+            labels = ",".join(f'{k}="{v}"' for k, v in sample.labels.items() if k != "model_name")
+            values[sample.name.removeprefix("vllmlite:") + (f"{{{labels}}}" if labels else "")] = sample.value
     return values
 
 

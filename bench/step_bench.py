@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
@@ -25,12 +24,14 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 # isort: split
 import numpy as np
 
+from bench.measure import timed
 from bench.report import REPO_ROOT, machine_info, module_command
+from vllmlite.engine_args import EngineArgs
+from vllmlite.kernels import get_kernels
 from vllmlite.kernels.attention_metadata import build_metadata
-from vllmlite.kernels import get_kernels, resolve_backend
 from vllmlite.kernels.reference import linear  # BLAS: the GEMM-only bound
-from vllmlite.models.loader import load_model
 from vllmlite.models.llama import LlamaModel
+from vllmlite.models.loader import load_model
 
 BLOCK_SIZE = 16
 
@@ -47,15 +48,9 @@ def gemm_only(model: LlamaModel, num_tokens: int, num_logits: int) -> None:
     linear(buf.hidden[:num_logits], w.lm_head, np.empty((w.lm_head.shape[0], num_logits), model.dtype).T)
 
 
-def timed(fn, min_seconds: float, min_reps: int = 3) -> float:
-    """Median seconds of fn() over at least `min_reps` calls and `min_seconds`, after one untimed call."""
-    fn()
-    times, start = [], time.perf_counter()
-    while len(times) < min_reps or time.perf_counter() - start < min_seconds:
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
+def median_seconds(fn, min_seconds: float) -> float:
+    """Median seconds of fn() over at least 3 calls and `min_seconds`, after one untimed call."""
+    return timed(fn, reps=3, min_seconds=min_seconds, warm_up=True).median_s
 
 
 def kv_for(model: LlamaModel, num_seqs: int, context: int, rng: np.random.Generator):
@@ -76,8 +71,8 @@ def decode_row(model: LlamaModel, num_seqs: int, context: int, min_seconds: floa
     meta = build_metadata([1] * num_seqs, [context + 1] * num_seqs, tables, BLOCK_SIZE)
     input_ids = rng.integers(0, model.config.vocab_size, num_seqs)
     rows = np.arange(num_seqs)
-    forward = timed(lambda: model.forward(input_ids, meta, kv, rows), min_seconds)
-    gemm = timed(lambda: gemm_only(model, num_seqs, num_seqs), min_seconds)
+    forward = median_seconds(lambda: model.forward(input_ids, meta, kv, rows), min_seconds)
+    gemm = median_seconds(lambda: gemm_only(model, num_seqs, num_seqs), min_seconds)
     return {"num_seqs": num_seqs, "context": context, "forward_s": forward, "gemm_only_s": gemm,
             "ratio": forward / gemm, "tokens_per_s": num_seqs / forward}
 
@@ -87,8 +82,8 @@ def prefill_row(model: LlamaModel, prompt_len: int, min_seconds: float, rng) -> 
     meta = build_metadata([prompt_len], [prompt_len], tables, BLOCK_SIZE)
     input_ids = rng.integers(0, model.config.vocab_size, prompt_len)
     rows = np.array([prompt_len - 1])
-    forward = timed(lambda: model.forward(input_ids, meta, kv, rows), min_seconds)
-    gemm = timed(lambda: gemm_only(model, prompt_len, 1), min_seconds)
+    forward = median_seconds(lambda: model.forward(input_ids, meta, kv, rows), min_seconds)
+    gemm = median_seconds(lambda: gemm_only(model, prompt_len, 1), min_seconds)
     return {"prompt_len": prompt_len, "forward_s": forward, "gemm_only_s": gemm,
             "tokens_per_s": prompt_len / forward, "gemm_only_tokens_per_s": prompt_len / gemm,
             "fraction_of_gemm_rate": gemm / forward}
@@ -106,7 +101,8 @@ def main(argv: list[str] | None = None) -> dict:
     seqs, contexts, prompt_len, min_seconds = ([8, 32, 64], [128, 512, 2048], 512, 2.0) if not args.quick \
         else ([2, 4], [16, 40], 32, 0.05)
     loaded = load_model(args.model)
-    backends = [resolve_backend(name) for name in args.kernels.split(",")] if args.kernels else [resolve_backend()]
+    names = args.kernels.split(",") if args.kernels else [None]   # None: EngineArgs reads $VLLMLITE_KERNELS
+    backends = [EngineArgs(kernels=name).create_engine_config().kernel_backend for name in names]
     rng = np.random.default_rng(0)
     result = {"machine": machine_info(), "command": module_command("bench.step_bench", argv), "model": args.model,
               "kernels": backends, "kernel_warm_up_s": {}, "decode": [], "prefill": []}

@@ -30,13 +30,13 @@ import numpy as np
 
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
 from vllmlite.core.batch import ScheduledSequence, SchedulerOutput
+from vllmlite.core.request import FinishReason, Request
+from vllmlite.core.tracing import RequestTracer, Tracer
 from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.engine_args import EngineArgs
 from vllmlite.models.loader import LoadedModel, load_model
-from vllmlite.core.request import FinishReason, Request
-from vllmlite.worker.sampling import make_generator
 from vllmlite.sampling_params import SamplingParams
-from vllmlite.core.tracing import RequestTracer, Tracer
+from vllmlite.worker.sampling import make_generator
 
 SHARED_PREFIX = 64  # tokens every other prompt starts with
 

@@ -1,21 +1,31 @@
-"""Regenerate README.md's benchmark section from the raw JSON in results/.
+"""Regenerate the benchmark numbers in docs/benchmarks.md and README.md from the raw JSON in results/.
 
-    python -m bench.update_readme             # rewrite README.md's section
-    python -m bench.update_readme --print     # print it instead
+    python -m bench.update_readme             # rewrite both generated blocks
+    python -m bench.update_readme --print     # print them instead
+    python -m bench.update_readme --check     # exit 1 if either file is not what results/ gives
 
-Everything between `<!-- bench:start -->` and `<!-- bench:end -->` is rewritten; the numbers come
-only from results/*.json, with the machine, command and date each file records.
+Two blocks are rewritten, each between its markers: every table, in docs/benchmarks.md between
+`<!-- bench:start -->` and `<!-- bench:end -->`; the few headline ratios, in README.md between
+`<!-- headline:start -->` and `<!-- headline:end -->`. The numbers come only from results/*.json,
+with the machine, command, date and commit each file records; the text around the markers is
+written by hand.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
-from bench.report import REPO_ROOT, side_by_side, sweep_claims
+from bench.report import LLAMA_PREFIX, OURS_DEFAULT, REPO_ROOT, side_by_side, sweep_claims
 
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+HEADLINE_START, HEADLINE_END = "<!-- headline:start -->", "<!-- headline:end -->"
+BENCHMARKS_MD = REPO_ROOT / "docs" / "benchmarks.md"
+README_MD = REPO_ROOT / "README.md"
 
 
 def _machine_line(report: dict) -> str:
@@ -97,8 +107,8 @@ def serve_sweep_section(report: dict) -> list[str]:
     lines += ["", "Our server against llama-server's best `--parallel` at each arrival, from the table above:",
               ""] + sweep_claims(report)
     lines += ["", "Plots from the same JSON (`python -m bench.serve.plot`): "
-              "[latency vs throughput](results/serve_sweep_pareto.png), "
-              "[TTFT vs arrival rate](results/serve_sweep_ttft_vs_rate.png)."]
+              "[latency vs throughput](../results/serve_sweep_pareto.png), "
+              "[TTFT vs arrival rate](../results/serve_sweep_ttft_vs_rate.png)."]
     return lines
 
 
@@ -223,34 +233,243 @@ def chunking_section(report: dict) -> list[str]:
     return lines
 
 
-SECTIONS = [("bench_offline.json", offline_section), ("bench_spec.json", spec_section),
-            ("serve_sweep.json", serve_sweep_section), ("serve_shared_prefix.json", serve_shared_prefix_section),
-            ("serve_single_stream.json", serve_single_stream_section),
-            ("serve_burst_repeat.json", serve_burst_repeat_section),
-            ("bench_step.json", step_section), ("quant_speed.json", quant_speed_section),
-            ("quant_accuracy.json", quant_accuracy_section), ("bench_chunking.json", chunking_section)]
+def prefill_attention_section(report: dict) -> list[str]:
+    lines = ["### Long-prompt attention: BLAS tiles vs the dense masked product (`python -m bench.prefill_attention`)",
+             "", _machine_line(report), "",
+             f"Dense and tiled interleaved in one run, {report['reps']} rounds each, medians; the tiles are causal "
+             f"tiles of {report['default_tile']} queries (`backend` is what the engine picks).", "",
+             "| prompt tokens | one layer's attention: dense ms | tiled ms | x | whole prefill: dense s | tiled s | x "
+             "| same greedy token | max logit diff |", "|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    prefill = {r["num_tokens"]: r for r in report["prefill"]}
+    for a in report["attention_one_layer"]:
+        p = prefill.get(a["num_tokens"])
+        whole = (f"{p['dense']['median_ms'] / 1e3:.1f} | {p['tiled']['median_ms'] / 1e3:.1f} | "
+                 f"{p['ratio_dense_over_tiled']:.2f}x | {p['same_greedy_token']} | {p['max_abs_logit_diff']:.1e}"
+                 if p else "- | - | - | - | -")
+        lines.append(f"| {a['num_tokens']} | {a['dense']['median_ms']:.1f} | {a['backend']['median_ms']:.1f} | "
+                     f"{a['ratio_dense_over_tiles']['backend']:.1f}x | {whole} |")
+    return lines
 
 
-def main() -> None:
-    blocks = []
-    for name, render in SECTIONS:
-        path = REPO_ROOT / "results" / name
-        if path.is_file():
-            blocks += render(json.loads(path.read_text())) + [""]
+def quant_matrices_section(report: dict) -> list[str]:
+    lines = ["### Quantized matrices alone: the GGUF's blocks vs float32 (`python -m bench.quant_bench`)", "",
+             _machine_line(report), "",
+             "One pass over every matrix of the default model as its GGUF stores them (Q4_1 layers, Q8_0 LM "
+             "head) against the same matrices dequantized to float32, at each number of tokens a step; under "
+             "1.00x the quantized kernels are faster.", "",
+             "| tokens a step | quantized ms | float32 ms | quantized / float32 |", "|---:|---:|---:|---:|"]
+    lines += [f"| {r['tokens']} | {r['quantized_s'] * 1e3:.1f} | {r['float32_s'] * 1e3:.1f} | {r['ratio']:.2f}x |"
+              for r in report["rows"]]
+    return lines
+
+
+def trace_overhead_section(report: dict) -> list[str]:
+    m = report["machine"]
+    lines = ["### Request tracing on vs off (`python -m bench.trace_overhead`)", "",
+             _machine_line(report) + f" Load average at start / end: {m['loadavg_start'][0]:.1f} / "
+             f"{m.get('loadavg_end', [math.nan])[0]:.1f} (2 cores).", "",
+             f"Model `{report['model']}`; two engines stepped in turn on the same workload, one traced and one not; "
+             "the control runs two untraced engines the same way. Ratios are on / off (control: off / off).", "",
+             "| scenario | median step ms (off / on) | whole-run time ratio, median of rounds | median per-step ratio |",
+             "|---|---|---:|---:|"]
+    for name, sc in report["scenarios"].items():
+        s = sc["summary"]
+        lines.append(f"| {name} | {s['median_step_ms_off']:.1f} / {s['median_step_ms_on']:.1f} | "
+                     f"{s['median_ratio_on_over_off']:.3f} | {s['median_per_step_ratio']:.3f} |")
+    hooks, ring = report["decode_step_hook_us_32_sequences"], report["full_ring_read"]
+    lines += ["", f"The hooks of one 32-sequence decode step: {hooks['on']:.1f} us traced, {hooks['off']:.1f} us off. "
+              f"Reading a full ring of {ring['num_traces']} traces: {ring['summaries_ms']:.1f} ms for the summaries, "
+              f"{ring['with_events_ms']:.1f} ms with every event."]
+    return lines
+
+
+def grammar_backends_section(report: dict) -> list[str]:
+    backends = report["backends"]
+    lines = ["### Grammar backends on the default model's vocabulary (`python -m bench.grammar_backends`)", "",
+             _machine_line(report), "",
+             f"{len(report['cases'])} cases (JSON schemas and a regex), {report['num_repetitions']} repetitions; "
+             "ranges are over the cases. Warm mask: the mean time per allowed-token mask after the first.", "",
+             "| backend | version | installed MB (with its requirements) | compile ms | first mask us | warm mask us "
+             "| accepted every valid document | rejected every invalid one |", "|---|---|---:|---|---|---|---|---|"]
+
+    def span(cases: dict, key: str, scale: float = 1.0) -> str:
+        low, high = (f"{v:.0f}" if v >= 100 else f"{v:.2g}" if v < 10 else f"{v:.1f}"
+                     for v in (f(c[key] * scale for c in cases.values()) for f in (min, max)))
+        return f"{low}-{high}"
+
+    for name, b in backends.items():
+        if b.get("status") != "ok":
+            lines.append(f"| {name} | - | - | - | - | - | {b.get('status')} | - |")
+            continue
+        cases = b["cases"]
+        lines.append(f"| {name} | {b['version']} | {b['with_requirements_mb']:.0f} | {span(cases, 'compile_ms')} | "
+                     f"{span(cases, 'first_mask_us')} | {span(cases, 'warm_mask_mean_us')} | "
+                     f"{all(c['accepted_all'] for c in cases.values())} | "
+                     f"{all(c['rejects_invalid'] for c in cases.values())} |")
+    ours = backends.get("llguidance")
+    if ours and ours.get("status") == "ok":
+        lines += ["", "llguidance's warm mask time over each other backend's, per case (above 1: the other is faster):", ""]
+        for name, b in backends.items():
+            if name == "llguidance" or b.get("status") != "ok":
+                continue
+            ratios = [ours["cases"][c]["warm_mask_mean_us"] / b["cases"][c]["warm_mask_mean_us"] for c in b["cases"]]
+            lines.append(f"- {name}: {min(ratios):.2f}-{max(ratios):.2f}x")
+    return lines
+
+
+SECTIONS = [("bench_offline.json", "offline", offline_section), ("bench_spec.json", "spec", spec_section),
+            ("serve_sweep.json", "serve-sweep", serve_sweep_section),
+            ("serve_shared_prefix.json", "serve-shared-prefix", serve_shared_prefix_section),
+            ("serve_single_stream.json", "serve-single-stream", serve_single_stream_section),
+            ("serve_burst_repeat.json", "serve-burst-repeat", serve_burst_repeat_section),
+            ("bench_step.json", "step", step_section), ("bench_prefill_attention.json", "prefill-attention",
+                                                         prefill_attention_section),
+            ("quant_speed.json", "quant-speed", quant_speed_section),
+            ("bench_quant.json", "quant-matrices", quant_matrices_section),
+            ("quant_accuracy.json", "quant-accuracy", quant_accuracy_section),
+            ("bench_chunking.json", "chunking", chunking_section),
+            ("bench_grammar_backends.json", "grammar-backends", grammar_backends_section),
+            ("bench_trace_overhead.json", "trace-overhead", trace_overhead_section)]
+
+
+def _load(name: str) -> dict | None:
+    path = REPO_ROOT / "results" / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def provenance_table(reports: dict[str, dict]) -> list[str]:
+    """One row per results file: where and when it was measured, so no date or commit is typed by hand."""
+    lines = ["| results file | machine | date (UTC) | commit | command |", "|---|---|---|---|---|"]
+    for name, report in reports.items():
+        m = report.get("machine", {})
+        lines.append(f"| [{name}](../results/{name}) | {m.get('cpu_model') or 'unknown CPU'}, {m.get('cpu_count')} "
+                     f"cores | {(m.get('date') or '')[:16].replace('T', ' ')} | {(m.get('git_commit') or '')[:7]} | "
+                     f"`{report.get('command')}` |")
+    return lines
+
+
+def benchmarks_block() -> list[str]:
+    reports = {name: r for name, _, _ in SECTIONS if (r := _load(name)) is not None}
+    blocks = ["Where each table comes from:", ""] + provenance_table(reports) + [""]
+    for name, anchor, render in SECTIONS:
+        if name in reports:
+            blocks += [f'<a id="{anchor}"></a>', ""] + render(reports[name]) + [""]
         else:
             blocks += [f"_{name} not present: run the benchmark that writes it._", ""]
-    if "--print" in sys.argv[1:]:  # show the section without touching README.md
-        print("\n".join(blocks))
-        return
-    readme = REPO_ROOT / "README.md"
-    text = readme.read_text()
-    if START not in text or END not in text:
-        sys.exit(f"README.md lacks the {START} / {END} markers")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(head + START + "\n" + "\n".join(blocks) + END + tail)
-    print("README.md benchmark section regenerated from results/")
+    return blocks
+
+
+def _short_machine(report: dict) -> str:
+    m = report.get("machine", {})
+    return (f"{m.get('cpu_model') or 'unknown CPU'}, {m.get('cpu_count')} cores; "
+            f"{(m.get('date') or '')[:10]}, {(m.get('git_commit') or '')[:7]}")
+
+
+def _offline_headlines(r: dict) -> list[tuple[str, str]]:
+    target = {t["name"]: t["value"] for t in r["targets"]}
+    return [("Continuous batching over the paged KV cache vs one request at a time (offline, output tok/s)",
+             f"{target['paged_throughput_vs_sequential']:.2f}x"),
+            ("Prefix caching on vs off, prompts sharing a system prompt (offline, output tok/s)",
+             f"{target['prefix_caching_throughput']:.2f}x")]
+
+
+def _sweep_headlines(r: dict) -> list[tuple[str, str]]:
+    ratios = {}
+    for run in (x for x in r["runs"] if x["target"] == OURS_DEFAULT):
+        llamas = [x["summary"]["output_throughput"] for x in r["runs"]
+                  if x["arrival"] == run["arrival"] and x["target"].startswith(LLAMA_PREFIX)]
+        if llamas:
+            ratios[run["arrival"]] = run["summary"]["output_throughput"] / max(llamas)
+    poisson = [v for k, v in ratios.items() if k.startswith("poisson")]
+    rows = []
+    if poisson:
+        rows.append(("Our server vs llama.cpp's llama-server at its best `--parallel`, 48 requests, Poisson arrivals "
+                     "(output tok/s)", f"{min(poisson):.2f}-{max(poisson):.2f}x"))
+    if "burst" in ratios:
+        rows.append(("The same, all 48 requests at once", f"{ratios['burst']:.2f}x"))
+    return rows
+
+
+def _quant_headlines(r: dict) -> list[tuple[str, str]]:
+    single = {x["target"]: x for x in r["single_stream"]}
+    llama = next((x for name, x in single.items() if name.startswith(LLAMA_PREFIX)), None)
+    if not llama or "int4" not in single or "none" not in single:
+        return []
+    return [("One user alone, decode tok/s vs llama-server `--parallel 1`: int4 weights (float32)",
+             f"{single['int4']['decode_tok_s'] / llama['decode_tok_s']:.2f}x "
+             f"({single['none']['decode_tok_s'] / llama['decode_tok_s']:.2f}x)")]
+
+
+def _spec_headlines(r: dict) -> list[tuple[str, str]]:
+    ngram = {x["prompt_kind"]: x["speedup"] for x in r["rows"] if x["config"].startswith("ngram")}
+    same = all(x["identical_to_off"] for x in r["rows"])
+    return [("n-gram speculative decoding, one request, greedy: repetitive / code / plain prose"
+             + (" (identical output)" if same else ""),
+             " / ".join(f"{ngram[k]:.2f}x" for k in ("repetitive", "code", "plain") if k in ngram))]
+
+
+def _route_headlines(r: dict) -> list[tuple[str, str]]:
+    t = r["target_16"]
+    return [(f"Prefix-aware routing vs round robin, {t['num_replicas']} simulated replicas (prefix-cache hit rate)",
+             f"{t['hit_rate_ratio']:.2f}x")]
+
+
+HEADLINES = [("bench_offline.json", "offline", _offline_headlines), ("serve_sweep.json", "serve-sweep", _sweep_headlines),
+             ("quant_speed.json", "quant-speed", _quant_headlines), ("bench_spec.json", "spec", _spec_headlines),
+             ("bench_route_sim.json", None, _route_headlines)]
+
+
+def headline_block() -> list[str]:
+    lines = ["| what | ratio | measured on (date, commit) | source |", "|---|---:|---|---|"]
+    for name, anchor, rows in HEADLINES:
+        report = _load(name)
+        if report is None:
+            continue
+        where = f"[{name}](docs/benchmarks.md#{anchor})" if anchor else f"[{name}](results/{name})"
+        lines += [f"| {what} | {ratio} | {_short_machine(report)} | {where} |" for what, ratio in rows(report)]
+    return lines
+
+
+def _replace_between(path: Path, start: str, end: str, block: list[str]) -> tuple[str, str]:
+    """(the file's text now, its text with the block between the markers replaced)."""
+    text = path.read_text()
+    if start not in text or end not in text:
+        sys.exit(f"{path.relative_to(REPO_ROOT)} lacks the {start} / {end} markers")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return text, head + start + "\n" + "\n".join(block) + "\n" + end + tail
+
+
+TARGETS: list[tuple[Path, str, str, Callable[[], list[str]]]] = [
+    (BENCHMARKS_MD, START, END, benchmarks_block), (README_MD, HEADLINE_START, HEADLINE_END, headline_block)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.update_readme", description=__doc__.split("\n")[0])
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--print", action="store_true", help="print the generated blocks; write nothing")
+    action.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if a file differs from what results/ gives")
+    args = parser.parse_args(argv)
+    stale = []
+    for path, start, end, render in TARGETS:
+        block = render()
+        if args.print:
+            print(f"{start}  ({path.relative_to(REPO_ROOT)})\n" + "\n".join(block) + f"\n{end}\n")
+            continue
+        old, new = _replace_between(path, start, end, block)
+        if old == new:
+            continue
+        stale.append(str(path.relative_to(REPO_ROOT)))
+        if not args.check:
+            path.write_text(new)
+    if args.check:
+        print("out of date: " + ", ".join(stale) if stale else "up to date with results/")
+        return 1 if stale else 0
+    if not args.print:
+        print(("regenerated from results/: " + ", ".join(stale)) if stale else "nothing to change")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -22,10 +22,10 @@ from server_util import running_server
 
 from vllmlite.engine.async_engine import AsyncLLMEngine
 from vllmlite.engine.llm_engine import LLMEngine
+from vllmlite.engine.metrics import EngineMetrics
 from vllmlite.engine_args import EngineArgs
 from vllmlite.kernels import BACKENDS, Kernels, get_kernels
 from vllmlite.models.loader import LoadedModel, load_model
-from vllmlite.engine.metrics import EngineMetrics
 from vllmlite.outputs import RequestOutput
 from vllmlite.sampling_params import SamplingParams
 

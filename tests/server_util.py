@@ -21,9 +21,11 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from vllmlite.api.app import build_app
 from vllmlite.api.cli import ServerArgs
-from vllmlite.api.server import build_app, make_async_engine, uvicorn_config
+from vllmlite.api.server import uvicorn_config
 from vllmlite.engine.async_engine import AsyncLLMEngine
+from vllmlite.engine.factory import make_async_engine
 from vllmlite.models.loader import LoadedModel
 
 REPO = Path(__file__).resolve().parents[1]

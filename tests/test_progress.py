@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from bench.report import ProgressBar
-from vllmlite.models.loader import load_model
 from vllmlite.models.llama import LlamaModel
+from vllmlite.models.loader import load_model
 
 
 class Terminal(io.StringIO):

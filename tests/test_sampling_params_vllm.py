@@ -13,8 +13,8 @@ import pytest
 from server_util import running_server
 
 from vllmlite import LLM, SamplingParams
-from vllmlite.worker.sampling import Sampler, SamplingBatch, make_generator
 from vllmlite.tokenizer import ByteTokenizer
+from vllmlite.worker.sampling import Sampler, SamplingBatch, make_generator
 
 MAX_MODEL_LEN = 64
 PROMPT = "hello"

@@ -7,11 +7,23 @@ backend to the numpy references with the very tests the numba backend passes.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import numpy as np
 import torch
 
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 from vllmlite.kernels.torch import TorchKernels
+
+
+def triton_interpreted_without_a_gpu() -> bool:
+    """Whether Triton is installed; without a GPU, switch it to its interpreter (TRITON_INTERPRET=1,
+    read when a kernel is defined, so call this before importing one)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return importlib.util.find_spec("triton") is not None
+
 
 OPS = ("linear", "rms_norm", "add_rms_norm", "rope", "silu_and_mul", "write_kv", "paged_attention")
 

@@ -101,7 +101,8 @@ def check(args: argparse.Namespace) -> None:
         suite = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *FAST_SUITE, *args.pytest_args],
                                cwd=ROOT, env=env, capture_output=True, text=True)
         print(suite.stdout[-4000:], suite.stderr[-2000:], sep="\n")
-        summary = next((line for line in reversed(suite.stdout.splitlines()) if " in " in line and "=" in line), "")
+        summary = next((line for line in reversed(suite.stdout.splitlines())
+                        if re.search(r"\d+ (passed|failed|error)", line)), "")
         tried, locked = read_pins(resolved), read_pins(LOCK)
     report = {
         "what": f"the fast suite on the {which} releases the ranges in pyproject.toml allow",

@@ -9,7 +9,7 @@ from vllmlite.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequest
 from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.structured_output_params import StructuredOutputsParams
+from vllmlite.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "StructuredOutputsParams", "PoolingParams", "RequestOutput", "CompletionOutput",
            "EmbeddingRequestOutput", "EmbeddingOutput", "Logprob", "__version__"]

@@ -7,7 +7,6 @@ This module knows nothing of requests, tensors or HTTP.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -16,7 +15,6 @@ TORCH_DTYPES = DTYPES + ("bfloat16", "float16")  # the torch backend also comput
 DEVICES = ("cpu", "cuda")
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, blocks of 32 (vllmlite/kernels/quant.py)
-QUANTIZATION_ENV = "VLLMLITE_QUANTIZATION"
 KERNEL_BACKENDS = ("numba", "numpy", "torch")  # vllmlite/kernels: compiled (default), numpy references, torch
 PREEMPTION_MODES = ("recompute", "swap")
 PREFILL_CHUNKING = ("fixed", "adaptive")  # vllmlite/core/chunking.py
@@ -211,8 +209,8 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig | None = None
-    kernels: str | None = None  # a KERNEL_BACKENDS name; None: $VLLMLITE_KERNELS, else "numba"
-    quantization: str | None = None  # a QUANTIZATIONS name; None: $VLLMLITE_QUANTIZATION, else "none"
+    kernels: str | None = None  # a KERNEL_BACKENDS name; None: the default (kernel_backend)
+    quantization: str | None = None  # a QUANTIZATIONS name; None: "none" (weight_quantization)
     pooling: str = "last"  # embeddings: a POOLING_TYPES name
     trace: TraceConfig = field(default_factory=TraceConfig)
     device: str = "cpu"  # a DEVICES name; "cuda" computes with the torch kernels on the GPU
@@ -231,8 +229,14 @@ class EngineConfig:
                  f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")
 
     @property
+    def kernel_backend(self) -> str:
+        """The kernels in effect: the knob, else the first of KERNEL_BACKENDS (numba); torch on a GPU.
+        The environment is EngineArgs' to read ($VLLMLITE_KERNELS), never this config's."""
+        return "torch" if self.device != "cpu" else self.kernels or KERNEL_BACKENDS[0]
+
+    @property
     def uses_torch(self) -> bool:
-        return self.device != "cpu" or self.kernels == "torch"
+        return self.kernel_backend == "torch"
 
     @property
     def load_dtype(self) -> str:
@@ -241,8 +245,8 @@ class EngineConfig:
 
     @property
     def weight_quantization(self) -> str:
-        """The quantization in effect: the knob, else $VLLMLITE_QUANTIZATION, else "none"."""
-        return self.quantization or os.environ.get(QUANTIZATION_ENV) or "none"
+        """The quantization in effect: the knob, else "none" (EngineArgs reads $VLLMLITE_QUANTIZATION)."""
+        return self.quantization or "none"
 
 
 def ceil_div(a: int, b: int) -> int:

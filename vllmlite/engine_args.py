@@ -29,6 +29,10 @@ from vllmlite.config import (
 
 logger = logging.getLogger("vllmlite.engine_args")
 
+# Knobs that LLM() and the tests' engine factory also take from VLLMLITE_<NAME> when not given (the
+# server's CLI reads every knob's variable itself). The one place the engine's environment is read.
+ENV_KNOBS = ("kernels", "quantization")
+
 # dtype names vLLM users pass -> the dtype computed here; half precisions are computed in float32
 # (numpy has no bfloat16, and float16 matmuls on the CPU are slower than float32 ones).
 DTYPE_ALIASES = {"auto": EngineConfig.dtype, "float": "float32", "float32": "float32",
@@ -172,7 +176,8 @@ class EngineArgs:
         return EngineConfig(model=self.model, dtype=self.resolved_dtype, seed=self.seed,
                             cache=CacheConfig(**self._values_for(CacheConfig, kv_cache_memory=self._kv_budget())),
                             scheduler=SchedulerConfig(**self._values_for(SchedulerConfig)),
-                            speculative=self._speculative(), kernels=self.kernels, quantization=self.quantization,
+                            speculative=self._speculative(), kernels=self._or_env("kernels"),
+                            quantization=self._or_env("quantization"),
                             pooling=self.pooling, trace=TraceConfig(**self._values_for(TraceConfig)),
                             device=self.device)
 
@@ -188,11 +193,15 @@ class EngineArgs:
 
     @property
     def uses_torch(self) -> bool:
-        return self.device != "cpu" or self.kernels == "torch"
+        return self.device != "cpu" or self._or_env("kernels") == "torch"
 
     def _values_for(self, config_class: type, **replaced: Any) -> dict[str, Any]:
         """This object's values for every field of `config_class` (same names), with `replaced` on top."""
         return {f.name: getattr(self, f.name) for f in fields(config_class)} | replaced
+
+    def _or_env(self, name: str) -> Any:
+        """Knob `name` (one of ENV_KNOBS), else $VLLMLITE_<NAME> (empty counts as unset), else None."""
+        return getattr(self, name) or os.environ.get(f"VLLMLITE_{name.upper()}") or None
 
     def _kv_budget(self) -> int | None:
         """kv_cache_memory, or gpu_memory_utilization of the RAM available now, in bytes."""

@@ -16,9 +16,13 @@ from typing import Any
 
 from vllmlite.structured_output_params import StructuredOutputsParams
 
+# Per-request bounds, written once: SamplingParams enforces them, and the API's request models
+# (api/openai/protocol_fields.py, protocol_responses.py) declare these same ones, so a request meets
+# one rule at either layer. The API may hold a field tighter (its n, its max_tokens), never looser.
 MAX_N = 128  # n and best_of: each one forks a sequence, so hostile input must not fork millions
 MAX_STOP_STRINGS = 16
-MAX_LOGPROBS = 20
+MAX_LOGPROBS = 20  # logprobs, prompt_logprobs (and chat's top_logprobs): vLLM's bound
+MAX_TEMPERATURE = 2.0  # temperature lives in [0, 2]
 PENALTY_BOUND = 2.0  # presence_penalty and frequency_penalty live in [-2, 2]
 LOGIT_BIAS_BOUND = 100.0
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (vLLM's _SAMPLING_EPS)
@@ -222,7 +226,7 @@ class SamplingParams:
         self.logit_bias = _logit_bias(self.logit_bias)
 
     def _validate_filters(self) -> None:
-        self.temperature = _float_in("temperature", self.temperature, 0.0, 2.0)
+        self.temperature = _float_in("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
         self.top_p = _float("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")

@@ -1,4 +1,4 @@
-"""Every error path of the server answers in OpenAI's shape with DESIGN.md's status, and the server
+"""Every error path of the server answers in OpenAI's shape with docs/architecture.md's status, and the server
 keeps serving afterwards: 400, 401, 404, 413, 500 (one request), 503 (queue full, draining, dead),
 504 (request timeout), and SIGTERM's graceful drain."""
 

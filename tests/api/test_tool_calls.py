@@ -26,9 +26,9 @@ from vllmlite.api.openai.tool_calls import (
     forced_call_grammar,
     hermes_messages,
 )
+from vllmlite.tokenizer import ByteTokenizer
 from vllmlite.tokenizer.chat_template import template_uses_tools
 from vllmlite.worker.structured_output import make_llg_tokenizer
-from vllmlite.tokenizer import ByteTokenizer
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
                                             "days": {"type": "integer", "minimum": 1, "maximum": 3}},

@@ -14,7 +14,6 @@ import pytest
 from paths import REPO_ROOT
 
 
-
 def python_files(folder: str) -> list[Path]:
     """The package's own .py files: folders that are not Python names (bench/llama.cpp-build, the
     llama.cpp checkout bench/build_llama_server.sh makes) are not part of it."""

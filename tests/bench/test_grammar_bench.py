@@ -8,11 +8,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from paths import REPO_ROOT
-
 
 
 def test_grammar_bench_reports_grammar_share_of_step_time(tmp_path):

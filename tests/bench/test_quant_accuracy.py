@@ -7,11 +7,9 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from paths import REPO_ROOT
-
 
 
 @pytest.mark.real_model

@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-from bench.route_sim import SimConfig, make_trace, simulate
 from paths import REPO_ROOT
 
+from bench.route_sim import SimConfig, make_trace, simulate
 
 
 def test_quick_run_writes_every_row_and_the_plot(tmp_path):

@@ -9,16 +9,14 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import REPO_ROOT
 
 from bench.serve.client import RequestResult, SSEParser, apply_chunk, sse_events
 from bench.serve.metrics import Arrival, distribution, summarize
 from bench.serve.targets import LLAMA, OURS, URL, Target, launch_command
-from paths import REPO_ROOT
-
 
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 STATS = ("mean", "p50", "p90", "p99")

@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from paths import REPO_ROOT
-
 
 
 def test_step_bench_reports_every_shape_for_each_backend(tmp_path):

@@ -10,10 +10,10 @@ import pytest
 from conftest import greedy, make_prompts, run_to_completion
 from reference import dense_greedy
 
+from vllmlite.config import SchedulerConfig
 from vllmlite.core import chunking
 from vllmlite.core.batch import ScheduledSequence, SchedulerOutput
 from vllmlite.core.chunking import MIN_OBSERVATIONS, ChunkingPolicy, StepLoad, StepShape, StepTimeModel
-from vllmlite.config import SchedulerConfig
 from vllmlite.kernels import BACKENDS
 
 MAX_TOKENS = 10

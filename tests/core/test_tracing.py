@@ -8,9 +8,9 @@ import pytest
 from conftest import greedy, make_prompts, run_to_completion
 
 from vllmlite.core.request import FinishReason, Request
-from vllmlite.worker.sampling import make_generator
-from vllmlite.sampling_params import SamplingParams
 from vllmlite.core.tracing import RequestTracer, Tracer
+from vllmlite.sampling_params import SamplingParams
+from vllmlite.worker.sampling import make_generator
 
 BLOCK = 4
 SHARED = list(range(1, 20))  # a 19-token system prompt: 4 full blocks reusable from the prefix cache

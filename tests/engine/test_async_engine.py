@@ -10,15 +10,15 @@ import pytest
 from conftest import greedy, make_prompts, run_to_completion
 from server_util import num_aborted, wait_until
 
-from vllmlite.engine.async_engine import (
-    AsyncLLMEngine,
+from vllmlite.engine.async_engine import AsyncLLMEngine
+from vllmlite.engine.exceptions import (
     EngineDeadError,
     EngineDrainingError,
-    GenerateRequest,
     QueueFullError,
     RequestAbortedError,
     RequestTimeoutError,
 )
+from vllmlite.engine.request_stream import GenerateRequest
 
 
 def is_idle(engine: AsyncLLMEngine) -> bool:
@@ -178,3 +178,38 @@ def test_shutdown_past_its_timeout_aborts_the_rest(make_async):
     assert not engine.is_running
     stats = engine.engine.get_stats().scheduler  # the loop has stopped: read the engine itself
     assert stats.num_kv_blocks_free == stats.num_kv_blocks
+
+
+# What the API calls on an engine (engine/client.py); the Ray ingress's RemoteEngine is checked
+# against the same list in tests/api/ray/test_remote_engine.py.
+ENGINE_CLIENT_MEMBERS = {"max_queue", "metrics", "is_draining", "tokenizer", "max_model_len", "hidden_size",
+                         "request_limits", "health_error", "summary", "check_request", "add_request", "abort",
+                         "inspect", "start", "begin_draining", "shutdown"}
+
+
+def test_async_engine_implements_the_engine_client_interface(make_async):
+    import inspect
+    import typing
+
+    from vllmlite.engine.client import INSPECT_READS, EngineClient, EngineSummary
+
+    assert set(typing._get_protocol_attrs(EngineClient)) == ENGINE_CLIENT_MEMBERS
+    engine = make_async()
+    assert isinstance(engine, EngineClient)
+    for name in ENGINE_CLIENT_MEMBERS:
+        protocol_member = getattr(EngineClient, name, None)
+        if callable(protocol_member):  # same parameters, so callers need not know which engine they hold
+            assert (inspect.signature(getattr(AsyncLLMEngine, name)).parameters.keys()
+                    == inspect.signature(protocol_member).parameters.keys()), name
+    summary = engine.summary()
+    assert isinstance(summary, EngineSummary) and summary.max_model_len == engine.max_model_len
+    assert summary.memory["kv_blocks"] == engine.request_limits.num_blocks
+
+    async def reads():
+        return {read: await engine.inspect(read, *(["no-such-id"] if read == "request" else [])) for read in INSPECT_READS}
+
+    payloads = asyncio.run(reads())
+    assert payloads["request"] is None and payloads["requests"] == {"requests": []}
+    assert payloads["stats"]["model"] == payloads["engine"]["model"] == "random"
+    with pytest.raises(ValueError, match="unknown read 'nope'"):
+        asyncio.run(engine.inspect("nope"))

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 from conftest import greedy, make_prompts, run_to_completion
+from paths import REPO_ROOT
 from server_util import metric_value, wait_until
 
-from vllmlite.engine.async_engine import AsyncLLMEngine, GenerateRequest
 from vllmlite.config import SchedulerConfig, ceil_div
+from vllmlite.engine.async_engine import AsyncLLMEngine
 from vllmlite.engine.metrics import EngineMetrics
+from vllmlite.engine.request_stream import GenerateRequest
 from vllmlite.stats import ChunkingStats, EngineStats, SchedulerStats, SpecDecodeStats
-from paths import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "vllmlite"
 
@@ -175,12 +176,14 @@ def _called_names(path: Path) -> set[str]:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
 
 
-@pytest.mark.parametrize("path", [PACKAGE / "async_engine.py", PACKAGE / "metrics.py",
-                                  *sorted((PACKAGE / "api").glob("*.py"))], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [PACKAGE / "engine" / "async_engine.py", PACKAGE / "engine" / "metrics.py",
+                                  PACKAGE / "engine" / "inspection.py", *sorted((PACKAGE / "api").rglob("*.py"))],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_readers_of_the_engine_reach_into_none_of_its_parts(path):
     assert _engine_attributes(path).isdisjoint({"scheduler", "block_manager", "runner", "output_processor"})
 
 
-@pytest.mark.parametrize("name", ["engine.py", "runner.py", "speculative.py", "output_processor.py"])
+@pytest.mark.parametrize("name", ["engine/llm_engine.py", "engine/processor.py", "worker/runner.py",
+                                  "worker/speculative.py", "engine/output_processor.py"])
 def test_optional_proposer_parts_are_declared_not_probed(name):
     assert not _called_names(PACKAGE / name) & {"getattr", "hasattr"}

@@ -18,8 +18,9 @@ import pytest
 from conftest import assert_no_leaks, engine_on, greedy, make_prompts, run_to_completion
 from server_util import running_server, wait_until
 
-from vllmlite.engine.async_engine import EngineDeadError, GenerateRequest
+from vllmlite.engine.exceptions import EngineDeadError
 from vllmlite.engine.llm_engine import LLMEngine
+from vllmlite.engine.request_stream import GenerateRequest
 from vllmlite.sampling_params import SamplingParams
 
 POISON = "poison"

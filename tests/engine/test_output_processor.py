@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from vllmlite.engine.output_processor import OutputProcessor, StopStringHit
 from vllmlite.core.request import FinishReason, Request, RequestStatus
-from vllmlite.worker.sampling import make_generator
+from vllmlite.engine.output_processor import OutputProcessor, StopStringHit
 from vllmlite.sampling_params import SamplingParams
+from vllmlite.worker.sampling import make_generator
 
 PROMPT = [ord(c) for c in "hi"]
 
@@ -96,3 +96,26 @@ def test_abort_returns_the_samples_and_forgets_the_group(tiny_model):
     processor.detokenize([append(samples[0], "x")])
     assert processor.abort_request("g") == samples and processor.abort_request("g") == []
     assert processor.make_outputs() == [] and processor.num_unfinished_requests == 0
+
+
+class RefusesToDecode:
+    """A tokenizer whose decode fails: ids outside its vocabulary, as a model's bigger vocabulary
+    behind a byte tokenizer gives (the GPU benchmark's random models)."""
+
+    stop_token_ids = frozenset()
+
+    def decode(self, token_ids, skip_special_tokens=True):
+        raise AssertionError("decoded although detokenize=False")
+
+
+def test_detokenize_false_never_decodes_the_prompt_or_the_output():
+    params = SamplingParams(max_tokens=3, detokenize=False)
+    processor = OutputProcessor(RefusesToDecode())
+    request = Request(request_id="r", prompt_token_ids=[70000, 70001], sampling_params=params, max_tokens=3,
+                      generator=make_generator(0), status=RequestStatus.RUNNING)
+    processor.add_request("r", None, params, [request])
+    for token in (90000, 90001):
+        request.append_token(token)
+    assert processor.detokenize([request]) == []
+    [out] = processor.make_outputs()
+    assert (out.outputs[0].text, out.outputs[0].token_ids) == ("", [90000, 90001])

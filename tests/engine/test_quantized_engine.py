@@ -9,8 +9,8 @@ from conftest import engine_on, greedy, make_prompts, run_to_completion
 from reference import dense_greedy
 
 from vllmlite.engine.llm_engine import LLMEngine
-from vllmlite.models.loader import load_model
 from vllmlite.kernels.quant import QuantizedMatrix
+from vllmlite.models.loader import load_model
 
 MAX_TOKENS = 10
 

@@ -7,8 +7,8 @@ import pytest
 from conftest import make_prompts, run_to_completion
 from reference import dense_logits
 
-from vllmlite.worker.sampling import log_softmax
 from vllmlite.sampling_params import SamplingParams
+from vllmlite.worker.sampling import log_softmax
 
 EOS = 257          # the byte tokenizer's <|eos|>
 E_LEAD, E_TAIL = 0xC3, 0xA9  # UTF-8 of "é"

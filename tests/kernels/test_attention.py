@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tests.reference import dense_attention
-from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, build_metadata
 from vllmlite.kernels import Kernels
+from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, build_metadata
 
 HEAD_DIM = 8
 GARBAGE = 1e4  # finite, and large enough that reading one such key or value would show

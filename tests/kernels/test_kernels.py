@@ -16,9 +16,10 @@ import pytest
 from conftest import engine_on, greedy, run_to_completion
 from gguf import GGMLQuantizationType, quants
 
-from vllmlite.kernels.attention_metadata import build_metadata
+from vllmlite.engine_args import EngineArgs
 from vllmlite.kernels import BACKENDS, blas, get_kernels, resolve_backend
-from vllmlite.kernels.numba_kernels import DECODE_PART
+from vllmlite.kernels.attention_metadata import build_metadata
+from vllmlite.kernels.numba.attention import DECODE_PART
 from vllmlite.kernels.quant import dequantize, from_gguf, quantize, tile
 
 REFERENCE = get_kernels("numpy")
@@ -220,8 +221,9 @@ def test_paged_attention_matches_the_reference_at_model_scale(kernels, group, sh
 def test_backend_is_chosen_by_name_or_environment(monkeypatch):
     monkeypatch.delenv("VLLMLITE_KERNELS", raising=False)
     assert resolve_backend() == "numba"
-    monkeypatch.setenv("VLLMLITE_KERNELS", "numpy")
-    assert resolve_backend() == "numpy" and get_kernels() is REFERENCE
+    monkeypatch.setenv("VLLMLITE_KERNELS", "numpy")   # read by EngineArgs alone, into the engine's config
+    backend = EngineArgs(model="random").create_engine_config().kernel_backend
+    assert backend == "numpy" and get_kernels(backend) is REFERENCE
     assert resolve_backend("numba") == "numba"
     with pytest.raises(ValueError, match="kernels must be one of"):
         resolve_backend("cuda")
@@ -231,11 +233,12 @@ def test_backend_is_chosen_by_name_or_environment(monkeypatch):
 WARM_UP_COVERAGE = """
 import vllmlite
 from vllmlite import LLM, SamplingParams
-from vllmlite.kernels import numba_kernels as nk
+from vllmlite.kernels.numba import attention, elementwise, linear
 from numba.core.registry import CPUDispatcher
 
 def signatures():
-    return {name: len(f.signatures) for name, f in vars(nk).items() if isinstance(f, CPUDispatcher)}
+    return {f"{m.__name__}.{name}": len(f.signatures) for m in (attention, elementwise, linear)
+            for name, f in vars(m).items() if isinstance(f, CPUDispatcher)}
 
 llm = LLM("random", quantization=QUANTIZATION, max_num_batched_tokens=32)   # warms up
 after_warm_up = signatures()

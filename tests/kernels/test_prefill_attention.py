@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from bench import prefill_attention
+from vllmlite.kernels import numba as numba_kernels
+from vllmlite.kernels import reference
 from vllmlite.kernels.attention_metadata import build_metadata
-from vllmlite.kernels import numba_kernels, reference
+from vllmlite.kernels.numba import attention as numba_attention
 from vllmlite.kernels.prefill_attention import attend_chunk
 
 HEAD_DIM = 16
@@ -106,7 +108,7 @@ def test_numba_backend_on_several_threads_matches_the_reference(monkeypatch, dty
     tiles dealt to several threads (the work threshold lowered to 0): the reference's output."""
     if numba.get_num_threads() < 2:
         pytest.skip("one numba thread: the tiles run on this one")
-    monkeypatch.setattr(numba_kernels, "PARALLEL_MIN_TILE_PAIRS", 0)
+    monkeypatch.setattr(numba_attention, "PARALLEL_MIN_TILE_PAIRS", 0)
     rng = np.random.default_rng(3)
     bs, num_kv_heads, num_heads = 16, 3, 9
     shapes = [(1, 70), (150, 150), (1, 33), (90, 290), (130, 131)]     # (queries, sequence length)

@@ -15,8 +15,8 @@ from loader_util import engine_logits
 from reference import dense_logits, dequantized
 
 from vllmlite.config import ModelConfig, RopeScaling
-from vllmlite.models.loader import LayerWeights, LoadedModel, ModelWeights, _unpermute_rows, load_model, random_weights
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize, dequantize_block_rows, quantize_rows
+from vllmlite.models.loader import LayerWeights, LoadedModel, ModelWeights, _unpermute_rows, load_model, random_weights
 from vllmlite.tokenizer import bytes_to_unicode
 
 # --- GGUF -----------------------------------------------------------------------------------------

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import tokenizers
 from loader_util import engine_logits
+from paths import GOLDENS
 from reference import dense_logits
 
 from vllmlite.config import RopeScaling
-from vllmlite.models.loader import LoadedModel, load_model
-from vllmlite.models.llama import rope_inv_freq
-from vllmlite.models.model_source import ModelNotFoundError
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize, dequantize_block_rows, quantize_rows
-from paths import GOLDENS
+from vllmlite.models.llama import rope_inv_freq
+from vllmlite.models.loader import LoadedModel, load_model
+from vllmlite.models.model_source import ModelNotFoundError
 
 TINY_HF = GOLDENS / "tiny_hf"
 HF_VARIANTS = ("llama", "llama3_rope", "qwen2", "mistral")

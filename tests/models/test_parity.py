@@ -4,14 +4,13 @@ tools/make_goldens.py. Logits within 2e-4, greedy continuations identical token 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import GOLDENS
 
 from vllmlite import LLM, SamplingParams
 from vllmlite.worker.sampling import log_softmax
-from paths import GOLDENS
 
 GOLDENS = GOLDENS
 # Measured (float32 and int4 alike): at most 1.2e-4 over the 13 prompts (5e-5 typical), so a

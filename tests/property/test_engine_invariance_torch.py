@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from conftest import engine_on  # noqa: E402
-from test_engine_invariance import *  # noqa: E402,F403  (the same tests, collected again here)
+from conftest import engine_on
+from test_engine_invariance import *  # noqa: F403  (the same tests, collected again here)
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from property_util import examples
 
-from vllmlite.core.block_manager import BlockManager
 from vllmlite.config import ceil_div
+from vllmlite.core.block_manager import BlockManager
 
 BS = 4
 NUM_BLOCKS = 12

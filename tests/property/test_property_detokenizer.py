@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from property_util import examples, smollm2_tokenizer
 
-from vllmlite.tokenizer.detokenizer import IncrementalDetokenizer
 from vllmlite.tokenizer import ByteTokenizer, Tokenizer
+from vllmlite.tokenizer.detokenizer import IncrementalDetokenizer
 
 BYTES = ByteTokenizer()
 

@@ -23,11 +23,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from property_util import examples
 
-from vllmlite.engine.output_processor import OutputProcessor
 from vllmlite.core.request import FinishReason, Request, RequestStatus
-from vllmlite.worker.sampling import make_generator
+from vllmlite.engine.output_processor import OutputProcessor
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import ByteTokenizer
+from vllmlite.worker.sampling import make_generator
 
 ALPHABET = "ab é€😀"  # few letters, so stop strings occur; 1- to 4-byte characters
 

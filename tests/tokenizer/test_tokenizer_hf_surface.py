@@ -4,11 +4,11 @@ apply_chat_template as the server renders it, `tok(text)`, batch_decode, token p
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
 from conftest import import_or_skip_unless_ci
+from paths import GOLDENS
 from server_util import running_server
 
 from vllmlite import LLM
@@ -17,7 +17,6 @@ from vllmlite.api.openai.serving import ServingContext
 from vllmlite.api.openai.serving_chat import render_messages
 from vllmlite.engine.async_engine import AsyncLLMEngine
 from vllmlite.sampling_params import SamplingParams
-from paths import GOLDENS
 
 GOLDENS = GOLDENS / "smollm2_tokenizer.json"
 

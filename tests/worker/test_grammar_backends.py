@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from paths import REPO_ROOT
-
 
 
 @pytest.mark.real_model

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from vllmlite.worker.sampling import Sampler, SamplingBatch, compute_logprobs, make_generator
 from vllmlite.sampling_params import SamplingParams
+from vllmlite.worker.sampling import Sampler, SamplingBatch, compute_logprobs, make_generator
 
 # Token:           0    1    2     3    4     5    6    7     8    9
 LOGITS = np.array([1.3, 0.2, 1.7, -0.4, 0.9, -1.1, 0.5, 0.0, -0.7, 1.1])  # [vocab]

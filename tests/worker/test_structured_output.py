@@ -16,11 +16,11 @@ import pytest
 from conftest import make_prompts, run_to_completion
 
 from vllmlite import LLM
-from vllmlite.engine.async_engine import GenerateRequest
+from vllmlite.engine.request_stream import GenerateRequest
 from vllmlite.sampling_params import SamplingParams
-from vllmlite.worker.structured_output import GrammarCompiler, GrammarMasker, GrammarState, make_llg_tokenizer
 from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.tokenizer import ByteTokenizer
+from vllmlite.worker.structured_output import GrammarCompiler, GrammarMasker, GrammarState, make_llg_tokenizer
 
 SCHEMAS = {
     "flat": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
@@ -229,7 +229,7 @@ def test_a_schema_as_dict_or_text_shares_one_compile_and_keeps_its_property_orde
     engine = make_engine()
     outputs = run_to_completion(engine, [([1], SamplingParams(structured_outputs=a, max_tokens=40)),
                                          ([2], SamplingParams(structured_outputs=b, max_tokens=40))])
-    assert len(engine._grammar_compiler._cache) == 1
+    assert len(engine.input_processor._grammar_compiler._cache) == 1
     # properties come in the schema's order, not sorted (a sorted key once forced {"alpha"... first)
     assert [o.outputs[0].text for o in outputs] == ['{"zeta":1,"alpha":2}'] * 2
 

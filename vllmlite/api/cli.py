@@ -17,10 +17,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from vllmlite.engine_args import EngineArgs, knob, parse_bytes
+from vllmlite.api.routing_policy import RoutingPolicy
 from vllmlite.engine.metrics import DEFAULT_PREFIX
+from vllmlite.engine_args import EngineArgs, knob, parse_bytes
 from vllmlite.models.model_source import DEFAULT_ALIASES, RANDOM_MODEL
-from vllmlite.api.ray.routing import RoutingPolicy
 
 ENV_PREFIX = "VLLMLITE_"
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"

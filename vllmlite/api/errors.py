@@ -1,6 +1,6 @@
 """API errors in OpenAI's shape `{"error": {"message", "type", "param", "code"}}` and the status map.
 
-Owns which failure becomes which HTTP status (DESIGN.md): validation 400, bad key 401, unknown
+Owns which failure becomes which HTTP status (docs/architecture.md): validation 400, bad key 401, unknown
 model or route 404, body too large 413, engine error for one request 500, overloaded or draining
 503 with Retry-After, request timeout 504. Knows nothing of routes or of the engine's internals.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from vllmlite.engine.async_engine import (
+from vllmlite.engine.exceptions import (
     EngineDeadError,
     EngineDrainingError,
     QueueFullError,

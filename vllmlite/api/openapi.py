@@ -33,6 +33,10 @@ from vllmlite.api.openai.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
+from vllmlite.api.openai.protocol_responses import STREAM_EVENTS, ResponsesRequest, ResponsesResponse
+from vllmlite.api.openai.serving import NO_OP_FIELDS, UNSUPPORTED_FIELDS
+from vllmlite.api.openai.serving_chat import CHAT_UNSUPPORTED_FIELDS
+from vllmlite.api.openai.serving_responses import RESPONSES_UNSUPPORTED_FIELDS
 from vllmlite.api.ops.protocol_debug import (
     DebugEngineResponse,
     ReplicasDebugEngineResponse,
@@ -40,10 +44,6 @@ from vllmlite.api.ops.protocol_debug import (
     RequestList,
     StatsResponse,
 )
-from vllmlite.api.openai.protocol_responses import STREAM_EVENTS, ResponsesRequest, ResponsesResponse
-from vllmlite.api.openai.serving import NO_OP_FIELDS, UNSUPPORTED_FIELDS
-from vllmlite.api.openai.serving_chat import CHAT_UNSUPPORTED_FIELDS
-from vllmlite.api.openai.serving_responses import RESPONSES_UNSUPPORTED_FIELDS
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest, TokenizeRequest,

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vllmlite.pooling_params import PoolingType
 from vllmlite.core.request import Request
+from vllmlite.pooling_params import PoolingType
 
 
 @dataclass

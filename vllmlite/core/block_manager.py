@@ -5,13 +5,14 @@ It knows requests only by `request_id` and the token lists it is handed; it neve
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from vllmlite.core.block import Block, BlockPool, block_key
 from vllmlite.config import ceil_div
+from vllmlite.core.block import Block, BlockPool, block_key
+from vllmlite.core.host_arena import HostArena
 
 
 class PrefixHit(NamedTuple):
@@ -70,14 +71,12 @@ class BlockManager:
     def __init__(
         self, num_blocks: int, block_size: int, enable_prefix_caching: bool, num_host_blocks: int = 0
     ) -> None:
-        if block_size <= 0 or num_host_blocks < 0:
-            raise ValueError(f"bad block_size {block_size} or num_host_blocks {num_host_blocks}")
+        if block_size <= 0:
+            raise ValueError(f"bad block_size {block_size}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
-        self.num_host_blocks = num_host_blocks
-        self._host_free: deque[int] = deque(range(num_host_blocks))
-        self._host_pending_free: list[int] = []
+        self.host = HostArena(num_host_blocks)
         self._requests: dict[str, RequestBlocks] = {}
         self._copies: list[tuple[int, int]] = []  # queued copy-on-write (src, dst) block ids
         self._pending_release: list[int] = []  # copy sources no table holds: released at take_copies
@@ -104,8 +103,12 @@ class BlockManager:
         return (self.pool.num_blocks - self.pool.num_free_blocks) / self.pool.num_blocks
 
     @property
+    def num_host_blocks(self) -> int:
+        return self.host.num_blocks
+
+    @property
     def num_host_free_blocks(self) -> int:
-        return len(self._host_free)
+        return self.host.num_free_blocks
 
     def block_states(self) -> bytes:
         """Per device block id: 0 free, 1 used, 2 cached and free, 3 cached and used (O(num_blocks))."""
@@ -247,8 +250,7 @@ class BlockManager:
         for block_id in self._pending_release:
             self.pool.release(self.pool.blocks[block_id])
         self._pending_release.clear()
-        self._host_free.extend(self._host_pending_free)
-        self._host_pending_free.clear()
+        self.host.end_step()
         return copies
 
     def fork(self, parent_id: str, child_id: str) -> None:
@@ -276,7 +278,7 @@ class BlockManager:
             return
         self._release_table(state.block_ids)
         if state.host_block_ids is not None:
-            self._host_free.extend(state.host_block_ids)
+            self.host.free(state.host_block_ids)
 
     def trim(self, request_id: str, num_tokens: int) -> None:
         """Shrink the table to the blocks that hold `num_tokens` tokens, releasing the rest.
@@ -296,7 +298,7 @@ class BlockManager:
     def can_swap_out(self, request_id: str) -> bool:
         state = self._requests.get(request_id)
         is_resident = state is not None and not state.is_swapped_out
-        return is_resident and len(state.block_ids) <= len(self._host_free)
+        return is_resident and self.host.can_allocate(len(state.block_ids))
 
     def swap_out(self, request_id: str) -> list[tuple[int, int]]:
         """Move the request to host blocks. Returns (device_block_id, host_block_id) pairs to copy.
@@ -310,7 +312,7 @@ class BlockManager:
         state = self._requests[request_id]
         # A block whose copy-on-write is still queued holds nothing yet: read its source instead.
         source_of = {dst: src for src, dst in self._copies}
-        host_block_ids = [self._host_free.popleft() for _ in state.block_ids]
+        host_block_ids = self.host.allocate(len(state.block_ids))
         pairs = [(source_of.get(d, d), h) for d, h in zip(state.block_ids, host_block_ids)]
         self._release_table(state.block_ids)
         state.block_ids = []
@@ -335,7 +337,7 @@ class BlockManager:
         host_block_ids = state.host_block_ids or []
         state.block_ids = [self.pool.allocate().block_id for _ in host_block_ids]
         state.host_block_ids = None
-        self._host_pending_free.extend(host_block_ids)
+        self.host.free_after_step(host_block_ids)
         return list(zip(host_block_ids, state.block_ids))
 
     def _plan(
@@ -416,7 +418,4 @@ class BlockManager:
             )
         for _, dst in self._copies:
             assert holders[dst] > 0, f"queued copy into block {dst} that no table holds"
-        host_ids = list(self._host_free) + self._host_pending_free
-        for state in self._requests.values():
-            host_ids += state.host_block_ids or []
-        assert sorted(host_ids) == list(range(self.num_host_blocks)), "host arena accounting broken"
+        self.host.check_invariants(i for state in self._requests.values() for i in state.host_block_ids or [])

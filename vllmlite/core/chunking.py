@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vllmlite.core.batch import SchedulerOutput
 from vllmlite.config import SchedulerConfig, ceil_div
+from vllmlite.core.batch import SchedulerOutput
 from vllmlite.stats import ChunkingStats, StepTimeFit
 
 logger = logging.getLogger(__name__)

@@ -9,15 +9,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from vllmlite.pooling_params import PoolingParams, PoolingType
 from vllmlite.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from vllmlite.worker.structured_output import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -33,6 +30,24 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"    # max_tokens, the context length, or no room left in the KV cache
     ABORT = "abort"      # the client went away or asked to stop
     ERROR = "error"      # this request failed (e.g. its prompt can never fit in the cache)
+
+
+class StructuredOutputGrammar(Protocol):
+    """What the scheduler needs of one sample's grammar state (the worker's GrammarState is one):
+    advance it over a kept token, see whether the grammar is complete, read why it failed."""
+
+    def accept(self, token_id: int) -> bool:
+        """Advance over a kept token; False if the grammar forbids it."""
+        ...
+
+    @property
+    def is_terminated(self) -> bool:
+        """The grammar is complete and allows no token but EOS."""
+        ...
+
+    @property
+    def error(self) -> str:
+        ...
 
 
 @dataclass(eq=False)
@@ -74,7 +89,7 @@ class Request:
     pooled: np.ndarray | None = None
     # Structured output: this sample's grammar state, set before it is scheduled and advanced by
     # every token it keeps.
-    grammar: GrammarState | None = None
+    grammar: StructuredOutputGrammar | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

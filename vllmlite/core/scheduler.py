@@ -14,15 +14,17 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from vllmlite.config import SchedulerConfig, ceil_div
 from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.core.block_manager import BlockManager, PrefixHit
 from vllmlite.core.chunking import ChunkingPolicy, PrefillShare, StepLoad
-from vllmlite.config import SchedulerConfig, ceil_div
-from vllmlite.pooling_params import PoolingType
 from vllmlite.core.request import FinishReason, Request, RequestStatus, internal_error
 from vllmlite.core.request_queue import WaitingQueue
-from vllmlite.stats import KVOccupancy, SchedulerStats, SpecDecodeStats
+from vllmlite.core.scheduler_stats import SpecDecodeCounts, kv_occupancy, scheduler_stats
+from vllmlite.core.stop import append_tokens
 from vllmlite.core.tracing import Tracer
+from vllmlite.pooling_params import PoolingType
+from vllmlite.stats import KVOccupancy, SchedulerStats
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,7 +47,7 @@ class Scheduler:
         self.num_preemptions = 0
         self._static_batch_open = False  # batching="static": the current batch still takes requests
         self.num_speculative_tokens = num_speculative_tokens
-        self._spec_counts = _SpecDecodeCounts(num_speculative_tokens)
+        self.spec_counts = SpecDecodeCounts(num_speculative_tokens)
         self.tracer = tracer or Tracer()  # told of each lifecycle event; the default records nothing
         self.chunking = chunking or ChunkingPolicy(config, block_manager.block_size)
         self._prefill = PrefillShare(0, 0)  # this step's prompt tokens (chunking.py)
@@ -96,29 +98,11 @@ class Scheduler:
         return bool(self.requests)
 
     def kv_occupancy(self) -> KVOccupancy:
-        """Tokens held by running requests and blocks in use. Block i of a table holds
-        min(block_size, computed - i * block_size) tokens (block size 16, 40 computed tokens:
-        [16, 16, 8]); a block shared through the prefix cache is counted once."""
-        bm, size = self.block_manager, self.block_manager.block_size
-        filled: dict[int, int] = {}  # block id -> tokens held in it
-        for request in self.running:
-            for i, block_id in enumerate(bm.block_table(request.request_id)):
-                num_held = min(size, request.num_computed_tokens - i * size)
-                if num_held > 0:
-                    filled[block_id] = max(filled.get(block_id, 0), num_held)
-        return KVOccupancy(sum(filled.values()), bm.num_blocks - bm.num_free_blocks, len(self.running))
+        return kv_occupancy(self.running, self.block_manager)
 
     def make_stats(self) -> SchedulerStats:
         """A snapshot of the request queues, the device blocks and the cumulative counts."""
-        bm = self.block_manager
-        num_free = bm.num_free_blocks
-        return SchedulerStats(
-            num_running=len(self.running), num_waiting=len(self.waiting), num_swapped=len(self.swapped),
-            num_kv_blocks=bm.num_blocks, num_kv_blocks_used=bm.num_blocks - num_free,
-            num_kv_blocks_cached=bm.num_cached_blocks, num_kv_blocks_free=num_free,
-            prefix_cache_queries=bm.prefix_queries, prefix_cache_hits=bm.prefix_hits,
-            num_preemptions=self.num_preemptions, spec_decode=self._spec_counts.snapshot(),
-            chunking=self.chunking.snapshot())
+        return scheduler_stats(self)
 
     # --- schedule -------------------------------------------------------------------------------
 
@@ -411,7 +395,7 @@ class Scheduler:
         are the accepted guesses plus one. Slots of rejected or unproposed guesses are returned."""
         request = seq.request
         num_accepted = result.num_accepted.get(request.request_id, 0)
-        self._spec_counts.record(request, result.num_drafts.get(request.request_id, 0), num_accepted)
+        self.spec_counts.record(request, result.num_drafts.get(request.request_id, 0), num_accepted)
         request.num_computed_tokens += len(seq.token_ids) + num_accepted
         self._append_tokens(request, result.sampled_token_ids.get(request.request_id, []),
                             result.logprobs.get(request.request_id))
@@ -439,55 +423,6 @@ class Scheduler:
         self.running.append(fork)
 
     def _append_tokens(self, request: Request, token_ids: list[int], logprobs: list | None) -> None:
-        params = request.sampling_params
-        for i, token_id in enumerate(token_ids):
-            if request.grammar is not None and not request.grammar.accept(token_id):
-                # The sampler's mask makes this unreachable; were it reached, no invalid output.
-                self.finish(request, FinishReason.ERROR, error=f"the grammar rejected token {token_id}: "
-                            f"{request.grammar.error}")
-                return
-            request.append_token(token_id)
-            if logprobs is not None:
-                request.logprobs.append(logprobs[i])
-                request.cumulative_logprob += logprobs[i].logprob
-            reason, stop_reason = self._check_stop(request, token_id, params)
-            if reason is not None:
-                self.finish(request, reason, stop_reason)
-                return
-
-    def _check_stop(self, request: Request, token_id: int, params) -> tuple[FinishReason | None, object]:
-        if request.num_output_tokens >= params.min_tokens:
-            if token_id in (params.stop_token_ids or ()):
-                return FinishReason.STOP, token_id
-            if not params.ignore_eos and token_id in self.stop_token_ids:
-                return FinishReason.STOP, None
-        if request.grammar is not None and request.grammar.is_terminated:
-            return FinishReason.STOP, None  # complete, and nothing may follow: even with ignore_eos
-        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
-            return FinishReason.LENGTH, None
-        return None, None
-
-
-class _SpecDecodeCounts:
-    """Speculative decoding counters: guesses scored, guesses kept, and acceptance per position."""
-
-    def __init__(self, num_speculative_tokens: int) -> None:
-        self.num_drafts = 0               # rounds that scored at least one guess
-        self.num_draft_tokens = 0
-        self.num_accepted_tokens = 0
-        self.accepted_per_position = [0] * num_speculative_tokens  # [k]: rounds whose guess i was kept
-
-    def record(self, request: Request, num_drafts: int, num_accepted: int) -> None:
-        if num_drafts == 0:
-            return
-        self.num_drafts += 1
-        self.num_draft_tokens += num_drafts
-        self.num_accepted_tokens += num_accepted
-        for position in range(num_accepted):
-            self.accepted_per_position[position] += 1
-        request.num_draft_tokens += num_drafts
-        request.num_accepted_tokens += num_accepted
-
-    def snapshot(self) -> SpecDecodeStats:
-        return SpecDecodeStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
-                               tuple(self.accepted_per_position))
+        stop = append_tokens(request, token_ids, logprobs, self.stop_token_ids, self.max_model_len)
+        if stop is not None:
+            self.finish(request, *stop)

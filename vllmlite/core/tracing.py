@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from vllmlite.core.batch import SchedulerOutput
 from vllmlite.config import TraceConfig
+from vllmlite.core.batch import SchedulerOutput
 from vllmlite.core.request import FinishReason, Request
 from vllmlite.stats import LatencySummary, StepRecord
 

@@ -1,9 +1,10 @@
 """AsyncLLMEngine: one background thread steps the LLMEngine; asyncio callers get one stream per request.
+The local EngineClient (client.py).
 
-Owns the engine thread, the command queue (add/abort) drained before each step, the per-request
-output streams, admission (queue bound, draining) and liveness (a fault of the loop marks the
-engine dead). Knows nothing of HTTP: it raises typed exceptions that the API layer maps to statuses.
-Only the engine thread touches the LLMEngine's mutable state.
+Owns the engine thread, the command queue (add/abort/inspect) drained before each step, admission
+(queue bound, draining) and liveness (a fault of the loop marks the engine dead). The streams
+themselves are request_stream.py's. Knows nothing of HTTP: it raises engine.exceptions' typed errors,
+which the API layer maps to statuses. Only the engine thread touches the LLMEngine's mutable state.
 """
 
 from __future__ import annotations
@@ -12,15 +13,24 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from vllmlite.engine.client import EngineSummary
+from vllmlite.engine.exceptions import (
+    EngineDeadError,
+    EngineDrainingError,
+    QueueFullError,
+    RequestAbortedError,
+    RequestTimeoutError,
+)
+from vllmlite.engine.inspection import EngineInspector
 from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.engine.metrics import EngineMetrics
-from vllmlite.engine.output_processor import coalesce_outputs
+from vllmlite.engine.request_limits import RequestLimits
+from vllmlite.engine.request_stream import GenerateRequest, RequestStream, put_many
 from vllmlite.outputs import RequestOutput
 from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import SamplingParams
@@ -31,134 +41,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 INSPECT_TIMEOUT = 10.0  # seconds `inspect` waits for the engine thread to answer
 ABORT_DISCONNECTED = "client disconnected"  # why a stream's reader stopped listening, in its trace
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop itself failed; no request can be served until a restart."""
-
-
-class QueueFullError(RuntimeError):
-    """Too many requests are waiting to run; the client should retry later."""
-
-
-class EngineDrainingError(RuntimeError):
-    """The engine is shutting down and admits no new request."""
-
-
-class RequestAbortedError(RuntimeError):
-    """The request was aborted by the server (shutdown) before it finished."""
-
-
-class RequestTimeoutError(RuntimeError):
-    """The request ran past the engine's request timeout and was aborted."""
-
-
-@dataclass
-class GenerateRequest:
-    """One request, already validated and tokenized by the caller."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams | PoolingParams  # PoolingParams: an embedding request
-    priority: int = 0
-    cache_salt: str | None = None
-    client_id: str | None = None
-    arrival_time: float = field(default_factory=time.monotonic)
-
-
-StreamItem = RequestOutput | BaseException
-
-
-class RequestStream:
-    """One request's RequestOutputs in order, fed from the engine thread; an async iterator.
-
-    Ends after the output with `finished=True`, or by raising the error the engine sent
-    (EngineDeadError, RequestAbortedError, ValueError), or RequestTimeoutError at the deadline.
-    `cancel()` aborts the request in the engine unless it already ended there.
-
-    Outputs a reader has not taken yet are coalesced into one (`coalesce_outputs`), so a reader that
-    falls behind costs the memory of one output, whatever its speed.
-    """
-
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop,
-                 abort: Callable[..., None], timeout: float | None) -> None:
-        self.request_id = request_id
-        self.loop = loop
-        self._abort = abort
-        self._items: deque[StreamItem] = deque()
-        self._ready = asyncio.Event()   # set while _items is not empty
-        self._deadline = None if timeout is None else loop.time() + timeout
-        self._timeout = timeout
-        self.is_finished = False   # the engine has sent its last item
-        self._cancel_error: BaseException | None = None  # why cancel() aborts, if not a disconnect
-
-    def put(self, item: StreamItem) -> None:
-        """Called from the engine thread."""
-        put_many([(self, item)])
-
-    def put_nowait(self, item: StreamItem) -> None:
-        """Called on the stream's event loop."""
-        if self._items and isinstance(item, RequestOutput) and isinstance(self._items[-1], RequestOutput):
-            item = coalesce_outputs(self._items.pop(), item)
-        self._items.append(item)
-        self._ready.set()
-
-    @property
-    def num_unread(self) -> int:
-        """Items waiting for the reader (at most one output, then an error)."""
-        return len(self._items)
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.is_finished:
-            raise StopAsyncIteration
-        if not self._items:
-            try:
-                await asyncio.wait_for(self._ready.wait(), self._time_left())
-            except asyncio.TimeoutError:
-                self._cancel_error = RequestTimeoutError(f"the request ran past the server's request timeout "
-                                                         f"({self._timeout:g} s) and was aborted")
-                raise self._cancel_error from None
-        item = self._items.popleft()
-        if not self._items:
-            self._ready.clear()
-        if isinstance(item, BaseException):
-            self.is_finished = True
-            raise item
-        self.is_finished = item.finished
-        return item
-
-    def _time_left(self) -> float | None:
-        return None if self._deadline is None else max(self._deadline - self.loop.time(), 0.0)
-
-    def cancel(self) -> None:
-        """Abort the request in the engine (its blocks are freed within a step) unless it ended."""
-        if not self.is_finished:
-            self.is_finished = True
-            if self._cancel_error is None:
-                self._abort(self.request_id)
-            else:
-                self._abort(self.request_id, self._cancel_error)
-
-
-def put_many(items: list[tuple[RequestStream, StreamItem]]) -> None:
-    """Deliver items from the engine thread with one wake-up of each event loop involved, not
-    one per item: a step's outputs for every stream arrive together."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, StreamItem]]] = {}
-    for stream, item in items:
-        by_loop.setdefault(stream.loop, []).append((stream, item))
-    for loop, batch in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_put_nowait, batch)
-        except RuntimeError:
-            pass  # the event loop is closed: nobody is listening any more
-
-
-def _put_nowait(batch: list[tuple[RequestStream, StreamItem]]) -> None:
-    for stream, item in batch:
-        stream.put_nowait(item)
 
 
 @dataclass
@@ -187,13 +69,14 @@ class AsyncLLMEngine:
     `max_queue` bounds the requests not yet running (queued commands plus the scheduler's waiting
     ones); `request_timeout` (seconds) bounds each request's life; a step running longer than
     `heartbeat_timeout` seconds makes the engine unhealthy (`health_error`) until it completes.
+    `model_name` is the name the stats and debug payloads carry (None: the engine's configured model).
     Call `start()` once, then `add_request`/`generate` from the event loop; `shutdown()` drains
     and stops the thread.
     """
 
     def __init__(self, engine: LLMEngine, metrics: EngineMetrics | None = None,
                  max_queue: int | None = None, request_timeout: float | None = None,
-                 heartbeat_timeout: float | None = None) -> None:
+                 heartbeat_timeout: float | None = None, model_name: str | None = None) -> None:
         if max_queue is not None and max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         for name, seconds in (("request_timeout", request_timeout), ("heartbeat_timeout", heartbeat_timeout)):
@@ -213,6 +96,8 @@ class AsyncLLMEngine:
         self.is_draining = False
         self.dead_error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._inspector = EngineInspector(self.run_between_steps, metrics,
+                                          engine.config.model if model_name is None else model_name)
 
     # --- read-only views, safe from any thread --------------------------------------------------
 
@@ -228,6 +113,14 @@ class AsyncLLMEngine:
     def hidden_size(self) -> int:
         """The model's hidden size: the length of its embeddings."""
         return self.engine.model_config.hidden_size
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        return self.engine.request_limits
+
+    def summary(self) -> EngineSummary:
+        return EngineSummary(str(self.engine.model_source), self.engine.config.dtype, self.max_model_len,
+                             self.engine.memory_report())
 
     @property
     def is_dead(self) -> bool:
@@ -331,7 +224,12 @@ class AsyncLLMEngine:
             self._commands.append(_Abort(request_id, error))
             self._cond.notify_all()
 
-    async def inspect(self, read: Callable[[LLMEngine], T], timeout: float = INSPECT_TIMEOUT) -> T:
+    async def inspect(self, read: str, *args: str) -> Any:
+        """The payload of the named read `read` (client.INSPECT_READS; inspection.py builds it), its
+        snapshot taken between two steps. Raises EngineDeadError if the engine cannot answer."""
+        return await self._inspector.read(read, *args)
+
+    async def run_between_steps(self, read: Callable[[LLMEngine], T], timeout: float = INSPECT_TIMEOUT) -> T:
         """`read(engine)` run on the engine thread between two steps, so it sees consistent state (for
         snapshots such as `LLMEngine.debug_snapshot`). Without a running engine thread it runs here.
         Raises EngineDeadError if the engine cannot answer within `timeout` seconds."""

@@ -1,7 +1,8 @@
 """LLMEngine: one step = schedule, one forward pass, update, then output processing.
 
-Owns the wiring (scheduler, runner, output processor), `step()`, the per-request fault retry and
-the stats snapshot. Groups, detokenization and stop strings live in output_processor.py.
+Owns the wiring (input processor, scheduler, runner, output processor), `step()`, the per-request
+fault retry and the stats snapshot. Intake (prompt checks, n/best_of samples, seeds, grammar compiles)
+lives in processor.py; groups, detokenization and stop strings in output_processor.py.
 Knows nothing of HTTP or threads.
 """
 
@@ -9,45 +10,31 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
-
+from vllmlite.config import DTYPE_BYTES, EngineConfig
 from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.core.block_manager import BlockManager
 from vllmlite.core.chunking import ChunkingPolicy
-from vllmlite.config import DTYPE_BYTES, EngineConfig
-from vllmlite.kernels import TORCH_BACKEND, get_kernels, resolve_backend
-from vllmlite.models.loader import LoadedModel, load_model
-from vllmlite.models.llama import LlamaModel
+from vllmlite.core.request import FinishReason, Request, internal_error
+from vllmlite.core.scheduler import Scheduler
+from vllmlite.core.tracing import make_tracer
 from vllmlite.engine.output_processor import OutputProcessor, StopStringHit
+from vllmlite.engine.processor import InputProcessor, NewRequest, Prompt
+from vllmlite.engine.request_limits import RequestLimits
+from vllmlite.kernels import get_kernels
+from vllmlite.models.llama import LlamaModel
+from vllmlite.models.loader import LoadedModel, load_model
 from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllmlite.pooling_params import PoolingParams, PoolingType
-from vllmlite.core.request import FinishReason, Request, internal_error
-from vllmlite.engine.request_limits import RequestLimits, truncated_prompt
-from vllmlite.worker.runner import ModelRunner
-from vllmlite.worker.sampling import make_generator
 from vllmlite.sampling_params import SamplingParams
-from vllmlite.core.scheduler import Scheduler
-from vllmlite.worker.speculative import make_proposer
 from vllmlite.stats import EngineDebugSnapshot, EngineStats, KVOccupancy
-from vllmlite.worker.structured_output import GrammarCompiler
 from vllmlite.threads import THREAD_ENV, THREAD_ENV_APPLIED
-from vllmlite.core.tracing import make_tracer
+from vllmlite.worker.runner import ModelRunner
+from vllmlite.worker.speculative import make_proposer
 
 logger = logging.getLogger(__name__)
-
-Prompt = str | list[int]
-GRAMMAR_WAIT_SECONDS = 0.05  # an idle step waits this long at most for a grammar to compile
-
-
-class _Compiling(NamedTuple):
-    """A request whose grammar is compiling: it joins the scheduler when the future is done."""
-
-    grammar: Future
-    samples: list[Request]
 
 
 class LLMEngine:
@@ -73,9 +60,10 @@ class LLMEngine:
         self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
                                    config.cache.preemption_mode, stop_ids,
                                    spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking)
-        backend = TORCH_BACKEND if config.uses_torch else resolve_backend(config.kernels)
+        backend = config.kernel_backend
         kernels = get_kernels(backend, config.device, config.dtype)
-        model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
+        # The model the runner runs; public for tools that measure or spy on its forward pass.
+        self.model = model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
         self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
                                   proposer)
@@ -89,10 +77,9 @@ class LLMEngine:
                            "the cores the attention kernels need (steps up to 2x slower): import vllmlite "
                            "first, or set %s", " ".join(f"{k}={v}" for k, v in THREAD_ENV.items()))
         self.weights_bytes = loaded.weights.num_bytes
-        self._seed_rng = np.random.default_rng(config.seed)
+        self.input_processor = InputProcessor(self.tokenizer, self.request_limits, PoolingType(config.pooling),
+                                              config.seed)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self._grammar_compiler: GrammarCompiler | None = None  # made by the first constrained request
-        self._compiling: list[_Compiling] = []
 
     def memory_report(self) -> dict[str, int]:
         """Bytes held by weights, the device KV cache and the host swap arena."""
@@ -116,51 +103,25 @@ class LLMEngine:
         if self.output_processor.has_request(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
         try:
-            self._add_request(request_id, prompt, params, arrival_time, priority, cache_salt, client_id)
+            new = self.input_processor.process(request_id, prompt, params, arrival_time=arrival_time,
+                                               priority=priority, cache_salt=cache_salt, client_id=client_id)
+            self._register(new)
         except BaseException:
             self.abort_request(request_id)  # whatever part of it was registered before the failure
             raise
 
-    def _add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | PoolingParams,
-                     arrival_time: float | None, priority: int, cache_salt: str | None,
-                     client_id: str | None) -> None:
-        params = params.clone()
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if isinstance(params, PoolingParams):
-            self.check_request(token_ids, params)
-            # It never samples; the scheduler and runner read its (default) sampling params like any request's.
-            request = Request(request_id=request_id, prompt_token_ids=token_ids, sampling_params=SamplingParams(),
-                              max_tokens=0, generator=make_generator(0), arrival_time=arrival_time or time.monotonic(),
-                              priority=priority, cache_salt=cache_salt, client_id=client_id,
-                              pooling_params=params, pooling=PoolingType(self.config.pooling))
-            self.output_processor.add_embedding_request(request_id, prompt if isinstance(prompt, str) else None,
-                                                        request)
-            self.tracer.arrived(request_id, [request], prompt if isinstance(prompt, str) else None)
-            self.scheduler.add_request(request)
-            return
-        internal = self.output_processor.sampling_params_for(params)
-        internal.update_from_tokenizer(self.tokenizer)
-        max_tokens = self.check_request(token_ids, internal)
-        token_ids = truncated_prompt(token_ids, internal)
-        samples = []
-        for i in range(params.num_sequences):
-            # Sample i of a seeded request is that request alone with seed + i (as vLLM does).
-            seed = int(self._seed_rng.integers(2**63)) if params.seed is None else params.seed + i
-            samples.append(Request(
-                request_id=request_id if i == 0 else f"{request_id}#{i}",
-                prompt_token_ids=token_ids, sampling_params=internal, max_tokens=max_tokens,
-                generator=make_generator(seed), arrival_time=arrival_time or time.monotonic(),
-                priority=priority, cache_salt=cache_salt, client_id=client_id,
-                parent_id=None if i == 0 else request_id, sample_index=i))
-        self.output_processor.add_request(request_id, prompt if isinstance(prompt, str) else None, params,
-                                          samples)
-        self.tracer.arrived(request_id, samples, prompt if isinstance(prompt, str) else None)
-        if internal.structured_outputs is None:
-            self.scheduler.add_request(samples[0], samples[1:])
-            return
-        if self._grammar_compiler is None:
-            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
-        self._compiling.append(_Compiling(self._grammar_compiler.submit(internal.structured_outputs), samples))
+    def _register(self, new: NewRequest) -> None:
+        """Hand a processed request to the output processor and the tracer, then to the scheduler
+        (a constrained one to the input processor first, until its grammar has compiled)."""
+        if new.is_pooling:
+            self.output_processor.add_embedding_request(new.request_id, new.prompt_text, new.samples[0])
+        else:
+            self.output_processor.add_request(new.request_id, new.prompt_text, new.params, new.samples)
+        self.tracer.arrived(new.request_id, new.samples, new.prompt_text)
+        if new.needs_grammar:
+            self.input_processor.compile_grammar(new)
+        else:
+            self.scheduler.add_request(new.samples[0], new.samples[1:])
 
     @property
     def request_limits(self) -> RequestLimits:
@@ -179,7 +140,7 @@ class LLMEngine:
         """Stop a request (all its samples) and free its blocks; unknown ids are ignored. `why` goes
         into its trace ("client disconnected", "timeout", ...)."""
         samples = self.output_processor.abort_request(request_id)
-        self._compiling = [c for c in self._compiling if c.samples[0].request_id != request_id]
+        self.input_processor.abort(request_id)
         self.scheduler.abort_requests([r.request_id for r in samples])
         self.tracer.aborted(request_id, why)
         self._forget_finished(samples)
@@ -196,7 +157,7 @@ class LLMEngine:
         whose grammar is still compiling counts as waiting."""
         proposer = self.runner.proposer
         scheduler_stats = self.scheduler.make_stats()
-        scheduler_stats.num_waiting += len(self._compiling)
+        scheduler_stats.num_waiting += self.input_processor.num_compiling
         return EngineStats(scheduler_stats, self.output_processor.num_unfinished_requests,
                            self.runner.num_forward_passes,
                            proposer.num_forward_passes if proposer is not None else 0)
@@ -217,7 +178,7 @@ class LLMEngine:
             spec.pop("model")
         values.update(max_model_len=self.max_model_len, num_blocks=self.block_manager.num_blocks,
                       num_host_blocks=self.block_manager.num_host_blocks, dtype=config.dtype, seed=config.seed,
-                      kernels=resolve_backend(config.kernels), quantization=config.weight_quantization,
+                      kernels=config.kernel_backend, quantization=config.weight_quantization,
                       pooling=config.pooling, speculative=spec)
         return values
 
@@ -238,40 +199,31 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         result = self._execute(scheduled)
         touched = failed + self.scheduler.update(scheduled, result)
+        outputs = self._process_outputs(touched)
+        self.chunking.observe(scheduled, time.perf_counter() - started)
+        self.tracer.step_done(started, scheduled)
+        return outputs
+
+    def _start_compiled_requests(self) -> list[Request]:
+        """Queue the requests whose grammar has compiled; return the samples of those whose grammar
+        failed (finished in error), for their outputs."""
+        compiled = self.input_processor.pop_compiled(idle=not self.scheduler.has_unfinished_requests())
+        for request in compiled.failed:
+            self.tracer.finished(request)
+        for first, *forks in compiled.ready:
+            self.scheduler.add_request(first, forks)
+        return compiled.failed
+
+    def _process_outputs(self, touched: list[Request]) -> list[RequestOutput | EmbeddingRequestOutput]:
+        """Detokenize what this step changed, end the requests a stop string (or a detokenizer fault)
+        ends, and make the outputs."""
         for finish in self.output_processor.detokenize(touched):
             if isinstance(finish, StopStringHit):
                 self.scheduler.finish(finish.request, FinishReason.STOP, finish.stop_str)
             else:
                 self.scheduler.finish(finish.request, FinishReason.ERROR, error=finish.error)
         self._forget_finished(touched)
-        outputs = self.output_processor.make_outputs()
-        self.chunking.observe(scheduled, time.perf_counter() - started)
-        self.tracer.step_done(started, scheduled)
-        return outputs
-
-    def _start_compiled_requests(self) -> list[Request]:
-        """Queue the requests whose grammar has compiled, each sample with its own grammar state;
-        end in error those whose grammar failed (returned, for their outputs). With nothing else
-        to run, wait a little for a compile rather than spin."""
-        if not self._compiling:
-            return []
-        if not self.scheduler.has_unfinished_requests():
-            wait([c.grammar for c in self._compiling], GRAMMAR_WAIT_SECONDS, FIRST_COMPLETED)
-        failed: list[Request] = []
-        for compiling in [c for c in self._compiling if c.grammar.done()]:
-            self._compiling.remove(compiling)
-            first, *forks = compiling.samples
-            error = compiling.grammar.exception()
-            if error is not None:
-                for request in compiling.samples:
-                    request.finish(FinishReason.ERROR, error=str(error))
-                    self.tracer.finished(request)
-                failed.extend(compiling.samples)
-                continue
-            for request in compiling.samples:
-                request.grammar = self._grammar_compiler.new_state(compiling.grammar.result())
-            self.scheduler.add_request(first, forks)
-        return failed
+        return self.output_processor.make_outputs()
 
     def _execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         """Run the batch; if it raises, run each sequence alone so only the failing ones end in error.

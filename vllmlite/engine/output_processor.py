@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from vllmlite.tokenizer.detokenizer import IncrementalDetokenizer
+from vllmlite.core.request import FinishReason, Request, internal_error
 from vllmlite.outputs import (
     CompletionOutput,
     EmbeddingOutput,
@@ -28,10 +28,10 @@ from vllmlite.outputs import (
     RequestOutput,
 )
 from vllmlite.pooling_params import finish_embedding
-from vllmlite.core.request import FinishReason, Request, internal_error
-from vllmlite.worker.sampling import TokenLogprobs
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import Tokenizer
+from vllmlite.tokenizer.detokenizer import IncrementalDetokenizer
+from vllmlite.worker.sampling import TokenLogprobs
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class OutputFailure(NamedTuple):
 @dataclass
 class _Sample:
     request: Request
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | None   # None: detokenize=False, token ids only
     num_detokenized: int = 0     # output tokens fed to the detokenizer
     num_reported: int = 0        # output tokens already in a returned CompletionOutput
     reported_text: str = ""      # text already in a returned CompletionOutput
@@ -115,7 +115,7 @@ class OutputProcessor:
         for request in samples:
             detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
                                                  params.skip_special_tokens, params.stop or (),
-                                                 params.include_stop_str_in_output)
+                                                 params.include_stop_str_in_output) if params.detokenize else None
             group.samples.append(_Sample(request, detokenizer))
         self._groups[request_id] = group
 
@@ -197,7 +197,7 @@ class OutputProcessor:
 
     def _detokenize(self, sample: _Sample) -> StopStringHit | None:
         request = sample.request
-        if not request.sampling_params.detokenize:
+        if sample.detokenizer is None:
             return None  # token ids only: the text stays "" (stop strings need text, so there are none)
         first = sample.num_detokenized
         new_ids = request.output_token_ids[first:]
@@ -253,7 +253,7 @@ class OutputProcessor:
     def _completion(self, group: _Group, sample: _Sample) -> CompletionOutput:
         request = sample.request
         start, previous_text = sample.num_reported, sample.reported_text
-        text = sample.detokenizer.output_text
+        text = sample.detokenizer.output_text if sample.detokenizer is not None else ""
         sample.num_reported, sample.reported_text = request.num_output_tokens, text
         logprobs = None
         if group.wants_logprobs:

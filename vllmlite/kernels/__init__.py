@@ -4,12 +4,13 @@ A backend is a module that defines every function of `Kernels` with the same arg
 writing into `out` or in place (no allocation the caller does not see):
 
     numpy  reference.py      the readable definition and the test oracle
-    numba  numba_kernels.py  compiled, cached on disk, the default
+    numba  numba/            compiled, cached on disk, the default
     torch  torch/            torch tensors on the CPU or a CUDA device (an instance: device, dtype)
 
 The model calls `kernels.<op>(...)` on whatever `get_kernels()` returned and never imports a
-backend, so a new backend (a GPU one) is one more module and one more line in BACKENDS.
-`VLLMLITE_KERNELS=numpy` (or the engine's `kernels` knob) selects the references.
+backend, so a new backend is one more module and one more line in BACKENDS.
+The engine's `kernels` knob (EngineArgs, which also reads `VLLMLITE_KERNELS=numpy`) selects the
+references; this module reads no environment.
 
 A backend also owns where arrays live: the model allocates its workspace and the runner its KV
 cache through `zeros`/`empty`, moves weights and each step's index arrays with `to_device`, and
@@ -20,27 +21,27 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 from typing import Protocol
 
 import numpy as np
 
-from vllmlite.kernels.attention_metadata import AttentionMetadata
 from vllmlite.config import KERNEL_BACKENDS
+from vllmlite.kernels.attention_metadata import AttentionMetadata
 from vllmlite.kernels.quant import QuantizedMatrix
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = {"numba": "vllmlite.kernels.numba_kernels", "numpy": "vllmlite.kernels.reference"}  # numpy arrays
+BACKENDS = {"numba": "vllmlite.kernels.numba", "numpy": "vllmlite.kernels.reference"}  # on numpy arrays
 TORCH_BACKEND = "torch"
 DEFAULT_BACKEND = KERNEL_BACKENDS[0]
-ENV_VAR = "VLLMLITE_KERNELS"
 
 
 class Kernels(Protocol):
     """What every backend module provides. Shapes: x/out [tokens, hidden]; q/out [tokens, heads,
     head_dim]; caches [slots, kv_heads, head_dim]; gate_up [tokens, 2 * inter] -> out [tokens, inter];
     linear: x [tokens, in], weight [out, in] (float, or quantized: vllmlite/kernels/quant.py) -> out [tokens, out]."""
+
+    feature_major: bool  # activations as transposed [features, tokens] arrays (else [tokens, features])
 
     def to_device(self, array: np.ndarray | QuantizedMatrix, dtype=None) -> np.ndarray | QuantizedMatrix: ...
 
@@ -73,8 +74,8 @@ class Kernels(Protocol):
 
 
 def resolve_backend(name: str | None = None) -> str:
-    """`name`, else $VLLMLITE_KERNELS, else the default; a clear error for an unknown one."""
-    name = name or os.environ.get(ENV_VAR) or DEFAULT_BACKEND
+    """`name`, else the default; a clear error for an unknown one."""
+    name = name or DEFAULT_BACKEND
     if name not in BACKENDS:
         raise ValueError(f"kernels must be one of {sorted(BACKENDS)}, got {name!r}")
     return name

@@ -1,6 +1,6 @@
 """numpy's own OpenBLAS `sgemm`, callable from compiled kernels, and a switch for its threads.
 
-The quantized product for many tokens (`numba_kernels._quantized_gemm`) runs as one parallel
+The quantized product for many tokens (`numba/linear._quantized_gemm`) runs as one parallel
 region in which every worker dequantizes its own tiles and multiplies them by the activations
 with a one-thread sgemm, instead of handing each batch of tiles from numba's threads to
 OpenBLAS's and back. This module finds the sgemm that numpy's wheels ship (scipy-openblas, with

@@ -5,7 +5,7 @@ Computes what `reference.attend_group` computes for a one-sequence group (the re
 version, and the oracle the tests hold this to) without its dense [queries, context] score matrix:
 a tile of queries attends only to the keys it can see, so the masked upper triangle is never
 computed, and each tile's scores stay small enough to sit in cache. A tile is a unit of work the
-caller may run on any thread (numba_kernels runs a step's tiles on several). Knows nothing of
+caller may run on any thread (numba/attention.py runs a step's tiles on several). Knows nothing of
 scheduling or threads.
 """
 

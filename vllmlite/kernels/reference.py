@@ -1,6 +1,6 @@
 """The numpy reference kernels: the readable definition of every hot operation, and the test oracle.
 
-Each function writes into `out` (or in place) like its compiled twin in `numba_kernels.py`, so the
+Each function writes into `out` (or in place) like its compiled twin in `numba/`, so the
 model calls both the same way. Plain numpy, no tricks: read these first.
 """
 
@@ -13,9 +13,9 @@ import numpy as np
 from vllmlite.kernels.attention_metadata import AttentionGroup, AttentionMetadata
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 
-
 # Where arrays live: numpy's memory, so these are numpy itself (see Kernels in __init__.py).
 zeros, empty, host_zeros = np.zeros, np.empty, np.zeros
+feature_major = True  # activations as transposed [features, tokens] arrays (BLAS-friendly, see LlamaModel)
 
 
 def to_device(array: np.ndarray | QuantizedMatrix, dtype=None) -> np.ndarray | QuantizedMatrix:

@@ -13,12 +13,12 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
 from vllmlite.config import ModelConfig
 from vllmlite.kernels import Kernels, get_kernels
+from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
+from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 from vllmlite.models.loader import LayerWeights, Matrix, ModelWeights
 from vllmlite.progress import progress
-from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 
 KVCache = list[tuple[np.ndarray, np.ndarray]]  # per layer (K, V), each [num_slots, kv_heads, head_dim]
 WARM_UP_TOKENS = 20  # warm_up's longest prompt: past the few-token/BLAS switch of the linear layers
@@ -71,7 +71,8 @@ class Workspace:
     the first features * n values of each buffer as one C-contiguous [features, n] block, so a
     kernel's inner loop over tokens has unit stride, known at compile time. The buffers grow (to
     twice the need) only when a step is larger than any before: a step allocates nothing but the
-    logits it returns.
+    logits it returns. A backend that prefers token-major rows (`kernels.feature_major` False: the
+    torch one, for cuBLAS and coalesced GPU loads) gets plain [capacity, features] buffers instead.
     """
 
     capacity: int
@@ -82,20 +83,26 @@ class Workspace:
     attn: np.ndarray      # [tokens, heads * head_dim]
     gate_up: np.ndarray   # [tokens, 2 * intermediate]
     act: np.ndarray       # [tokens, intermediate]
+    feature_major: bool = True
 
     @classmethod
     def allocate(cls, config: ModelConfig, capacity: int, dtype, kernels: Kernels) -> Workspace:
         c = config
         widths = (c.hidden_size, c.hidden_size, c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim,
                   c.num_heads * c.head_dim, 2 * c.intermediate_size, c.intermediate_size)
+        if not kernels.feature_major:
+            return cls(capacity, *(kernels.zeros((capacity, width), dtype) for width in widths), feature_major=False)
         return cls(capacity, *(kernels.zeros((width, capacity), dtype).T for width in widths))
 
     def views(self, num_tokens: int) -> Workspace:
         """The buffers for a step of `num_tokens` tokens (called on the allocated workspace)."""
-        def first(buffer: np.ndarray) -> np.ndarray:   # buffer: [capacity, width], a transposed C array
-            width = buffer.shape[1]
+        def first(buffer: np.ndarray) -> np.ndarray:   # buffer: [capacity, width]
+            if not self.feature_major:
+                return buffer[:num_tokens]
+            width = buffer.shape[1]                    # a transposed C array
             return buffer.T.reshape(-1)[:width * num_tokens].reshape(width, num_tokens).T
-        return Workspace(num_tokens, *(first(getattr(self, f.name)) for f in fields(self)[1:]))
+        buffers = (first(getattr(self, f.name)) for f in fields(self)[1:-1])
+        return Workspace(num_tokens, *buffers, feature_major=self.feature_major)
 
 
 class LlamaModel:
@@ -155,7 +162,8 @@ class LlamaModel:
     def _logits(self, hidden: np.ndarray, logits_rows: np.ndarray) -> np.ndarray:
         """The LM head on rows `logits_rows` of `hidden`: [num_logits, vocab]."""
         k, lm_head = self.kernels, self.weights.lm_head
-        logits = k.empty((lm_head.shape[0], len(logits_rows)), self.dtype).T   # [num_logits, vocab] view
+        shape = (lm_head.shape[0], len(logits_rows))                     # [vocab, num_logits]
+        logits = k.empty(shape, self.dtype).T if k.feature_major else k.empty(shape[::-1], self.dtype)
         k.linear(hidden[k.to_device(logits_rows)], lm_head, logits)
         return k.to_numpy(logits)
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from vllmlite.config import ModelConfig, RopeScaling, check_quantization
+from vllmlite.kernels.quant import GGUF_TYPES, BlockRows, QuantizedMatrix, from_gguf, quantize_rows, tile
 from vllmlite.models.model_source import RANDOM_MODEL, resolve_model
 from vllmlite.progress import progress
-from vllmlite.kernels.quant import GGUF_TYPES, BlockRows, QuantizedMatrix, from_gguf, quantize_rows, tile
 from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, read_gguf_fields
 
 logger = logging.getLogger(__name__)

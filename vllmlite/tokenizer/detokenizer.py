@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from vllmlite.tokenizer import Tokenizer
+from vllmlite.tokenizer.base import Tokenizer
 
 # Prompt tokens decoded as left context, so a decoder that treats the first token specially
 # (SentencePiece's leading space) sees the output as a continuation (vLLM uses 5 too).

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from vllmlite.kernels.attention_metadata import build_metadata
 from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
+from vllmlite.kernels.attention_metadata import build_metadata
 from vllmlite.models.llama import LlamaModel
 from vllmlite.pooling_params import PoolingType
 from vllmlite.worker.sampling import Sampler, SamplingBatch, compute_logprobs

@@ -14,12 +14,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from vllmlite.kernels.attention_metadata import build_metadata
-from vllmlite.core.batch import ScheduledSequence
 from vllmlite.config import EngineConfig, SpeculativeConfig
+from vllmlite.core.batch import ScheduledSequence
 from vllmlite.kernels import Kernels
-from vllmlite.models.loader import LoadedModel, ModelWeights, load_model
+from vllmlite.kernels.attention_metadata import build_metadata
 from vllmlite.models.llama import LlamaModel
+from vllmlite.models.loader import LoadedModel, ModelWeights, load_model
 from vllmlite.worker.sampling import Sampler, SamplingBatch
 
 

@@ -11,10 +11,12 @@ import pytest
 from conftest import skip_unless_ci
 
 from vllmlite.api.cli import ServerArgs
-from vllmlite.engine.async_engine import EngineDeadError, GenerateRequest, QueueFullError
-from vllmlite.outputs import RequestOutput
-from vllmlite.engine.request_limits import RequestLimits
 from vllmlite.api.ray.routing import preference_order, routing_key
+from vllmlite.engine.client import EngineSummary
+from vllmlite.engine.exceptions import EngineDeadError, QueueFullError
+from vllmlite.engine.request_limits import RequestLimits
+from vllmlite.engine.request_stream import GenerateRequest
+from vllmlite.outputs import RequestOutput
 from vllmlite.sampling_params import SamplingParams
 
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -66,7 +68,8 @@ def _finished(request: GenerateRequest) -> list:
 def _engine(scripts):
     from vllmlite.api.ray.replica import ReplicaFacts
     from vllmlite.api.ray.serving import RemoteEngine
-    facts = ReplicaFacts(tokenizer=None, limits=RequestLimits(259, 4096, 8, 512, 16), hidden_size=64)
+    summary = EngineSummary("random", "float64", 4096, {})
+    facts = ReplicaFacts(tokenizer=None, limits=RequestLimits(259, 4096, 8, 512, 16), hidden_size=64, summary=summary)
     handles = [_FakeHandle(script) for script in scripts]
     return RemoteEngine(handles, facts, ServerArgs(model="random"), owns_ray=False, owns_replicas=False), handles
 
@@ -140,6 +143,25 @@ def test_a_replicas_reported_prefix_hit_lowers_the_next_requests_cost_there():
     asyncio.run(run())
 
 
+def test_remote_engine_implements_the_engine_client_interface():
+    """The same members as AsyncLLMEngine (tests/engine/test_async_engine.py pins the list), with
+    the same parameters."""
+    import inspect
+    import typing
+
+    from vllmlite.api.ray.serving import RemoteEngine
+    from vllmlite.engine.client import EngineClient
+
+    engine, _ = _engine([_finished])
+    assert isinstance(engine, EngineClient)
+    for name in typing._get_protocol_attrs(EngineClient):
+        protocol_member = getattr(EngineClient, name, None)
+        if callable(protocol_member):
+            assert (inspect.signature(getattr(RemoteEngine, name)).parameters.keys()
+                    == inspect.signature(protocol_member).parameters.keys()), name
+    assert engine.summary().model_source == "random" and engine.request_limits.block_size == 16
+
+
 class _InspectHandle:
     """A replica handle whose `inspect(read, *args)` is the coroutine `call(read, *args)`."""
 
@@ -164,8 +186,8 @@ async def _no_trace(read, *args):
 
 
 def test_inspecting_replicas_leaves_out_and_names_the_ones_that_fail_hang_or_are_down():
-    from vllmlite.api.ops.debug import ReplicaDebug
     from vllmlite.api.errors import APIError
+    from vllmlite.api.ops.debug import read_payload
 
     async def run():
         engine, _ = _engine([_finished] * 4)
@@ -179,14 +201,14 @@ def test_inspecting_replicas_leaves_out_and_names_the_ones_that_fail_hang_or_are
         assert replies.answers == [(0, {"read": "request", "args": ["r1"]})]
         assert replies.missing == [(1, "RuntimeError: RayTaskError(APIError): the engine did not answer"),
                                    (2, "no answer within 0.2 s"), (3, "down (killed)")]
-        # Through the routes' source: no replica that answered has the id, and one did not answer.
+        # Through the routes' read: no replica that answered has the id, and one did not answer.
         engine.replicas[0].handle = engine.replicas[2].handle = _InspectHandle(_no_trace)
         with pytest.raises(APIError, match="did not answer: replica 1: RuntimeError") as not_found:
-            await ReplicaDebug(engine, "random").request("r1")
+            await read_payload(engine, "request", "r1")
         assert not_found.value.status == 404
         engine.replicas[0].is_healthy = engine.replicas[2].is_healthy = False
         with pytest.raises(APIError, match="no replica answered") as none:
-            await ReplicaDebug(engine, "random").stats()
+            await read_payload(engine, "stats")
         assert none.value.status == 503
     asyncio.run(run())
 

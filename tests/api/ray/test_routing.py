@@ -5,7 +5,6 @@ from collections import Counter
 
 import pytest
 
-from vllmlite.core.block_manager import BlockManager
 from vllmlite.api.ray.routing import (
     DECODE_WEIGHT,
     NoReplicaError,
@@ -16,6 +15,7 @@ from vllmlite.api.ray.routing import (
     request_cost,
     routing_key,
 )
+from vllmlite.core.block_manager import BlockManager
 
 BS = 4
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from vllmlite.api.errors import APIError, bad_request
-from vllmlite.api.openai.protocol import SamplingFields
+from vllmlite.api.openai.protocol_fields import SamplingFields
 from vllmlite.structured_output_params import StructuredOutputsParams
 
 # vLLM's older names -> the StructuredOutputsParams field each sets

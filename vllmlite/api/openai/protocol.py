@@ -1,8 +1,9 @@
-"""Request and response models in OpenAI's shapes (pydantic 2), with every request field bounded.
+"""Request and response models of the completions, chat, tokenize and embeddings endpoints in OpenAI's
+shapes (pydantic 2).
 
-Requests are parsed strictly from JSON (no "1" for 1, no 1.0 for an int, no NaN); an unknown
-top-level field is a 400 (serving.reject_unknown_fields). Every size a client controls is capped here, before anything is
-tokenized or allocated. Knows nothing of the engine, tokenizers or HTTP routing.
+Owns the endpoints' own fields and every response shape; the bounds, the shared validators and the
+sampling fields both generating endpoints take are protocol_fields.py's. Knows nothing of the engine,
+tokenizers or HTTP routing.
 """
 
 from __future__ import annotations
@@ -12,38 +13,32 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_serializer, field_validator
 
+from vllmlite.api.openai.protocol_fields import (
+    MAX_EMBEDDING_INPUTS,
+    MAX_MESSAGES,
+    MAX_N,
+    MAX_NAME_CHARS,
+    MAX_PROMPT_CHARS,
+    MAX_PROMPT_TOKEN_IDS,
+    MAX_PROMPTS,
+    MAX_TOKENS_BOUND,
+    RequestModel,
+    SamplingFields,
+    check_text,
+    name_field,
+    parse_prompt,
+)
 from vllmlite.api.openai.protocol_tools import (
     MAX_CALL_ID_CHARS,
-    MAX_CHOICES,
-    MAX_SPEC_CHARS,
     MAX_TOOL_CALLS,
     MAX_TOOLS,
     ChatTool,
-    ResponseFormat,
-    StructuredOutputs,
     ToolCall,
     ToolCallDelta,
     ToolCallOut,
     ToolChoice,
 )
-
-MAX_N = 16                     # n and best_of
-MAX_PROMPTS = 64               # prompts in one completions request
-MAX_EMBEDDING_INPUTS = 256     # inputs in one embeddings request (the queue bound applies too)
-MAX_PROMPT_CHARS = 1 << 21     # one prompt string or message content
-MAX_PROMPT_TOKEN_IDS = 1 << 18 # one token-id prompt (the engine then checks the context length)
-MAX_MESSAGES = 1024
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 256
-MAX_STOP_TOKEN_IDS = 64
-MAX_LOGIT_BIAS = 300
-MAX_BAD_WORDS = 64
-MAX_TOKENS_BOUND = 1 << 20     # the engine then checks prompt + max_tokens against the context
-MAX_NAME_CHARS = 256           # model, user, cache_salt, message name
-MAX_COMPLETION_LOGPROBS = 20    # vLLM's bound for completions `logprobs` and for `prompt_logprobs`
-MAX_CHAT_TOP_LOGPROBS = 20
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
-PRIORITY_BOUND = 2**31
+from vllmlite.sampling_params import MAX_LOGPROBS
 
 
 # JSON schemas of the fields whose Python type is wider than what they accept (a validator narrows
@@ -60,12 +55,6 @@ def _prompt_schema(max_prompts: int, min_chars: int = 0) -> dict:
                       {"type": "array", "minItems": 1, "maxItems": max_prompts, "items": _token_ids_schema()}]}
 
 
-_STOP_STRING_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
-_STOP_SCHEMA = {"anyOf": [_STOP_STRING_SCHEMA, {"type": "null"},
-                          {"type": "array", "maxItems": MAX_STOP_STRINGS, "items": _STOP_STRING_SCHEMA}]}
-_LOGIT_BIAS_SCHEMA = {"propertyNames": {"pattern": "^[0-9]{1,10}$"},
-                      "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}
-_NON_NEGATIVE_ITEMS = {"items": {"type": "integer", "minimum": 0}}
 _CONTENT_SCHEMA = {"anyOf": [
     {"type": "string", "maxLength": MAX_PROMPT_CHARS},
     {"type": "array", "maxItems": MAX_MESSAGES, "items": {
@@ -85,162 +74,11 @@ def _message_schema(schema: dict[str, Any]) -> None:
     del schema["required"]
 
 
-def _name_field() -> Any:
-    return Field(None, min_length=1, max_length=MAX_NAME_CHARS)
-
-
-class _Request(BaseModel):
-    # Unknown fields are kept (in model_extra) so that the server can name them in a 400: at the top
-    # level only a few harmless ones pass (serving.NO_OP_FIELDS); inside messages they are ignored.
-    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
-
-
-def _check_token_ids(value: list, where: str) -> list[int]:
-    if not value:
-        raise ValueError(f"{where} must not be empty")
-    if len(value) > MAX_PROMPT_TOKEN_IDS:
-        raise ValueError(f"{where} has {len(value)} token ids; at most {MAX_PROMPT_TOKEN_IDS} are accepted")
-    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
-        raise ValueError(f"{where} must contain only non-negative integer token ids")
-    return value
-
-
-def _check_text(value: str, where: str) -> str:
-    if len(value) > MAX_PROMPT_CHARS:
-        raise ValueError(f"{where} has {len(value)} characters; at most {MAX_PROMPT_CHARS} are accepted")
-    return value
-
-
-def parse_prompt(value: Any, name: str = "prompt", max_prompts: int = MAX_PROMPTS) -> list[str | list[int]]:
-    """A completions `prompt` (or embeddings `input`) as a list: str, [str], [int] or [[int]].
-    Raises ValueError naming `name`.
-
-    >>> parse_prompt("hi"), parse_prompt([1, 2]), parse_prompt([[1], [2]])
-    (['hi'], [[1, 2]], [[1], [2]])
-    """
-    forms = "a string, a list of strings, a list of token ids or a list of token id lists"
-    if isinstance(value, str):
-        return [_check_text(value, name)]
-    if not isinstance(value, list) or not value:
-        raise ValueError(f"{name} must be {forms}, and must not be empty")
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return [_check_token_ids(value, name)]
-    if len(value) > max_prompts:
-        raise ValueError(f"{name} has {len(value)} prompts; at most {max_prompts} are accepted per request")
-    if all(isinstance(v, str) for v in value):
-        return [_check_text(v, f"{name}[{i}]") for i, v in enumerate(value)]
-    if all(isinstance(v, list) for v in value):
-        return [_check_token_ids(v, f"{name}[{i}]") for i, v in enumerate(value)]
-    raise ValueError(f"{name} must be {forms} (not a mix)")
-
-
-class StreamOptions(_Request):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
-
-
-class SamplingFields(_Request):
-    """Fields shared by completions and chat: OpenAI's, then vLLM's extensions."""
-
-    model: str | None = Field(None, max_length=MAX_NAME_CHARS)
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=MAX_N)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop: Annotated[str | list[str] | None, WithJsonSchema(_STOP_SCHEMA)] = None
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS, json_schema_extra=_LOGIT_BIAS_SCHEMA)
-    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
-    user: str | None = Field(None, max_length=MAX_NAME_CHARS)
-    # vLLM's extensions
-    top_k: int | None = Field(None, ge=-1, le=1 << 20)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0, le=MAX_TOKENS_BOUND)
-    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS,
-                                             json_schema_extra=_NON_NEGATIVE_ITEMS)
-    allowed_token_ids: list[int] | None = Field(None, max_length=MAX_PROMPT_TOKEN_IDS,
-                                                json_schema_extra=_NON_NEGATIVE_ITEMS)
-    bad_words: list[str] | None = Field(None, max_length=MAX_BAD_WORDS, json_schema_extra={
-        "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS, "pattern": r"\S"}})
-    truncate_prompt_tokens: int | None = Field(None, ge=1, le=MAX_PROMPT_TOKEN_IDS)
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    priority: int = Field(0, ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)
-    cache_salt: str | None = _name_field()
-    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
-    return_tokens_as_token_ids: bool = False  # logprob tokens read "token_id:123"
-    add_special_tokens: bool | None = None    # None: vLLM's default, True for a prompt, False for messages
-    # Structured output (api/constraints.py): at most one of these
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None
-    guided_json: dict[str, Any] | str | None = None
-    guided_regex: str | None = Field(None, max_length=MAX_SPEC_CHARS)
-    guided_choice: list[str] | None = Field(None, max_length=MAX_CHOICES)
-    guided_grammar: str | None = Field(None, max_length=MAX_SPEC_CHARS)
-    # vLLM extensions not implemented here: declared only to be rejected (serving.UNSUPPORTED_FIELDS).
-    use_beam_search: Any = None
-    logits_processors: Any = None
-    return_token_ids: Any = None
-    spaces_between_special_tokens: Any = None
-
-    @field_validator("stop")
-    @classmethod
-    def _bounded_stop(cls, value: str | list[str] | None) -> list[str] | None:
-        strings = [value] if isinstance(value, str) else value
-        if strings is None:
-            return None
-        if len(strings) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are accepted, got {len(strings)}")
-        if any(not s or len(s) > MAX_STOP_CHARS for s in strings):
-            raise ValueError(f"each stop string must have 1 to {MAX_STOP_CHARS} characters")
-        return strings
-
-    @field_validator("stop_token_ids", "allowed_token_ids")
-    @classmethod
-    def _non_negative_ids(cls, value: list[int] | None, info: ValidationInfo) -> list[int] | None:
-        if value is not None and any(t < 0 for t in value):
-            raise ValueError(f"{info.field_name} must be non-negative token ids")
-        return value
-
-    @field_validator("bad_words")
-    @classmethod
-    def _bounded_bad_words(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and any(not s.strip() or len(s) > MAX_STOP_CHARS for s in value):
-            raise ValueError(f"each bad word must have 1 to {MAX_STOP_CHARS} characters, not all blank")
-        return value
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias_range(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        for key, bias in (value or {}).items():
-            if not (key.isascii() and key.isdigit() and len(key) <= 10):
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
-            if not -100.0 <= bias <= 100.0:
-                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
-        return value
-
-    @property
-    def include_usage(self) -> bool:
-        """Whether a stream ends with a usage chunk."""
-        return self.stream_options is not None and self.stream_options.include_usage
-
-    @property
-    def continuous_usage(self) -> bool:
-        """Whether every chunk of a stream carries the usage so far (vLLM asks include_usage too;
-        we do not, so the flag is never silently ignored)."""
-        return self.stream_options is not None and self.stream_options.continuous_usage_stats
-
-
 class CompletionRequest(SamplingFields):
     prompt: Annotated[Any, WithJsonSchema(_prompt_schema(MAX_PROMPTS))]
     suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = Field(None, ge=1, le=MAX_N)
 
     @field_validator("prompt")
@@ -249,7 +87,7 @@ class CompletionRequest(SamplingFields):
         return parse_prompt(value)
 
 
-class ChatMessage(_Request):
+class ChatMessage(RequestModel):
     """One message; `content` arrives as a string or text parts and leaves as a string."""
 
     model_config = ConfigDict(json_schema_extra=_message_schema)
@@ -257,7 +95,7 @@ class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     # validated to a str; its JSON schema is _message_schema's
     content: Annotated[Any, WithJsonSchema(_CONTENT_SCHEMA)] = Field(None, validate_default=True)
-    name: str | None = _name_field()
+    name: str | None = name_field()
     tool_calls: list[ToolCall] | None = Field(None, max_length=MAX_TOOL_CALLS)  # an assistant's calls
     tool_call_id: str | None = Field(None, min_length=1, max_length=MAX_CALL_ID_CHARS)  # a tool's answer
 
@@ -272,7 +110,7 @@ class ChatMessage(_Request):
             value = "\n".join(_part_text(part) for part in value)
         if not isinstance(value, str):
             raise ValueError("content must be a string or a list of text parts")
-        return _check_text(value, "content")
+        return check_text(value, "content")
 
     def as_dict(self) -> dict:
         """The message as the chat template sees it."""
@@ -300,7 +138,7 @@ def _part_text(part: Any) -> str:
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1, max_length=MAX_MESSAGES)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
     add_generation_prompt: bool = True
     tools: list[ChatTool] | None = Field(None, max_length=MAX_TOOLS)
@@ -319,7 +157,7 @@ class ChatCompletionRequest(SamplingFields):
     web_search_options: Any = None
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(RequestModel):
     model: str | None = Field(None, max_length=MAX_NAME_CHARS)
     prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
@@ -327,12 +165,12 @@ class TokenizeRequest(_Request):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(_Request):
+class DetokenizeRequest(RequestModel):
     model: str | None = Field(None, max_length=MAX_NAME_CHARS)
     tokens: list[int] = Field(..., max_length=MAX_PROMPT_TOKEN_IDS)
 
 
-class EmbeddingRequest(_Request):
+class EmbeddingRequest(RequestModel):
     input: Annotated[Any, WithJsonSchema(_prompt_schema(MAX_EMBEDDING_INPUTS, min_chars=1))]
     model: str | None = Field(None, max_length=MAX_NAME_CHARS)
     encoding_format: Literal["float", "base64"] = "float"

@@ -1,5 +1,5 @@
 """Request, response and stream-event models of OpenAI's Responses API (`POST /v1/responses`), text
-and function tools only, with every request field bounded as in api/protocol.py.
+and function tools only, with every request field bounded as in protocol_fields.py.
 
 Owns the shapes: input items (messages, function calls and their outputs), flat function tools,
 `text.format`, the Response object and its server-sent events. Turning a request into a chat
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from vllmlite.api.openai.protocol import MAX_MESSAGES, MAX_NAME_CHARS, MAX_PROMPT_CHARS, MAX_TOKENS_BOUND
+from vllmlite.api.openai.protocol_fields import MAX_MESSAGES, MAX_NAME_CHARS, MAX_PROMPT_CHARS, MAX_TOKENS_BOUND
 from vllmlite.api.openai.protocol_tools import (
     FUNCTION_NAME,
     MAX_ARGUMENTS_CHARS,
@@ -21,6 +21,7 @@ from vllmlite.api.openai.protocol_tools import (
     MAX_DESCRIPTION_CHARS,
     MAX_TOOLS,
 )
+from vllmlite.sampling_params import MAX_TEMPERATURE
 
 MAX_METADATA_KEYS = 16          # OpenAI's bounds on metadata
 MAX_METADATA_KEY_CHARS = 64
@@ -167,7 +168,7 @@ class ResponsesRequest(BaseModel):
     tool_choice: ToolChoice | None = None  # None: "auto" with tools, "none" without
     parallel_tool_calls: bool | None = None  # None: one call per answer, as chat
     max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    temperature: float | None = Field(None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stream: bool = False
     text: TextConfig | None = None

@@ -18,8 +18,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from vllmlite.api.errors import APIError, bad_request, from_engine_error
-from vllmlite.api.openai.protocol import PromptLogprob, PromptLogprobs, PromptTokensDetails, SamplingFields, Usage
-from vllmlite.engine.async_engine import AsyncLLMEngine, GenerateRequest, RequestStream
+from vllmlite.api.openai.protocol import PromptLogprob, PromptLogprobs, PromptTokensDetails, Usage
+from vllmlite.api.openai.protocol_fields import SamplingFields
+from vllmlite.engine.client import EngineClient
+from vllmlite.engine.request_stream import GenerateRequest, RequestStream
 from vllmlite.outputs import Logprob, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
 
@@ -33,7 +35,7 @@ class ServingContext:
     """What a handler needs: the engine, the name clients must use for the model, and whether chat
     messages may carry special tokens (trusted callers only)."""
 
-    engine: AsyncLLMEngine
+    engine: EngineClient
     model_name: str
     special_tokens_in_messages: bool
 

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllmlite.api.openai.constraints import as_bad_request, make_constraint, request_constraint
 from vllmlite.api.errors import bad_request
+from vllmlite.api.openai.constraints import as_bad_request, make_constraint, request_constraint
 from vllmlite.api.openai.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -60,11 +60,11 @@ from vllmlite.api.openai.tool_calls import (
     template_messages,
     tool_schema,
 )
-from vllmlite.engine.async_engine import RequestStream
-from vllmlite.tokenizer.chat_template import CALLER_TEXT_FIELDS, render_with_caller_spans, template_uses_tools
+from vllmlite.engine.request_stream import RequestStream
 from vllmlite.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import Tokenizer
+from vllmlite.tokenizer.chat_template import CALLER_TEXT_FIELDS, render_with_caller_spans, template_uses_tools
 
 TEMPLATE_AS_IS = "the model's chat template is rendered as it is"
 # Chat fields this server does not implement, checked after serving.UNSUPPORTED_FIELDS.

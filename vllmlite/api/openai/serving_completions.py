@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from vllmlite.api.openai.constraints import request_constraint
 from vllmlite.api.errors import bad_request
+from vllmlite.api.openai.constraints import request_constraint
 from vllmlite.api.openai.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 from vllmlite.api.openai.serving import (
     Admission,
@@ -40,10 +40,10 @@ from vllmlite.api.openai.serving import (
     sse_stream,
     top_items,
 )
-from vllmlite.tokenizer.detokenizer import PROMPT_CONTEXT_TOKENS, REPLACEMENT_CHAR
 from vllmlite.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import Tokenizer
+from vllmlite.tokenizer.detokenizer import PROMPT_CONTEXT_TOKENS, REPLACEMENT_CHAR
 
 MAX_CHOICES = 128  # sequences one request may fork: prompts x max(n, best_of)
 

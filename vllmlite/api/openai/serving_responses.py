@@ -46,7 +46,7 @@ from vllmlite.api.openai.protocol_responses import (
 )
 from vllmlite.api.openai.serving import Admission, ServingContext, admit, final_outputs, reject_unsupported, sse_stream
 from vllmlite.api.openai.serving_chat import PreparedChat, chat_chunks, chat_response, prepare_chat
-from vllmlite.engine.async_engine import RequestStream
+from vllmlite.engine.request_stream import RequestStream
 
 RESPONSES_UNSUPPORTED_FIELDS = (
     ("previous_response_id", (None,), "no response is stored; send the whole conversation as input"),

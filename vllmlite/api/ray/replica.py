@@ -4,8 +4,8 @@ streaming each request's outputs back to the ingress.
 Owns the replica side of the ingress protocol: `facts()` (tokenizer and request limits, so the
 ingress checks requests without a model), `generate()` (RequestOutputs, then ends; an engine error is
 yielded as a value, so the ingress re-raises the very exception AsyncLLMEngine raised), `health()`,
-`metrics()`, `inspect()` (this engine's /v1/stats and /debug/* payloads), `drain()`. Knows nothing of
-routing or HTTP. Imports Ray: load it only for --num-replicas.
+`metrics()`, `inspect()` (this engine's named reads: its /v1/stats and /debug/* payloads), `drain()`.
+Knows nothing of routing or HTTP. Imports Ray: load it only for --num-replicas.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Any
 from ray import serve
 
 from vllmlite.api.cli import ServerArgs
-from vllmlite.api.ops.debug import LocalDebug
-from vllmlite.engine.async_engine import GenerateRequest, StreamItem
+from vllmlite.engine.client import EngineSummary
+from vllmlite.engine.factory import make_async_engine
 from vllmlite.engine.request_limits import RequestLimits
+from vllmlite.engine.request_stream import GenerateRequest, StreamItem
 from vllmlite.tokenizer import Tokenizer
 
 # Health and metrics calls count against Serve's limit too; generation is bounded by the engine's queue.
@@ -35,6 +36,7 @@ class ReplicaFacts:
     tokenizer: Tokenizer
     limits: RequestLimits
     hidden_size: int
+    summary: EngineSummary
 
 
 @dataclass(frozen=True)
@@ -52,19 +54,12 @@ class EngineReplica:
     """Built from ServerArgs' fields (a dict, so a Serve config file can give them)."""
 
     def __init__(self, server_args: dict) -> None:
-        from vllmlite.api.server import make_async_engine  # the server module imports this one lazily
-
-        config = ServerArgs(**server_args)
-        self.engine = make_async_engine(config)
+        self.engine = make_async_engine(ServerArgs(**server_args))
         self.engine.start()
-        debug = LocalDebug(self.engine, config.model_name)
-        # The only reads `inspect` runs: named, so nothing but these ever runs on the engine thread.
-        self._reads = {"stats": debug.stats, "requests": debug.requests, "request": debug.request,
-                       "engine": debug.engine}
 
     def facts(self) -> ReplicaFacts:
         engine = self.engine
-        return ReplicaFacts(engine.tokenizer, engine.engine.request_limits, engine.hidden_size)
+        return ReplicaFacts(engine.tokenizer, engine.request_limits, engine.hidden_size, engine.summary())
 
     def health(self) -> ReplicaHealth:
         return ReplicaHealth(os.getpid(), self.engine.health_error, self.engine.is_draining,
@@ -74,12 +69,10 @@ class EngineReplica:
         return self.engine.metrics.render() if self.engine.metrics is not None else ""
 
     async def inspect(self, read: str, *args: str) -> Any:
-        """The payload this engine would answer its route with (debug.py's LocalDebug), read on the
+        """The payload this engine would answer its route with (`AsyncLLMEngine.inspect`), read on the
         engine thread between steps: `stats` (/v1/stats), `requests`, `request` (an id; None when
-        there is no trace of it) or `engine` (/debug/engine)."""
-        if read not in self._reads:
-            raise ValueError(f"unknown read {read!r}: one of {', '.join(self._reads)}")
-        return await self._reads[read](*args)
+        there is no trace of it) or `engine` (/debug/engine). Only these named reads ever run."""
+        return await self.engine.inspect(read, *args)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[StreamItem]:
         """The request's outputs; an error (queue full, draining, dead, aborted, bad request) is

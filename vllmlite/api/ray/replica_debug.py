@@ -1,8 +1,9 @@
 """/v1/stats and /debug/* behind the Ray ingress: merging the replicas' answers into one.
 
-Each replica answers with the single-engine payload of the route (debug.py's LocalDebug, run by
-`EngineReplica.inspect`); this module owns how those payloads combine, in the shapes of
-protocol_debug.py. Pure functions on plain dicts: knows nothing of Ray, HTTP or the engine.
+Each replica answers with the single-engine payload of the route (its engine's named read,
+engine/inspection.py, run by `EngineReplica.inspect`); this module owns how those payloads combine,
+in the shapes of protocol_debug.py. Pure functions on plain dicts: knows nothing of Ray, HTTP or the
+engine.
 
 Merging rules. Counts (queues, KV blocks, prefix-cache tokens, preemptions, tokens, requests,
 speculative tokens) are sums over the replicas that answered; rates (KV usage, prefix hit rate,
@@ -34,6 +35,19 @@ class ReplicaAnswers:
     def describe_missing(self) -> str:
         """'replica 1: down (...); ...', or '' when every replica answered."""
         return "; ".join(f"replica {index}: {error}" for index, error in self.missing)
+
+
+def merge_answers(read: str, model_name: str, replies: ReplicaAnswers, now: float) -> Any:
+    """The merged payload of the named read `read` (engine.client.INSPECT_READS)."""
+    if read == "stats":
+        return merge_stats(model_name, replies, now)
+    if read == "requests":
+        return merge_request_lists(replies)
+    if read == "request":
+        return find_request(replies)
+    if read == "engine":
+        return engines_payload(model_name, replies, now)
+    raise ValueError(f"unknown read {read!r}")
 
 
 def merge_stats(model_name: str, replies: ReplicaAnswers, now: float) -> dict[str, Any]:

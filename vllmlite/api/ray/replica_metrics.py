@@ -1,23 +1,36 @@
 """One Prometheus page from many replicas' pages: every sample gains a `replica` label.
 
-Owns the merge (families keep one HELP and TYPE line; samples keep their own labels). Knows nothing of
-Ray or of which metrics exist: it reads and writes the text format only.
+Owns the merge: a prometheus-client collector over the replicas' parsed pages, in which each family
+keeps one HELP and TYPE and its samples keep their own labels; prometheus-client writes the text.
+Knows nothing of Ray or of which metrics exist.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.utils import floatToGoString
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class ReplicaPagesCollector:
+    """The families of `pages` (None pages are skipped), each once, in the order first seen; the
+    samples of `pages[i]` labelled `replica="i"`, in page order."""
 
+    def __init__(self, pages: Sequence[str | None]) -> None:
+        self._pages = pages
 
-def _labels(labels: dict[str, str]) -> str:
-    return ",".join(f'{name}="{_escape(value)}"' for name, value in labels.items())
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for replica, page in enumerate(self._pages):
+            if page is None:
+                continue
+            for family in text_string_to_metric_families(page):
+                merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+                for sample in family.samples:
+                    merged.add_sample(sample.name, {**sample.labels, "replica": str(replica)}, sample.value)
+        yield from families.values()
 
 
 def merge_replica_metrics(pages: Sequence[str | None]) -> str:
@@ -30,18 +43,6 @@ def merge_replica_metrics(pages: Sequence[str | None]) -> str:
     x_total{model_name="m",replica="0"} 2.0
     x_total{model_name="m",replica="2"} 2.0
     """
-    families: dict[str, tuple[str, str, list[str]]] = {}
-    for replica, page in enumerate(pages):
-        if page is None:
-            continue
-        for family in text_string_to_metric_families(page):
-            _, _, lines = families.setdefault(family.name, (family.type, family.documentation, []))
-            for sample in family.samples:
-                labels = {**sample.labels, "replica": str(replica)}
-                lines.append(f"{sample.name}{{{_labels(labels)}}} {floatToGoString(sample.value)}")
-    out: list[str] = []
-    for name, (kind, documentation, lines) in families.items():
-        help_text = documentation.replace("\\", "\\\\").replace("\n", "\\n")
-        name += "_total" if kind == "counter" else ""  # as prometheus_client's own text format names it
-        out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *lines]
-    return "\n".join(out) + "\n" if out else ""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ReplicaPagesCollector(pages))
+    return generate_latest(registry).decode()

@@ -1,37 +1,30 @@
 """Which replica serves a request: prefix-aware (consistent hashing with bounded loads), round robin,
 least loaded. Pure Python, no Ray.
 
-Owns the routing policies and a prompt's routing key (the prefix-cache key of its first block, as the
-block manager makes it). Knows nothing of Ray, HTTP or engines: replicas are indices, loads are counts.
+Owns the routing policies (their names are api/routing_policy.py's) and a prompt's routing key (the
+prefix-cache key of its first block, engine.client.first_block_key). Knows nothing of Ray, HTTP or
+engines: replicas are indices, loads are counts.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import math
 from collections.abc import Sequence
 
-from vllmlite.core.block import block_key
-
-
-class RoutingPolicy(str, enum.Enum):
-    PREFIX_AWARE = "prefix_aware"
-    ROUND_ROBIN = "round_robin"
-    LEAST_LOADED = "least_loaded"
+from vllmlite.api.routing_policy import RoutingPolicy
+from vllmlite.engine.client import first_block_key
 
 
 def routing_key(token_ids: Sequence[int], block_size: int, cache_salt: str | None = None) -> bytes | None:
-    """The prefix-cache key of the prompt's first full block (`block_key(None, first block, salt)`,
-    exactly the key the block manager publishes it under), or None for a prompt shorter than a block:
-    such a prompt can share no cached block, so it is routed by load alone.
+    """The prefix-cache key of the prompt's first full block (exactly the key the block manager
+    publishes it under), or None for a prompt shorter than a block: such a prompt can share no cached
+    block, so it is routed by load alone.
 
     >>> routing_key([1, 2, 3], 4) is None, routing_key([1, 2, 3, 4, 5], 4) == routing_key([1, 2, 3, 4, 9], 4)
     (True, True)
     """
-    if len(token_ids) < block_size:
-        return None
-    return block_key(None, list(token_ids[:block_size]), () if cache_salt is None else (cache_salt,))
+    return first_block_key(token_ids, block_size, cache_salt)
 
 
 def _score(key: bytes, replica: int) -> bytes:

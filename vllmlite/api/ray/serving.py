@@ -1,12 +1,13 @@
-"""The ingress's engine over N Ray Serve replicas: `RemoteEngine` offers what the API calls on an
-AsyncLLMEngine (add_request -> RequestStream, tokenizer, check_request, health, metrics, drain), plus
-`inspect_replicas` for /v1/stats and /debug/* (debug.py merges the answers), and
-routes each request to a replica (vllmlite/api/ray/routing.py), so every route, error, auth and stream of
-the server is unchanged by construction.
+"""The ingress's engine over N Ray Serve replicas: `RemoteEngine` implements EngineClient
+(engine/client.py) as the local AsyncLLMEngine does, and routes each request to a replica
+(vllmlite/api/ray/routing.py), so every route, error, auth and stream of the server is unchanged by
+construction. Its `inspect` asks every replica the same named read and merges the answers
+(replica_debug.py).
 
 Owns replica selection, the ingress-side stream of each request, replica health (polled; a replica
 that fails is routed around until it answers again) and the merged /metrics page. Knows nothing of
-HTTP. Imports Ray: the server loads this module only for --num-replicas > 1 or --ray-address.
+HTTP but the 404 of a trace some replicas could not be asked for. Imports Ray: the server loads this
+module only for --num-replicas > 1 or --ray-address.
 """
 
 from __future__ import annotations
@@ -18,22 +19,23 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 from ray import serve
+from starlette.responses import JSONResponse
 
 from vllmlite.api.cli import ServerArgs
+from vllmlite.api.ops.debug import no_trace
 from vllmlite.api.ray.replica import ReplicaFacts, ReplicaHealth, replica_app
-from vllmlite.api.ray.replica_debug import ReplicaAnswers
+from vllmlite.api.ray.replica_debug import ReplicaAnswers, merge_answers
 from vllmlite.api.ray.replica_metrics import merge_replica_metrics
-from vllmlite.engine.async_engine import (
-    EngineDeadError,
-    EngineDrainingError,
-    GenerateRequest,
-    RequestStream,
-)
-from vllmlite.pooling_params import PoolingParams
 from vllmlite.api.ray.routing import NoReplicaError, Router, request_cost, routing_key
+from vllmlite.engine.client import EngineSummary
+from vllmlite.engine.exceptions import EngineDeadError, EngineDrainingError
+from vllmlite.engine.request_limits import RequestLimits
+from vllmlite.engine.request_stream import GenerateRequest, RequestStream
+from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import Tokenizer
 
@@ -81,13 +83,14 @@ class ReplicaMetrics:
 
 
 class RemoteEngine:
-    """The AsyncLLMEngine interface the API uses, served by Ray Serve replicas."""
+    """The EngineClient the API uses, served by Ray Serve replicas."""
 
     def __init__(self, handles: list[serve.handle.DeploymentHandle], facts: ReplicaFacts, config: ServerArgs,
                  owns_ray: bool, owns_replicas: bool) -> None:
         self.replicas = [ReplicaState(i, handle) for i, handle in enumerate(handles)]
         self.facts = facts
         self.router = Router(config.routing)
+        self.model_name = config.model_name
         self.max_queue = config.max_queue
         self.request_timeout = config.request_timeout
         self.metrics = ReplicaMetrics(self.replicas)
@@ -114,6 +117,14 @@ class RemoteEngine:
     def hidden_size(self) -> int:
         return self.facts.hidden_size
 
+    @property
+    def request_limits(self) -> RequestLimits:
+        return self.facts.limits
+
+    def summary(self) -> EngineSummary:
+        """Replica 0's engine, as every replica runs the same model and knobs."""
+        return self.facts.summary
+
     def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
         return self.facts.limits.check(token_ids, params)
 
@@ -131,6 +142,19 @@ class RemoteEngine:
         return {"status": status, "replicas": [
             {"replica": r.index, "state": r.state, "error": r.error, "pid": r.pid,
              "in_flight_requests": r.num_in_flight} for r in self.replicas]}
+
+    async def inspect(self, read: str, *args: str) -> Any:
+        """The named read `read` over every healthy replica, merged (replica_debug.merge_answers). A
+        replica that is down or does not answer in time is left out and named in `missing_replicas`;
+        none answering raises EngineDeadError. An id no answering replica has a trace of, while some did
+        not answer, is a 404 naming them (it may be on one of those)."""
+        replies = await self.inspect_replicas(read, *args)
+        if not replies.answers:
+            raise EngineDeadError(f"no replica answered: {replies.describe_missing()}")
+        payload = merge_answers(read, self.model_name, replies, time.time())
+        if read == "request" and payload is None and replies.missing:
+            raise no_trace(args[0], replies.describe_missing())
+        return payload
 
     async def inspect_replicas(self, read: str, *args: str, timeout: float = INSPECT_TIMEOUT) -> ReplicaAnswers:
         """`EngineReplica.inspect(read, *args)` on every healthy replica at once. Returns within
@@ -359,8 +383,6 @@ def launch_replicas(config: ServerArgs) -> RemoteEngine:
 def add_replica_routes(app, engine: RemoteEngine) -> None:
     """GET /health/replicas: each replica's state, and `ok`, `degraded` or `dead` overall (200 unless
     dead, as /health)."""
-    from starlette.responses import JSONResponse
-
     @app.get("/health/replicas", include_in_schema=False)
     async def replicas_health() -> JSONResponse:
         report = engine.health_report()

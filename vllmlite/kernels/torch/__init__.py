@@ -34,6 +34,7 @@ class TorchKernels:
     """One backend instance per engine: its device and compute dtype are fixed at construction."""
 
     name = "torch"
+    feature_major = False  # token-major activations: cuBLAS's usual layout, coalesced rows for Triton
 
     def __init__(self, device: str = "cpu", dtype: str = "float32", attention: str | None = None) -> None:
         """attention: "triton" (the paged kernel of triton_attention.py for short queries; the default
@@ -87,8 +88,11 @@ class TorchKernels:
 
     # ---- the operations (see Kernels) ----------------------------------------------------------
     def linear(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
-        """out = x @ weight.T, computed as weight @ x.T into out.T (the workspace is feature-major)."""
-        torch.matmul(weight, x.T, out=out.T)
+        """out = x @ weight.T (nn.Linear); for feature-major operands as weight @ x.T into out.T."""
+        if out.is_contiguous():
+            torch.mm(x, weight.T, out=out)
+        else:
+            torch.mm(weight, x.T, out=out.T)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> None:
         xf = x.float() if x.dtype in HALF else x                # half precisions normalize in float32

@@ -26,41 +26,44 @@ BLOCK_N = 64  # context positions per tile
 @triton.jit
 def _paged_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, rows_ptr, seq_of_row_ptr, positions_ptr,
                             block_tables_ptr, scale,
-                            stride_q_tok, stride_q_head, stride_o_tok, stride_o_head, stride_bt_seq,
-                            block_size, num_kv_heads,
+                            stride_q_tok, stride_q_head, stride_q_d, stride_o_tok, stride_o_head, stride_o_d,
+                            stride_bt_seq, block_size, num_kv_heads,
                             GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                            BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                            HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     i = tl.program_id(0)
     kv_head = tl.program_id(1)
     row = tl.load(rows_ptr + i).to(tl.int64)                           # the query's row in q and out
     seq = tl.load(seq_of_row_ptr + i)
     num_keys = tl.load(positions_ptr + i) + 1                          # keys 0..position
     g = tl.arange(0, GROUP_PAD)                                        # [GROUP_PAD] query heads of this KV head
-    d = tl.arange(0, HEAD_DIM)                                         # [HEAD_DIM]
+    d = tl.arange(0, HEAD_PAD)                                         # [HEAD_PAD] (a power of 2, >= 16)
+    d_valid = d < HEAD_DIM
     head = kv_head * GROUP + g
-    q_mask = g[:, None] < GROUP
-    q = tl.load(q_ptr + row * stride_q_tok + head[:, None] * stride_q_head + d[None, :], mask=q_mask, other=0.0)
+    q_mask = (g[:, None] < GROUP) & d_valid[None, :]
+    q = tl.load(q_ptr + row * stride_q_tok + head[:, None] * stride_q_head + d[None, :] * stride_q_d,
+                mask=q_mask, other=0.0)
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)                # running max
-    l = tl.zeros([GROUP_PAD], tl.float32)                              # running sum of exp
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    denom = tl.zeros([GROUP_PAD], tl.float32)                          # running sum of exp
+    acc = tl.zeros([GROUP_PAD, HEAD_PAD], tl.float32)
     for start in range(0, num_keys, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)                              # [BLOCK_N] context positions
         valid = n < num_keys
         block_id = tl.load(block_tables_ptr + seq * stride_bt_seq + n // block_size, mask=valid, other=0)
         slot = block_id.to(tl.int64) * block_size + n % block_size
-        kv_offset = (slot[:, None] * num_kv_heads + kv_head) * HEAD_DIM + d[None, :]   # [BLOCK_N, HEAD_DIM]
-        k = tl.load(k_cache_ptr + kv_offset, mask=valid[:, None], other=0.0)
+        kv_offset = (slot[:, None] * num_kv_heads + kv_head) * HEAD_DIM + d[None, :]   # [BLOCK_N, HEAD_PAD]
+        kv_mask = valid[:, None] & d_valid[None, :]
+        k = tl.load(k_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale   # [GROUP_PAD, BLOCK_N]
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         p = tl.exp(scores - m_new[:, None])
         alpha = tl.exp(m - m_new)
-        v = tl.load(v_cache_ptr + kv_offset, mask=valid[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
-        l = l * alpha + tl.sum(p, axis=1)
+        denom = denom * alpha + tl.sum(p, axis=1)
         m = m_new
-    out = acc / l[:, None]
-    tl.store(out_ptr + row * stride_o_tok + head[:, None] * stride_o_head + d[None, :],
+    out = acc / denom[:, None]
+    tl.store(out_ptr + row * stride_o_tok + head[:, None] * stride_o_head + d[None, :] * stride_o_d,
              out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
@@ -69,8 +72,7 @@ def paged_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
                          block_size: int, out: torch.Tensor) -> None:
     """out[rows] = attention of q[rows] over their sequences' paged context, written in place.
 
-    q, out [num_tokens, heads, head_dim] (any token stride; heads and head_dim contiguous);
-    caches [slots, kv_heads, head_dim] contiguous; rows [num_rows] the query rows to compute;
+    q, out [num_tokens, heads, head_dim], any strides; caches [slots, kv_heads, head_dim] contiguous; rows [num_rows] the query rows to compute;
     seq_of_row, positions [num_rows] each row's sequence (a block-table row) and position;
     block_tables [num_seqs, max_blocks] int.
     """
@@ -79,7 +81,7 @@ def paged_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     group = num_heads // num_kv_heads
     _paged_attention_kernel[(len(rows), num_kv_heads)](
         q, k_cache, v_cache, out, rows, seq_of_row, positions, block_tables, 1.0 / math.sqrt(head_dim),
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        block_size, num_kv_heads,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_N=BLOCK_N,
+        *q.stride(), *out.stride(), block_tables.stride(0), block_size, num_kv_heads,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        HEAD_PAD=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=BLOCK_N,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32")  # float32 exact, as the references; half: tensor cores

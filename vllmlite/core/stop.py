@@ -1,0 +1,57 @@
+"""When a sample stops: the conditions checked after each token it keeps (its stop tokens, EOS and
+end-of-turn, a complete grammar, max_tokens, the context length), and appending a step's tokens up
+to the first that stops it. Stop strings are the output processor's (they need text).
+
+Knows requests only; never touches blocks or queues: the scheduler finishes what this says stopped.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from vllmlite.core.request import FinishReason, Request
+
+
+class Stop(NamedTuple):
+    """Why a sample ends; the arguments of `Scheduler.finish` after the request."""
+
+    reason: FinishReason
+    stop_reason: int | str | None = None
+    error: str | None = None
+
+
+def append_tokens(request: Request, token_ids: list[int], logprobs: list | None,
+                  stop_token_ids: frozenset[int], max_model_len: int) -> Stop | None:
+    """Append a step's sampled tokens (and their logprobs) to `request`, each advancing its grammar,
+    up to and including the first that stops it; the stop, or None if it runs on.
+
+    tokens [5, 2, 7] where 2 is EOS -> 5 and 2 appended, Stop(STOP); 7 is dropped.
+    """
+    for i, token_id in enumerate(token_ids):
+        if request.grammar is not None and not request.grammar.accept(token_id):
+            # The sampler's mask makes this unreachable; were it reached, no invalid output.
+            return Stop(FinishReason.ERROR, error=f"the grammar rejected token {token_id}: {request.grammar.error}")
+        request.append_token(token_id)
+        if logprobs is not None:
+            request.logprobs.append(logprobs[i])
+            request.cumulative_logprob += logprobs[i].logprob
+        stop = check_stop(request, token_id, stop_token_ids, max_model_len)
+        if stop is not None:
+            return stop
+    return None
+
+
+def check_stop(request: Request, token_id: int, stop_token_ids: frozenset[int], max_model_len: int) -> Stop | None:
+    """Whether `token_id`, just appended, ends `request`. `stop_token_ids` are the model's EOS and
+    end-of-turn tokens (ignore_eos ignores them; the request's own stop_token_ids it does not)."""
+    params = request.sampling_params
+    if request.num_output_tokens >= params.min_tokens:
+        if token_id in (params.stop_token_ids or ()):
+            return Stop(FinishReason.STOP, token_id)
+        if not params.ignore_eos and token_id in stop_token_ids:
+            return Stop(FinishReason.STOP)
+    if request.grammar is not None and request.grammar.is_terminated:
+        return Stop(FinishReason.STOP)  # complete, and nothing may follow: even with ignore_eos
+    if request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
+        return Stop(FinishReason.LENGTH)
+    return None

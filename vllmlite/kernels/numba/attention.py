@@ -1,0 +1,271 @@
+"""The numba backend's paged attention: decodes and short queries in one compiled kernel (a decode's
+context split into parts attended in parallel, flash-decoding), long prefill chunks in query tiles
+with BLAS products on threads of their own (prefill_attention.py). Knows nothing of the other ops.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+from numba import prange
+
+from vllmlite.kernels import blas
+from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionMetadata
+from vllmlite.kernels.numba.jit import parallel, serial
+from vllmlite.kernels.prefill_attention import prepare_chunk
+
+
+@serial
+def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries, pos0, scale,
+                 out):  # pragma: no cover - compiled
+    """Queries row0 .. row0 + num_queries - 1 of one sequence (at positions pos0 ..), all heads,
+    over the sequence's keys up to their own positions, read in place through `block_table` one
+    block at a time with an online softmax: one pass over K/V, no score matrix beyond a block.
+
+    The work is laid out per KV head: the rows sharing KV head h (each query's `group` heads) sit
+    together in qt[h], acc[h], so GQA reads each K/V vector once for all of them and the inner
+    loops are plain contiguous dot products and AXPYs that LLVM vectorizes. Its own function (not
+    inlined in the prange body) so that it does.
+    """
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    num_rows = num_queries * group              # per KV head; row i: query i // group, head h * group + i % group
+    qt = np.empty((num_kv_heads, num_rows, head_dim), dtype=k_cache.dtype)   # scaled queries
+    for h in range(num_kv_heads):
+        for i in range(num_rows):
+            for d in range(head_dim):
+                qt[h, i, d] = q[row0 + i // group, h * group + i % group, d] * scale
+    acc = np.zeros((num_kv_heads, num_rows, head_dim), dtype=k_cache.dtype)  # sum of p * v
+    total = np.zeros((num_kv_heads, num_rows), dtype=k_cache.dtype)          # sum of p
+    best = np.full((num_kv_heads, num_rows), -np.inf, dtype=k_cache.dtype)   # running max score
+    probs = np.empty((num_kv_heads, num_rows, block_size), dtype=k_cache.dtype)  # this block's
+    last_pos = pos0 + num_queries - 1
+    for b in range(last_pos // block_size + 1):
+        base = block_table[b] * block_size                              # the block's first slot
+        first_pos = b * block_size
+        num_keys = min(block_size, last_pos - first_pos + 1)
+        # Key t of the block is seen by the rows of queries at or after its position (causal);
+        # the rows before them get -inf, so exp gives them 0.
+        for t in range(num_keys):
+            first_row = min(max(0, first_pos + t - pos0) * group, num_rows)
+            for h in range(num_kv_heads):
+                key = k_cache[base + t, h]
+                for i in range(first_row):
+                    probs[h, i, t] = -np.inf
+                for i in range(first_row, num_rows):
+                    dot = qt[h, i, 0] * key[0]
+                    for d in range(1, head_dim):
+                        dot += qt[h, i, d] * key[d]
+                    probs[h, i, t] = dot
+        for h in range(num_kv_heads):
+            for i in range(num_rows):
+                top = best[h, i]
+                for t in range(num_keys):
+                    top = max(top, probs[h, i, t])
+                rescale = math.exp(best[h, i] - top)                    # 0 on the first block
+                best[h, i] = top
+                row_total = total[h, i] * rescale
+                for t in range(num_keys):
+                    p = math.exp(probs[h, i, t] - top)
+                    probs[h, i, t] = p
+                    row_total += p
+                total[h, i] = row_total
+                if rescale != 1:                                        # the max moved
+                    for d in range(head_dim):
+                        acc[h, i, d] *= rescale
+        for t in range(num_keys):
+            first_row = min(max(0, first_pos + t - pos0) * group, num_rows)
+            for h in range(num_kv_heads):
+                value = v_cache[base + t, h]
+                for i in range(first_row, num_rows):
+                    p = probs[h, i, t]
+                    for d in range(head_dim):
+                        acc[h, i, d] += p * value[d]
+    for h in range(num_kv_heads):
+        for i in range(num_rows):
+            inv = 1 / total[h, i]
+            for d in range(head_dim):
+                out[row0 + i // group, h * group + i % group, d] = acc[h, i, d] * inv
+
+
+# Keys per work item of a decoding sequence: a decode's context is split into parts this long,
+# attended in parallel and combined (flash-decoding), so a lone long sequence uses every core. The
+# parts depend only on the sequence's own length, never on the batch around it.
+DECODE_PART = 256
+
+
+@serial
+def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scale, acc, best,
+                 total):  # pragma: no cover - compiled
+    """One query q [heads, head_dim] (a decode) over keys first .. last - 1 of its sequence, read in
+    place through `block_table`: acc[h] = sum of p * v, best[h] = the largest score, total[h] =
+    sum of p, with p = exp(score - best[h]), for `_paged_attention` to combine across parts. All
+    scores of the part are kept (heads x DECODE_PART floats), so the softmax takes two plain passes
+    and each K and V vector is read once for the `group` query heads sharing it."""
+    num_heads, head_dim = q.shape
+    group = num_heads // k_cache.shape[1]
+    num_keys = last - first
+    qs = np.empty((num_heads, head_dim), dtype=k_cache.dtype)
+    for h in range(num_heads):
+        for d in range(head_dim):
+            qs[h, d] = q[h, d] * scale
+    scores = np.empty((num_heads, num_keys), dtype=k_cache.dtype)
+    for t in range(num_keys):
+        pos = first + t
+        slot = block_table[pos // block_size] * block_size + pos % block_size
+        for h in range(num_heads):
+            key = k_cache[slot, h // group]
+            dot = qs[h, 0] * key[0]
+            for d in range(1, head_dim):
+                dot += qs[h, d] * key[d]
+            scores[h, t] = dot
+    for h in range(num_heads):
+        top = scores[h, 0]
+        for t in range(1, num_keys):
+            top = max(top, scores[h, t])
+        row_total = k_cache.dtype.type(0)
+        for t in range(num_keys):
+            p = math.exp(scores[h, t] - top)
+            scores[h, t] = p
+            row_total += p
+        best[h], total[h] = top, row_total
+        acc[h, :] = 0
+    for t in range(num_keys):
+        pos = first + t
+        slot = block_table[pos // block_size] * block_size + pos % block_size
+        for h in range(num_heads):
+            value = v_cache[slot, h // group]
+            p = scores[h, t]
+            for d in range(head_dim):
+                acc[h, d] += p * value[d]
+
+
+@serial
+def _decode_parts(query_start, seq_lens):  # pragma: no cover - compiled
+    """The work items of `_paged_attention`: sequence s owns items first_item[s] ..
+    first_item[s + 1] - 1, and item i belongs to sequence item_seq[i]. A decode (one query) gets
+    one item per DECODE_PART keys of its context, any other sequence one item. (Serial: inside a
+    parallel function numba would run each of these array operations as a parallel region.)"""
+    num_seqs = seq_lens.shape[0]
+    first_item = np.empty(num_seqs + 1, dtype=np.int64)
+    first_item[0] = 0
+    for s in range(num_seqs):
+        decode = query_start[s + 1] - query_start[s] == 1
+        first_item[s + 1] = first_item[s] + ((seq_lens[s] + DECODE_PART - 1) // DECODE_PART if decode else 1)
+    item_seq = np.empty(first_item[num_seqs], dtype=np.int64)
+    for s in range(num_seqs):
+        for i in range(first_item[s], first_item[s + 1]):
+            item_seq[i] = s
+    return first_item, item_seq
+
+
+@serial
+def _combine_parts(query_start, first_item, acc, best, total, out):  # pragma: no cover - compiled
+    """Each decode's output from its parts: their sums rescaled to the largest max of them."""
+    num_heads, head_dim = acc.shape[1], acc.shape[2]
+    for s in range(first_item.shape[0] - 1):
+        if query_start[s + 1] - query_start[s] != 1:
+            continue
+        row, first, last = query_start[s], first_item[s], first_item[s + 1]
+        for h in range(num_heads):
+            top = best[first, h]
+            for i in range(first + 1, last):
+                top = max(top, best[i, h])
+            denominator = acc.dtype.type(0)
+            for d in range(head_dim):
+                out[row, h, d] = 0
+            for i in range(first, last):
+                weight = math.exp(best[i, h] - top)
+                denominator += weight * total[i, h]
+                for d in range(head_dim):
+                    out[row, h, d] += weight * acc[i, h, d]
+            inv = 1 / denominator
+            for d in range(head_dim):
+                out[row, h, d] *= inv
+
+
+@parallel
+def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, block_size, max_queries, scale,
+                     first_item, item_seq, out):  # pragma: no cover - compiled
+    """Work items (`_decode_parts`) spread over threads: a decode (one query) is one item per
+    DECODE_PART keys of its context, combined afterwards; a sequence with 2 .. `max_queries`
+    queries is one item (`_attend_tile`). Sequences with more queries are left to the caller."""
+    num_items = item_seq.shape[0]
+    acc = np.empty((num_items, q.shape[1], q.shape[2]), dtype=k_cache.dtype)
+    best = np.empty((num_items, q.shape[1]), dtype=k_cache.dtype)
+    total = np.empty((num_items, q.shape[1]), dtype=k_cache.dtype)
+    for item in prange(num_items):
+        s = item_seq[item]
+        num_queries = query_start[s + 1] - query_start[s]
+        if num_queries == 1:
+            first = (item - first_item[s]) * DECODE_PART
+            _attend_keys(q[query_start[s]], k_cache, v_cache, block_tables[s], block_size, first,
+                         min(seq_lens[s], first + DECODE_PART), scale, acc[item], best[item], total[item])
+        elif num_queries <= max_queries:
+            _attend_tile(q, k_cache, v_cache, block_tables[s], block_size, query_start[s], num_queries,
+                         seq_lens[s] - num_queries, scale, out)
+    _combine_parts(query_start, first_item, acc, best, total, out)
+
+
+def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
+                    out: np.ndarray) -> None:
+    """Decodes and short queries (speculative verification, short chunks) in the compiled kernel;
+    each long prefill chunk in query tiles with BLAS products (prefill_attention.py), since the
+    kernel's inner loops ran there at about half BLAS speed (48 vs 24 ms a layer for a 512-token
+    prompt). A long chunk's work grows with its queries times its context, its gathered copy of
+    the context only with its context.
+
+    The tiles run on threads of their own, each with a one-thread OpenBLAS (`_attend_long_chunks`):
+    their products are small (a tile's rows by its keys, 64 deep), and OpenBLAS splitting each of
+    them over the cores lost time, much of it while another process held a core (one layer at
+    2048 tokens, tiles of 128, load average 2-3 on 2 cores: median 751 ms so, 173 on one OpenBLAS
+    thread), where whole tiles per thread nearly halve it (one layer of SmolLM2 at 2048 tokens,
+    quiet machine: 108 ms on one thread, 56 on two, the dense reference 253; `python -m
+    bench.prefill_attention`)."""
+    scale = q.dtype.type(1.0 / math.sqrt(q.shape[-1]))
+    parts = meta.kernel_cache.get("decode_parts")
+    if parts is None:   # the same for every layer of the step
+        parts = meta.kernel_cache["decode_parts"] = _decode_parts(meta.query_start, meta.seq_lens)
+    _paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
+                     meta.block_size, MAX_BATCHED_QUERY_LEN, scale, *parts, out)
+    if len(meta.long_seqs):
+        _attend_long_chunks(q, k_cache, v_cache, meta, out)
+
+
+# Query-key pairs per tile (`Chunk.num_pairs` over the step's tiles) from which a step's long
+# chunks are attended on several threads: below, handing tiles to threads and back cost about what
+# the second core gave. One SmolLM2 layer's paged_attention, 2 cores, two threads vs one: a
+# 256-token prompt (2,741 pairs a tile) 4.1 vs 3.6 ms, 512 tokens (5,472) 13.9 vs 13.4, 768 tokens
+# (8,203) 26.5 vs 31.3, 1024 tokens 23 vs 40, a 256-token chunk after 1792 tokens (40,971) 29 vs 41.
+# Over the whole model (30 layers, `model.forward`): a 16-token chunk after 2000 tokens (10,712)
+# 126 vs 138 ms, 64 after 2000 (43,360) 314 vs 333, 64 after 500 (11,360) 173 vs 181.
+PARALLEL_MIN_TILE_PAIRS = 8192
+
+# Threads that attend long chunks' tiles (`_attend_long_chunks`); started on first use.
+_tile_workers = ThreadPoolExecutor(max_workers=numba.config.NUMBA_NUM_THREADS, thread_name_prefix="vllmlite-attention")
+
+
+def _attend_long_chunks(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
+                        out: np.ndarray) -> None:
+    """The tiles of every long chunk (prefill_attention.py) dealt round robin, tile by tile, to as
+    many threads as numba uses, which run them at once: numpy's products and loops release the
+    GIL. Round robin evens out the work, which grows with each tile's keys."""
+    chunks = [prepare_chunk(q, k_cache, v_cache, meta, int(seq)) for seq in meta.long_seqs]
+    work = [(chunk, h, t0) for chunk in chunks for h, t0 in chunk.tiles]
+    num_pairs = sum(chunk.num_pairs for chunk in chunks)
+    parallel = num_pairs >= PARALLEL_MIN_TILE_PAIRS * len(work)
+    num_workers = min(numba.get_num_threads(), len(work)) if parallel else 1
+
+    def attend_share(worker: int) -> None:
+        for chunk, h, t0 in work[worker::num_workers]:
+            chunk.attend_tile(h, t0, out)
+
+    with blas.one_thread():
+        if num_workers == 1:
+            attend_share(0)
+        else:
+            list(_tile_workers.map(attend_share, range(num_workers)))
