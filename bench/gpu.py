@@ -111,7 +111,7 @@ def run_ours(engine: LLMEngine, prompts: list[list[int]], output_len: int, tag: 
 def run_hf(hf, prompts: list[list[int]], output_len: int) -> dict:
     from transformers.generation import GenerationConfig
     config = GenerationConfig(max_new_tokens=output_len, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    hf.set_attn_implementation("sdpa_paged")
+    hf.set_attn_implementation("paged|sdpa")
     torch.cuda.synchronize()
     start = time.perf_counter()
     outputs = hf.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
@@ -216,6 +216,39 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
     return row
 
 
+def profile(shape: str, batch: int, out_dir: Path) -> None:
+    """Where a decode step's time goes: cProfile of engine.step() and torch.profiler's table, written
+    to out_dir (a look, not a result)."""
+    import cProfile
+    import pstats
+    hf = hf_model(shape)
+    engine = make_engine(our_model(hf), max_num_seqs=batch, max_len=2048)
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, detokenize=False)
+    for i, prompt in enumerate(workload(batch, engine.model_config.vocab_size)):
+        engine.add_request(f"p{i}", prompt[:200], params)
+    while engine.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(10):
+        engine.step()
+    torch.cuda.synchronize()
+    profiler.disable()
+    with open(out_dir / "step_cprofile.txt", "w") as f:
+        pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(60)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            engine.step()
+        torch.cuda.synchronize()
+    (out_dir / "step_torch_profile.txt").write_text(
+        prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40) + "\n"
+        + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=",".join(SHAPES))
@@ -223,13 +256,19 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--skip-hf", action="store_true", help="leave out transformers' generate_batch")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "bench_gpu.json")
+    parser.add_argument("--profile", type=Path, help="only profile decode steps (batch 256), writing here")
     args = parser.parse_args()
+    if args.profile:
+        profile(args.shapes.split(",")[0], 256, args.profile)
+        return
     bandwidth = copy_bandwidth()
-    rows = [bench_shape(shape, args, bandwidth) for shape in args.shapes.split(",")]
     report = {"what": __doc__.split("\n")[0], "command": module_command("bench.gpu"), "machine": machine_info(),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "copy_bandwidth_gb_s": bandwidth / 1e9, "rows": rows}
-    write_json(args.out, report)
+              "copy_bandwidth_gb_s": bandwidth / 1e9, "rows": []}
+    for shape in args.shapes.split(","):
+        report["rows"].append(bench_shape(shape, args, bandwidth))
+        write_json(args.out, report)   # after every shape: a run cut short keeps what it measured
+    rows = report["rows"]
     for row in rows:
         hf = row.get("transformers", {}).get("output_tok_s")
         print(f"{row['shape']:>14}: ours {row['ours']['output_tok_s']:8.0f} tok/s"

@@ -27,6 +27,11 @@ def to_numpy(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
+def argmax(logits: np.ndarray) -> np.ndarray:
+    """Each row's first maximum: [rows] int64 (what the sampler's greedy rows take)."""
+    return logits.argmax(axis=1).astype(np.int64)
+
+
 def copy_slots(src: np.ndarray, dst: np.ndarray, src_slots: np.ndarray, dst_slots: np.ndarray) -> None:
     dst[dst_slots] = src[src_slots]
 

@@ -131,14 +131,20 @@ class LlamaModel:
 
         Returns logits [num_logits, vocab], a host array: the LM head runs only on the rows that sample.
         """
+        return self.kernels.to_numpy(self.forward_logits(input_ids, meta, kv_cache, logits_rows))
+
+    def forward_logits(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache,
+                       logits_rows: np.ndarray):
+        """`forward`, the logits left where the backend computed them (a device tensor on the GPU), so
+        a caller that needs only their argmax copies one integer per row."""
         return self._logits(self._final_hidden(input_ids, meta, kv_cache), logits_rows)
 
     def forward_with_hidden(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache,
                             logits_rows: np.ndarray, hidden_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`forward`, plus the final-norm hidden states of `hidden_rows` [num_hidden] (what
         embeddings pool): (logits [num_logits, vocab], hidden [num_hidden, hidden_size], a copy)."""
-        hidden = self._final_hidden(input_ids, meta, kv_cache)
-        return self._logits(hidden, logits_rows), self.kernels.to_numpy(hidden[self.kernels.to_device(hidden_rows)])
+        k, hidden = self.kernels, self._final_hidden(input_ids, meta, kv_cache)
+        return k.to_numpy(self._logits(hidden, logits_rows)), k.to_numpy(hidden[k.to_device(hidden_rows)])
 
     def _final_hidden(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache) -> np.ndarray:
         """Every layer, then the final norm: [num_tokens, hidden], a view into the workspace."""
@@ -165,7 +171,7 @@ class LlamaModel:
         shape = (lm_head.shape[0], len(logits_rows))                     # [vocab, num_logits]
         logits = k.empty(shape, self.dtype).T if k.feature_major else k.empty(shape[::-1], self.dtype)
         k.linear(hidden[k.to_device(logits_rows)], lm_head, logits)
-        return k.to_numpy(logits)
+        return logits
 
     def _attention(self, buf: Workspace, layer, layer_kv: tuple[np.ndarray, np.ndarray],
                    meta: AttentionMetadata, positions: np.ndarray, slots: np.ndarray) -> None:

@@ -73,6 +73,11 @@ class TorchKernels:
             x = x.float()
         return x.cpu().numpy()
 
+    @staticmethod
+    def argmax(logits: torch.Tensor) -> np.ndarray:
+        """Each row's first maximum, computed where the logits are: [rows] int64 on the host."""
+        return logits.argmax(dim=1).cpu().numpy()
+
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, src_slots: np.ndarray,
                    dst_slots: np.ndarray) -> None:
         """dst[dst_slots] = src[src_slots], across devices (swap) or within one (copy-on-write)."""
