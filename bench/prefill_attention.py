@@ -56,9 +56,8 @@ def dense_paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarra
 
 def dense_kernels() -> SimpleNamespace:
     """The numba backend with `dense_paged_attention` in place of its own."""
-    functions = {name: getattr(numba_kernels, name) for name in
-                 ("linear", "rms_norm", "add_rms_norm", "rope", "silu_and_mul", "write_kv")}
-    return SimpleNamespace(**functions, paged_attention=dense_paged_attention)
+    functions = {name: getattr(numba_kernels, name) for name in numba_kernels.__all__}
+    return SimpleNamespace(**{**functions, "paged_attention": dense_paged_attention})
 
 
 def interleaved(variants: dict, reps: int) -> dict:

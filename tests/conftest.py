@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
 
 # isort: split
@@ -74,10 +76,30 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"{marker} test skipped in CI: {report.longrepr}"
 
 
-@pytest.fixture(params=sorted(BACKENDS))
+def _torch_backends() -> list:
+    """The torch kernels where torch is installed (the cuda extra): on the CPU, and on a GPU under the
+    `cuda` mark (skipped without one)."""
+    if importlib.util.find_spec("torch") is None:
+        return []
+    return ["torch", pytest.param("torch-cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.fixture(params=sorted(BACKENDS) + _torch_backends())
 def kernels(request) -> Kernels:
-    """Each kernel backend in turn: tests that take this fixture run on both."""
+    """Each kernel backend in turn: tests that take this fixture run on every one (torch's through
+    tests/torch_facade.py, which speaks numpy arrays)."""
+    if request.param.startswith("torch"):
+        from torch_facade import NumpyFacade
+        device = "cuda" if request.param == "torch-cuda" else "cpu"
+        if device == "cuda" and not cuda_available():
+            pytest.skip("no CUDA device")
+        return NumpyFacade(device)
     return get_kernels(request.param)
+
+
+def cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ def engine_logits(model: str, token_ids: list[int], block_size: int, budget: int
                                     scheduler=SchedulerConfig(max_num_batched_tokens=budget),
                                     quantization=quantization))
     llama = engine.runner.model
-    forward = llama.forward
+    forward = llama.forward_logits
     by_position: dict[int, np.ndarray] = {}
 
     def every_row(input_ids, meta, kv_cache, logits_rows):
@@ -35,7 +35,7 @@ def engine_logits(model: str, token_ids: list[int], block_size: int, budget: int
         by_position.update(zip(meta.positions.tolist(), logits))
         return logits[logits_rows]
 
-    llama.forward = every_row
+    llama.forward_logits = every_row  # the runner's call
     engine.add_request("0", token_ids, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
     outputs = []
     while engine.has_unfinished_requests():

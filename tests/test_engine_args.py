@@ -35,7 +35,8 @@ VALUES = {"model": "random", "tokenizer": "random", "dtype": "float64", "seed": 
           "trust_remote_code": True, "enforce_eager": True, "disable_custom_all_reduce": True,
           "cpu_offload_gb": 2.0, "disable_log_stats": True, "pooling": "mean", "trace_ring_size": 10,
           "trace_max_events": 5, "debug_store_prompts": True}
-NOT_IN_VALUES = {"gpu_memory_utilization"}  # exclusive with kv_cache_memory; tested on its own
+NOT_IN_VALUES = {"gpu_memory_utilization",  # exclusive with kv_cache_memory; tested on its own
+                 "device"}  # cuda needs a GPU to build an engine; tested below and in tests/models/test_torch_backend.py
 
 
 def as_text(value) -> str:
@@ -159,6 +160,18 @@ def test_flags_variables_kwargs_and_the_factory_build_the_same_engine_config(mak
     assert LLM(**VALUES).engine.config == expected
     factory_values = {k: v for k, v in VALUES.items() if k != "model"}
     assert make_engine(**factory_values).config == expected
+
+
+def test_device_cuda_computes_in_bfloat16_on_the_torch_kernels_from_flag_or_variable():
+    for config in (parse_config(["--device", "cuda"], {}).create_engine_config(),
+                   parse_config([], {"VLLMLITE_DEVICE": "cuda"}).create_engine_config()):
+        assert (config.device, config.dtype, config.kernel_backend) == ("cuda", "bfloat16", "torch")
+    config = parse_config(["--device", "cuda", "--dtype", "float32"], {}).create_engine_config()
+    assert (config.dtype, config.load_dtype) == ("float32", "float32")
+    with pytest.raises(ValueError, match="torch kernels"):
+        EngineArgs(device="cuda", kernels="numba").create_engine_config()
+    with pytest.raises(ValueError, match="device must be one of"):
+        EngineArgs(device="tpu").create_engine_config()
 
 
 def test_a_flag_wins_over_its_variable_which_wins_over_the_default():

@@ -11,8 +11,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 DTYPES = ("float32", "float64")
+TORCH_DTYPES = DTYPES + ("bfloat16", "float16")  # the torch backend also computes in half precision
+DEVICES = ("cpu", "cuda")
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, blocks of 32 (vllmlite/kernels/quant.py)
-KERNEL_BACKENDS = ("numba", "numpy")  # vllmlite/kernels: compiled (default) or the numpy references
+KERNEL_BACKENDS = ("numba", "numpy", "torch")  # vllmlite/kernels: compiled (default), numpy references, torch
 PREEMPTION_MODES = ("recompute", "swap")
 PREFILL_CHUNKING = ("fixed", "adaptive")  # vllmlite/core/chunking.py
 POOLING_TYPES = ("last", "mean")  # embeddings: the values of pooling_params.PoolingType
@@ -210,9 +213,16 @@ class EngineConfig:
     quantization: str | None = None  # a QUANTIZATIONS name; None: "none" (weight_quantization)
     pooling: str = "last"  # embeddings: a POOLING_TYPES name
     trace: TraceConfig = field(default_factory=TraceConfig)
+    device: str = "cpu"  # a DEVICES name; "cuda" computes with the torch kernels on the GPU
 
     def __post_init__(self) -> None:
-        _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _require(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
+        _require(self.device == "cpu" or self.kernels in (None, "torch"),
+                 f"device {self.device!r} computes with the torch kernels, not {self.kernels!r}")
+        dtypes = TORCH_DTYPES if self.uses_torch else DTYPES
+        _require(self.dtype in dtypes, f"dtype must be one of {dtypes}, got {self.dtype!r}")
+        _require(not self.uses_torch or self.weight_quantization == "none",
+                 "the torch kernels compute on dequantized weights: quantization must be 'none'")
         _require(self.pooling in POOLING_TYPES, f"pooling must be one of {POOLING_TYPES}, got {self.pooling!r}")
         check_quantization(self.weight_quantization, self.dtype)
         _require(self.kernels is None or self.kernels in KERNEL_BACKENDS,
@@ -220,9 +230,18 @@ class EngineConfig:
 
     @property
     def kernel_backend(self) -> str:
-        """The kernels in effect: the knob, else the first of KERNEL_BACKENDS (numba). The environment
-        is EngineArgs' to read ($VLLMLITE_KERNELS), never this config's."""
-        return self.kernels or KERNEL_BACKENDS[0]
+        """The kernels in effect: the knob, else the first of KERNEL_BACKENDS (numba); torch on a GPU.
+        The environment is EngineArgs' to read ($VLLMLITE_KERNELS), never this config's."""
+        return "torch" if self.device != "cpu" else self.kernels or KERNEL_BACKENDS[0]
+
+    @property
+    def uses_torch(self) -> bool:
+        return self.kernel_backend == "torch"
+
+    @property
+    def load_dtype(self) -> str:
+        """The dtype weights are read into on the host (half precisions: float32, cast on the device)."""
+        return self.dtype if self.dtype in DTYPES else "float32"
 
     @property
     def weight_quantization(self) -> str:

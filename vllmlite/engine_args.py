@@ -38,6 +38,13 @@ ENV_KNOBS = ("kernels", "quantization")
 DTYPE_ALIASES = {"auto": EngineConfig.dtype, "float": "float32", "float32": "float32",
                  "double": "float64", "float64": "float64"}
 HALF_DTYPES = ("half", "float16", "bfloat16")
+TORCH_DTYPE_ALIASES = DTYPE_ALIASES | {"half": "float16", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+def cuda_free_bytes() -> int:
+    """The CUDA device's free memory now (torch, the cuda extra, is imported only here)."""
+    import torch
+    return torch.cuda.mem_get_info()[0]
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
 
@@ -86,8 +93,10 @@ class EngineArgs:
                                           "a .gguf file or an HF directory")
     tokenizer: str | None = knob(None, "the tokenizer: unset or the model itself (the model's own tokenizer is "
                                        "always used)")
-    dtype: str = knob("auto", f"weights and KV cache: auto (= {EngineConfig.dtype}), float32 or float64; "
-                              "half, float16 and bfloat16 compute in float32 (logged)")
+    dtype: str = knob("auto", f"weights and KV cache: auto (= {EngineConfig.dtype}; bfloat16 on cuda), float32 or "
+                              "float64; half, float16 and bfloat16 compute in float32 (logged) except on the torch "
+                              "kernels, which compute in them")
+    device: str = knob(EngineConfig.device, "cpu, or cuda: the torch kernels on an NVIDIA GPU (the cuda extra)")
     seed: int = knob(EngineConfig.seed, "seed of the random model and of unseeded requests")
     max_model_len: int | None = knob(SchedulerConfig.max_model_len, "context length (default: the model's)")
     block_size: int = knob(CacheConfig.block_size, "tokens per KV cache block")
@@ -98,8 +107,8 @@ class EngineArgs:
         f"(when neither this nor --gpu-memory-utilization is set: {DEFAULT_KV_CACHE_MEMORY >> 20}M)",
         parse=parse_bytes)
     gpu_memory_utilization: float | None = knob(
-        None, "on this CPU build: the fraction in (0, 1] of the RAM available at start-up given to the KV "
-              "cache (exclusive with --kv-cache-memory)")
+        None, "the fraction in (0, 1] of the memory free at start-up given to the KV cache: the RAM's on the "
+              "CPU, the GPU's on cuda (exclusive with --kv-cache-memory)")
     enable_prefix_caching: bool = knob(CacheConfig.enable_prefix_caching,
                                        "reuse cached KV blocks of shared prompt prefixes")
     preemption_mode: str = knob(CacheConfig.preemption_mode, "under memory pressure: recompute or swap")
@@ -169,14 +178,22 @@ class EngineArgs:
                             scheduler=SchedulerConfig(**self._values_for(SchedulerConfig)),
                             speculative=self._speculative(), kernels=self._or_env("kernels"),
                             quantization=self._or_env("quantization"),
-                            pooling=self.pooling, trace=TraceConfig(**self._values_for(TraceConfig)))
+                            pooling=self.pooling, trace=TraceConfig(**self._values_for(TraceConfig)),
+                            device=self.device)
 
     @property
     def resolved_dtype(self) -> str:
         """The dtype computed in: vLLM's names mapped; an unknown name passes on to EngineConfig's check."""
+        if self.uses_torch:
+            return TORCH_DTYPE_ALIASES.get(self.dtype, self.dtype) if self.dtype != "auto" else \
+                ("bfloat16" if self.device == "cuda" else "float32")
         if self.dtype in HALF_DTYPES:
             return "float32"
         return DTYPE_ALIASES.get(self.dtype, self.dtype)
+
+    @property
+    def uses_torch(self) -> bool:
+        return self.device != "cpu" or self._or_env("kernels") == "torch"
 
     def _values_for(self, config_class: type, **replaced: Any) -> dict[str, Any]:
         """This object's values for every field of `config_class` (same names), with `replaced` on top."""
@@ -195,7 +212,8 @@ class EngineArgs:
                  f"gpu_memory_utilization must be in (0, 1], got {fraction!r}")
         _require(self.kv_cache_memory is None,
                  "kv_cache_memory and gpu_memory_utilization both size the KV cache: give one")
-        return max(1, int(fraction * available_memory_bytes()))
+        free = cuda_free_bytes() if self.device == "cuda" else available_memory_bytes()
+        return max(1, int(fraction * free))
 
     def _speculative(self) -> SpeculativeConfig | None:
         values = self.speculative_config
@@ -211,7 +229,7 @@ class EngineArgs:
 
     def _notes(self) -> Iterator[tuple[int, str]]:
         """(log level, line) for each knob that was set but does not do here what it says."""
-        if self.dtype in HALF_DTYPES:
+        if self.dtype in HALF_DTYPES and not self.uses_torch:
             yield logging.WARNING, f"dtype {self.dtype!r} computes in float32 (no half-precision CPU kernels)"
         for f in fields(EngineArgs):
             reason = f.metadata["ignored"]

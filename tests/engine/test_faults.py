@@ -67,7 +67,7 @@ def inject_schedule(engine: LLMEngine, victim: str, at_call: int) -> None:
 def inject_forward(engine: LLMEngine, victim: str) -> None:
     """The forward pass raises whenever the poisoned request is in the batch."""
     runner, in_batch = engine.runner, set()
-    execute, forward = runner.execute, runner.model.forward
+    execute, forward = runner.execute, runner.model.forward_logits
 
     def tracking_execute(out):
         in_batch.update(s.request.request_id for s in out.scheduled)
@@ -81,7 +81,7 @@ def inject_forward(engine: LLMEngine, victim: str) -> None:
             raise RuntimeError("injected forward fault")
         return forward(*args, **kwargs)
 
-    runner.execute, runner.model.forward = tracking_execute, faulty_forward
+    runner.execute, runner.model.forward_logits = tracking_execute, faulty_forward
 
 
 class FaultySampler:
@@ -231,7 +231,7 @@ def test_a_model_that_fails_without_any_request_is_a_fault_of_the_engine(make_en
     def broken(*args, **kwargs):
         raise RuntimeError("broken kernels")
 
-    engine.runner.model.forward = broken
+    engine.runner.model.forward_logits = broken
     with pytest.raises(RuntimeError, match="request-free canary") as caught:
         engine.step()
     assert "broken kernels" in str(caught.value.__cause__)

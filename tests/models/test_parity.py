@@ -42,18 +42,18 @@ def last_logits(llm: LLM, prompt_token_ids: list[int]) -> np.ndarray:
     """The model's logits at the last prompt position, captured from the engine's own forward pass."""
     model = llm.engine.runner.model
     captured = []
-    forward = model.forward
+    forward = model.forward_logits  # what the runner calls
 
     def spy(*args):
         logits = forward(*args)
         captured.append(logits.copy())
         return logits
 
-    model.forward = spy
+    model.forward_logits = spy
     try:
         llm.generate([{"prompt_token_ids": prompt_token_ids}], SamplingParams(temperature=0, max_tokens=1))
     finally:
-        del model.forward  # back to the class's method
+        del model.forward_logits  # back to the class's method
     return captured[0][0]
 
 

@@ -13,9 +13,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-import numpy as np
-
-from vllmlite.config import EngineConfig
+from vllmlite.config import DTYPE_BYTES, EngineConfig
 from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.core.block_manager import BlockManager
 from vllmlite.core.chunking import ChunkingPolicy
@@ -42,14 +40,14 @@ logger = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        loaded = loaded or load_model(config.model, config.dtype, config.seed, config.weight_quantization)
+        loaded = loaded or load_model(config.model, config.load_dtype, config.seed, config.weight_quantization)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source
         sched = config.scheduler
         self.max_model_len = min(sched.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)
-        itemsize = np.dtype(config.dtype).itemsize
+        itemsize = DTYPE_BYTES[config.dtype]
         bytes_per_block = loaded.config.kv_bytes_per_token(itemsize) * config.cache.block_size
         num_blocks = config.cache.resolve_num_blocks(bytes_per_block)
         num_host_blocks = config.cache.resolve_num_host_blocks(bytes_per_block)
@@ -63,13 +61,13 @@ class LLMEngine:
                                    config.cache.preemption_mode, stop_ids,
                                    spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking)
         backend = config.kernel_backend
-        kernels = get_kernels(backend)
+        kernels = get_kernels(backend, config.device, config.dtype)
         # The model the runner runs; public for tools that measure or spy on its forward pass.
         self.model = model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
         self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
                                   proposer)
-        if backend != "numpy":  # numpy has nothing to compile; said before the wait, terminal or not
+        if backend == "numba":  # the others have nothing to compile; said before the wait, terminal or not
             logger.info("kernels: %s, compiling kernels (first start only, about 25 s on 2 quiet cores; "
                         "cached afterwards, 1-2 s)", backend)
         logger.info("kernels: %s, ready in %.1f s (compiled, or loaded from the on-disk cache)",

@@ -5,11 +5,16 @@ writing into `out` or in place (no allocation the caller does not see):
 
     numpy  reference.py      the readable definition and the test oracle
     numba  numba/            compiled, cached on disk, the default
+    torch  torch/            torch tensors on the CPU or a CUDA device (an instance: device, dtype)
 
 The model calls `kernels.<op>(...)` on whatever `get_kernels()` returned and never imports a
-backend, so a new backend (a GPU one) is one more module and one more line in BACKENDS.
+backend, so a new backend is one more module and one more line in BACKENDS.
 The engine's `kernels` knob (EngineArgs, which also reads `VLLMLITE_KERNELS=numpy`) selects the
 references; this module reads no environment.
+
+A backend also owns where arrays live: the model allocates its workspace and the runner its KV
+cache through `zeros`/`empty`, moves weights and each step's index arrays with `to_device`, and
+reads logits back with `to_numpy`. For the numpy backends these are numpy itself.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from vllmlite.kernels.quant import QuantizedMatrix
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = {"numba": "vllmlite.kernels.numba", "numpy": "vllmlite.kernels.reference"}
+BACKENDS = {"numba": "vllmlite.kernels.numba", "numpy": "vllmlite.kernels.reference"}  # on numpy arrays
+TORCH_BACKEND = "torch"
 DEFAULT_BACKEND = KERNEL_BACKENDS[0]
 
 
@@ -34,6 +40,22 @@ class Kernels(Protocol):
     """What every backend module provides. Shapes: x/out [tokens, hidden]; q/out [tokens, heads,
     head_dim]; caches [slots, kv_heads, head_dim]; gate_up [tokens, 2 * inter] -> out [tokens, inter];
     linear: x [tokens, in], weight [out, in] (float, or quantized: vllmlite/kernels/quant.py) -> out [tokens, out]."""
+
+    feature_major: bool  # activations as transposed [features, tokens] arrays (else [tokens, features])
+
+    def to_device(self, array: np.ndarray | QuantizedMatrix, dtype=None) -> np.ndarray | QuantizedMatrix: ...
+
+    def zeros(self, shape: tuple[int, ...], dtype) -> np.ndarray: ...
+
+    def empty(self, shape: tuple[int, ...], dtype) -> np.ndarray: ...
+
+    def host_zeros(self, shape: tuple[int, ...], dtype) -> np.ndarray: ...
+
+    def to_numpy(self, x: np.ndarray) -> np.ndarray: ...
+
+    def argmax(self, logits: np.ndarray) -> np.ndarray: ...
+
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray, src_slots: np.ndarray, dst_slots: np.ndarray) -> None: ...
 
     def linear(self, x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray) -> None: ...
 
@@ -61,6 +83,10 @@ def resolve_backend(name: str | None = None) -> str:
     return name
 
 
-def get_kernels(name: str | None = None) -> Kernels:
+def get_kernels(name: str | None = None, device: str = "cpu", dtype: str = "float32") -> Kernels:
+    """The backend `name` (see resolve_backend); "torch" is an instance on `device` computing in `dtype`."""
+    if name == TORCH_BACKEND:
+        from vllmlite.kernels.torch import TorchKernels  # torch is an optional extra: imported only here
+        return TorchKernels(device, dtype)
     return importlib.import_module(BACKENDS[resolve_backend(name)])  # type: ignore[return-value]
 

@@ -13,6 +13,28 @@ import numpy as np
 from vllmlite.kernels.attention_metadata import AttentionGroup, AttentionMetadata
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 
+# Where arrays live: numpy's memory, so these are numpy itself (see Kernels in __init__.py).
+zeros, empty, host_zeros = np.zeros, np.empty, np.zeros
+feature_major = True  # activations as transposed [features, tokens] arrays (BLAS-friendly, see LlamaModel)
+
+
+def to_device(array: np.ndarray | QuantizedMatrix, dtype=None) -> np.ndarray | QuantizedMatrix:
+    """The array itself (numpy memory is this backend's), in `dtype` when one is given."""
+    return array if dtype is None else np.asarray(array, dtype=dtype)
+
+
+def to_numpy(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x)
+
+
+def argmax(logits: np.ndarray) -> np.ndarray:
+    """Each row's first maximum: [rows] int64 (what the sampler's greedy rows take)."""
+    return logits.argmax(axis=1).astype(np.int64)
+
+
+def copy_slots(src: np.ndarray, dst: np.ndarray, src_slots: np.ndarray, dst_slots: np.ndarray) -> None:
+    dst[dst_slots] = src[src_slots]
+
 
 def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray) -> None:
     """out = x @ weight.T: x [tokens, in], weight [out, in], out [tokens, out]. A quantized weight

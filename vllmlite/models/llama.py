@@ -7,6 +7,7 @@ blocks, requests or sampling.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, fields
 
@@ -16,7 +17,7 @@ from vllmlite.config import ModelConfig
 from vllmlite.kernels import Kernels, get_kernels
 from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
-from vllmlite.models.loader import Matrix, ModelWeights
+from vllmlite.models.loader import LayerWeights, Matrix, ModelWeights
 from vllmlite.progress import progress
 
 KVCache = list[tuple[np.ndarray, np.ndarray]]  # per layer (K, V), each [num_slots, kv_heads, head_dim]
@@ -44,6 +45,17 @@ def rope_inv_freq(config: ModelConfig, freq_factors: np.ndarray | None = None) -
     return np.where(is_medium, smoothed, scaled)
 
 
+def on_backend(weights: ModelWeights, k: Kernels) -> ModelWeights:
+    """The weights where `k` computes (the numpy backends: the same arrays, no copy)."""
+    def move(array):
+        return None if array is None else k.to_device(array)
+    layers = [LayerWeights(**{f.name: move(getattr(layer, f.name)) for f in fields(layer)}) for layer in weights.layers]
+    embed = move(weights.embed)
+    lm_head = embed if weights.lm_head is weights.embed else move(weights.lm_head)
+    return dataclasses.replace(weights, embed=embed, layers=layers, final_norm=move(weights.final_norm),
+                               lm_head=lm_head)
+
+
 def embed_rows(embed: Matrix, token_ids: np.ndarray) -> np.ndarray:
     """The embedding rows of `token_ids` [num_tokens, hidden] (a quantized table dequantizes just those)."""
     return dequantize(embed, token_ids) if isinstance(embed, QuantizedMatrix) else embed[token_ids]
@@ -59,7 +71,8 @@ class Workspace:
     the first features * n values of each buffer as one C-contiguous [features, n] block, so a
     kernel's inner loop over tokens has unit stride, known at compile time. The buffers grow (to
     twice the need) only when a step is larger than any before: a step allocates nothing but the
-    logits it returns.
+    logits it returns. A backend that prefers token-major rows (`kernels.feature_major` False: the
+    torch one, for cuBLAS and coalesced GPU loads) gets plain [capacity, features] buffers instead.
     """
 
     capacity: int
@@ -70,20 +83,26 @@ class Workspace:
     attn: np.ndarray      # [tokens, heads * head_dim]
     gate_up: np.ndarray   # [tokens, 2 * intermediate]
     act: np.ndarray       # [tokens, intermediate]
+    feature_major: bool = True
 
     @classmethod
-    def allocate(cls, config: ModelConfig, capacity: int, dtype: np.dtype) -> Workspace:
+    def allocate(cls, config: ModelConfig, capacity: int, dtype, kernels: Kernels) -> Workspace:
         c = config
         widths = (c.hidden_size, c.hidden_size, c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim,
                   c.num_heads * c.head_dim, 2 * c.intermediate_size, c.intermediate_size)
-        return cls(capacity, *(np.zeros((width, capacity), dtype).T for width in widths))
+        if not kernels.feature_major:
+            return cls(capacity, *(kernels.zeros((capacity, width), dtype) for width in widths), feature_major=False)
+        return cls(capacity, *(kernels.zeros((width, capacity), dtype).T for width in widths))
 
     def views(self, num_tokens: int) -> Workspace:
         """The buffers for a step of `num_tokens` tokens (called on the allocated workspace)."""
-        def first(buffer: np.ndarray) -> np.ndarray:   # buffer: [capacity, width], a transposed C array
-            width = buffer.shape[1]
+        def first(buffer: np.ndarray) -> np.ndarray:   # buffer: [capacity, width]
+            if not self.feature_major:
+                return buffer[:num_tokens]
+            width = buffer.shape[1]                    # a transposed C array
             return buffer.T.reshape(-1)[:width * num_tokens].reshape(width, num_tokens).T
-        return Workspace(num_tokens, *(first(getattr(self, f.name)) for f in fields(self)[1:]))
+        buffers = (first(getattr(self, f.name)) for f in fields(self)[1:-1])
+        return Workspace(num_tokens, *buffers, feature_major=self.feature_major)
 
 
 class LlamaModel:
@@ -96,39 +115,47 @@ class LlamaModel:
     def __init__(self, config: ModelConfig, weights: ModelWeights, max_positions: int,
                  kernels: Kernels | None = None) -> None:
         self.config = config
-        self.weights = weights
-        self.dtype = weights.dtype
-        self.kernels = kernels if kernels is not None else get_kernels()
+        self.kernels = k = kernels if kernels is not None else get_kernels()
+        self.weights = on_backend(weights, k)
+        self.dtype = self.weights.dtype                       # numpy's, or the backend's (torch.bfloat16)
         inv_freq = rope_inv_freq(config, weights.rope_freq_factors)
         num_positions = max(max_positions, WARM_UP_TOKENS)   # warm_up's passes reach position 19
         angles = np.outer(np.arange(num_positions, dtype=np.float64), inv_freq)  # [positions, head_dim/2]
-        self.cos = np.cos(angles).astype(self.dtype)
-        self.sin = np.sin(angles).astype(self.dtype)
-        self._workspace = Workspace.allocate(config, 1, self.dtype)
+        self.cos = k.to_device(np.cos(angles), self.dtype)
+        self.sin = k.to_device(np.sin(angles), self.dtype)
+        self._workspace = Workspace.allocate(config, 1, self.dtype, k)
 
     def forward(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache,
                 logits_rows: np.ndarray) -> np.ndarray:
         """input_ids [num_tokens] at meta.positions; logits_rows [num_logits] rows whose logits are wanted.
 
-        Returns logits [num_logits, vocab]: the LM head runs only on the rows that sample.
+        Returns logits [num_logits, vocab], a host array: the LM head runs only on the rows that sample.
         """
+        return self.kernels.to_numpy(self.forward_logits(input_ids, meta, kv_cache, logits_rows))
+
+    def forward_logits(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache,
+                       logits_rows: np.ndarray):
+        """`forward`, the logits left where the backend computed them (a device tensor on the GPU), so
+        a caller that needs only their argmax copies one integer per row."""
         return self._logits(self._final_hidden(input_ids, meta, kv_cache), logits_rows)
 
     def forward_with_hidden(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache,
                             logits_rows: np.ndarray, hidden_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`forward`, plus the final-norm hidden states of `hidden_rows` [num_hidden] (what
         embeddings pool): (logits [num_logits, vocab], hidden [num_hidden, hidden_size], a copy)."""
-        hidden = self._final_hidden(input_ids, meta, kv_cache)
-        return self._logits(hidden, logits_rows), hidden[hidden_rows]
+        k, hidden = self.kernels, self._final_hidden(input_ids, meta, kv_cache)
+        return k.to_numpy(self._logits(hidden, logits_rows)), k.to_numpy(hidden[k.to_device(hidden_rows)])
 
     def _final_hidden(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache) -> np.ndarray:
         """Every layer, then the final norm: [num_tokens, hidden], a view into the workspace."""
         c, w, k = self.config, self.weights, self.kernels
         buf = self.workspace(len(input_ids))
-        buf.residual[...] = embed_rows(w.embed, input_ids)
+        buf.residual[...] = embed_rows(w.embed, k.to_device(input_ids))
         k.rms_norm(buf.residual, w.layers[0].attn_norm, c.rms_norm_eps, buf.hidden)
+        # The step's index arrays where the kernels read them, once for every layer.
+        positions, slots = k.to_device(meta.positions), k.to_device(meta.slot_mapping)
         for i, (layer, layer_kv) in enumerate(zip(w.layers, kv_cache)):
-            self._attention(buf, layer, layer_kv, meta)                        # -> buf.out
+            self._attention(buf, layer, layer_kv, meta, positions, slots)     # -> buf.out
             k.add_rms_norm(buf.out, buf.residual, layer.ffn_norm, c.rms_norm_eps, buf.hidden)
             k.linear(buf.hidden, layer.w_gate_up, buf.gate_up)
             k.silu_and_mul(buf.gate_up, buf.act)
@@ -140,13 +167,14 @@ class LlamaModel:
 
     def _logits(self, hidden: np.ndarray, logits_rows: np.ndarray) -> np.ndarray:
         """The LM head on rows `logits_rows` of `hidden`: [num_logits, vocab]."""
-        lm_head = self.weights.lm_head
-        logits = np.empty((lm_head.shape[0], len(logits_rows)), self.dtype).T   # [num_logits, vocab] view
-        self.kernels.linear(hidden[logits_rows], lm_head, logits)
-        return np.ascontiguousarray(logits)
+        k, lm_head = self.kernels, self.weights.lm_head
+        shape = (lm_head.shape[0], len(logits_rows))                     # [vocab, num_logits]
+        logits = k.empty(shape, self.dtype).T if k.feature_major else k.empty(shape[::-1], self.dtype)
+        k.linear(hidden[k.to_device(logits_rows)], lm_head, logits)
+        return logits
 
     def _attention(self, buf: Workspace, layer, layer_kv: tuple[np.ndarray, np.ndarray],
-                   meta: AttentionMetadata) -> None:
+                   meta: AttentionMetadata, positions: np.ndarray, slots: np.ndarray) -> None:
         """buf.hidden (normed) -> buf.out, the attention sublayer's output; K/V written to the cache."""
         c, k = self.config, self.kernels
         num_tokens = buf.capacity
@@ -159,9 +187,9 @@ class LlamaModel:
         qk = qkv[:, :k_end].reshape(num_tokens, c.num_heads + c.num_kv_heads, c.head_dim)
         q, key = qk[:, :c.num_heads], qk[:, c.num_heads:]
         value = qkv[:, k_end:].reshape(num_tokens, c.num_kv_heads, c.head_dim)
-        k.rope(qk, meta.positions, self.cos, self.sin)
+        k.rope(qk, positions, self.cos, self.sin)
         k_cache, v_cache = layer_kv
-        k.write_kv(k_cache, v_cache, key, value, meta.slot_mapping)
+        k.write_kv(k_cache, v_cache, key, value, slots)
         attn = buf.attn.reshape(num_tokens, c.num_heads, c.head_dim)           # a view
         k.paged_attention(q, k_cache, v_cache, meta, attn)
         k.linear(buf.attn, layer.wo, buf.out)
@@ -169,7 +197,7 @@ class LlamaModel:
     def workspace(self, num_tokens: int) -> Workspace:
         """Token-major views for a step of `num_tokens` tokens (the buffers grow when needed)."""
         if num_tokens > self._workspace.capacity:
-            self._workspace = Workspace.allocate(self.config, 2 * num_tokens, self.dtype)
+            self._workspace = Workspace.allocate(self.config, 2 * num_tokens, self.dtype, self.kernels)
         return self._workspace.views(num_tokens)
 
     def warm_up(self) -> float:
@@ -182,7 +210,8 @@ class LlamaModel:
         start = time.perf_counter()
         c, block_size = self.config, 4
         shape = (8 * block_size, c.num_kv_heads, c.head_dim)
-        kv_cache = [(np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)) for _ in range(c.num_layers)]
+        kv_cache = [(self.kernels.zeros(shape, self.dtype), self.kernels.zeros(shape, self.dtype))
+                    for _ in range(c.num_layers)]
         # (query lens, sequence lens, block tables, rows whose logits are wanted: one row and
         # several give the LM head differently laid out inputs)
         steps = [([3, 1], [3, 2], [[0], [1]], [2, 3]),

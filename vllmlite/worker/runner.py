@@ -30,12 +30,14 @@ class ModelRunner:
         self.stop_token_ids = stop_token_ids
         self.sampler = Sampler()
         self.proposer = proposer
+        k = self.kernels = model.kernels
         shape = (num_blocks * block_size, c.num_kv_heads, c.head_dim)
-        # np.zeros maps pages lazily, so an unused part of a large budget costs no RAM.
-        self.kv_cache = [(np.zeros(shape, model.dtype), np.zeros(shape, model.dtype))
+        # Where the model computes; numpy's zeros map pages lazily, so an unused part of a large budget
+        # costs no RAM.
+        self.kv_cache = [(k.zeros(shape, model.dtype), k.zeros(shape, model.dtype))
                          for _ in range(c.num_layers)]       # per layer: [slots, kv_heads, head_dim]
         host_shape = (num_host_blocks * block_size, c.num_kv_heads, c.head_dim)
-        self.host_cache = [(np.zeros(host_shape, model.dtype), np.zeros(host_shape, model.dtype))
+        self.host_cache = [(k.host_zeros(host_shape, model.dtype), k.host_zeros(host_shape, model.dtype))
                            for _ in range(c.num_layers)] if num_host_blocks else []
         self.num_forward_passes = 0
         self.grammar_masker: GrammarMasker | None = None  # made when a constrained request first samples
@@ -77,17 +79,25 @@ class ModelRunner:
         rows = np.concatenate([np.array(sample_rows + spec_rows, dtype=np.int64), prompt_rows])
         unique_rows, inverse = np.unique(rows, return_inverse=True)
         result = RunnerOutput()
+        samplers = [(s, r) for s, d in zip(seqs, drafts) if not d.token_ids for r in s.samplers]
         if any(s.pooling is not None for s in seqs):
             pool_rows, pool_owners = _pooling_rows(seqs, meta.query_start)
             logits, hidden = self.model.forward_with_hidden(input_ids, meta, self.kv_cache, unique_rows, pool_rows)
             _pool(hidden, pool_owners, result)
         else:
-            logits = self.model.forward(input_ids, meta, self.kv_cache, unique_rows)
+            logits = self.model.forward_logits(input_ids, meta, self.kv_cache, unique_rows)
+            on_device = not isinstance(logits, np.ndarray)
+            if on_device and not spec_rows and not prompt_owners and all(is_plain_greedy(r) for _, r in samplers):
+                # Nothing but argmax: one integer per row leaves the device, not the logits (on the
+                # host the sampler's own argmax is as cheap, so the CPU paths keep one route).
+                self.num_forward_passes += 1
+                _record_sampled(samplers, self.kernels.argmax(logits)[inverse], result)
+                return result
+            logits = self.kernels.to_numpy(logits)
         logits = logits[inverse]
         self.num_forward_passes += 1
         num_sample, num_spec = len(sample_rows), len(spec_rows)
-        self._sample([(s, r) for s, d in zip(seqs, drafts) if not d.token_ids for r in s.samplers],
-                     logits[:num_sample], result)
+        self._sample(samplers, logits[:num_sample], result)
         self._verify([(s, d) for s, d in zip(seqs, drafts) if d.token_ids],
                      logits[num_sample:num_sample + num_spec], result)
         if prompt_owners:
@@ -121,10 +131,7 @@ class ModelRunner:
         batch = self._batch(requests, [r.output_token_ids for r in requests],
                             self._allowed_mask([(r.grammar, []) for r in requests]))
         sampled = self.sampler(logits, batch)
-        for j, request in enumerate(requests):
-            result.sampled_token_ids[request.request_id] = [int(sampled.token_ids[j])]
-            if sampled.logprobs[j] is not None:
-                result.logprobs[request.request_id] = [sampled.logprobs[j]]
+        _record_sampled(samplers, sampled.token_ids, result, sampled.logprobs)
 
     def _verify(self, spec: list[tuple[ScheduledSequence, Draft]], logits: np.ndarray,
                 result: RunnerOutput) -> None:
@@ -188,13 +195,29 @@ class ModelRunner:
             src = self._slots([p[0] for p in pairs])
             dst = self._slots([p[1] for p in pairs])
             for (src_k, src_v), (dst_k, dst_v) in zip(src_of, dst_of):
-                dst_k[dst] = src_k[src]
-                dst_v[dst] = src_v[src]
+                self.kernels.copy_slots(src_k, dst_k, src, dst)
+                self.kernels.copy_slots(src_v, dst_v, src, dst)
 
     def _slots(self, block_ids: list[int]) -> np.ndarray:
         """Every slot of the given blocks: [2, 5] with block_size 2 -> [4, 5, 10, 11]."""
         ids = np.asarray(block_ids, dtype=np.int64)
         return (ids[:, None] * self.block_size + np.arange(self.block_size)[None, :]).reshape(-1)
+
+
+def is_plain_greedy(request) -> bool:
+    """Argmax of the raw logits and nothing else: no grammar, penalty, bias, token filter, minimum
+    length or logprobs (the sampler would change or report something then)."""
+    p = request.sampling_params
+    return (p.is_greedy and request.grammar is None and not p.needs_penalties and not p.logit_bias
+            and p.allowed_token_ids is None and not p.bad_words and p.min_tokens == 0 and p.logprobs is None)
+
+
+def _record_sampled(samplers: list, token_ids: np.ndarray, result: RunnerOutput, logprobs: list | None = None) -> None:
+    """One sampled token (and its logprobs, if asked) per (sequence, sampler) pair, in order."""
+    for j, (_, request) in enumerate(samplers):
+        result.sampled_token_ids[request.request_id] = [int(token_ids[j])]
+        if logprobs is not None and logprobs[j] is not None:
+            result.logprobs[request.request_id] = [logprobs[j]]
 
 
 def _pooling_rows(seqs: list[ScheduledSequence], query_start: np.ndarray) -> tuple[np.ndarray, list]:

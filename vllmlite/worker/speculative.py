@@ -95,7 +95,7 @@ class DraftModelProposer(Proposer):
         self.model = model
         self.block_size = block_size
         shape = (num_blocks * block_size, c.num_kv_heads, c.head_dim)
-        self._kv_cache = [(np.zeros(shape, model.dtype), np.zeros(shape, model.dtype))
+        self._kv_cache = [(model.kernels.zeros(shape, model.dtype), model.kernels.zeros(shape, model.dtype))
                           for _ in range(c.num_layers)]        # per layer: [slots, kv_heads, head_dim]
         self.sampler = Sampler()
         self.rng = np.random.default_rng(seed)                 # the draft's own draws

@@ -12,5 +12,16 @@ running while they do.
 from vllmlite.kernels.numba.attention import paged_attention
 from vllmlite.kernels.numba.elementwise import add_rms_norm, rms_norm, rope, silu_and_mul, write_kv
 from vllmlite.kernels.numba.linear import linear
+from vllmlite.kernels.reference import (  # numpy memory
+    argmax,
+    copy_slots,
+    empty,
+    feature_major,
+    host_zeros,
+    to_device,
+    to_numpy,
+    zeros,
+)
 
-__all__ = ["add_rms_norm", "linear", "paged_attention", "rms_norm", "rope", "silu_and_mul", "write_kv"]
+__all__ = ["add_rms_norm", "argmax", "copy_slots", "empty", "feature_major", "host_zeros", "linear", "paged_attention", "rms_norm", "rope",
+           "silu_and_mul", "to_device", "to_numpy", "write_kv", "zeros"]

@@ -1,0 +1,282 @@
+"""The engine on a CUDA GPU (device="cuda", bfloat16, random weights) next to transformers' own
+continuous batching on the same weights, in the same run.
+
+    python -m bench.gpu                                   # all shapes, 256 requests (an H200: minutes)
+    python -m bench.gpu --shapes qwen3-0.6b --num-requests 64 --skip-hf    # a quick look
+
+For each model shape (Llama-architecture random weights at the sizes of Qwen3-0.6B, Llama-3.2-1B
+and Llama-3.1-8B; one set of weights, made by transformers and copied into ours):
+  offline   nano-vllm's workload: N requests, prompts of 100-1024 random tokens, `--output-len` tokens
+            each (ignore_eos), output tokens/s; transformers' `generate_batch` (paged SDPA) on the
+            same prompts beside it
+  decode    one decode forward pass at batch 1/32/256 (context 512, eager), next to the GEMM-only
+            bound: the same matrix products replayed as one CUDA graph
+  single    one request alone, decode tokens/s, next to the memory-bandwidth bound (bytes of weights
+            and KV read per token over the device's measured copy bandwidth)
+Raw results: results/bench_gpu.json (machine, command, every number).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
+
+# isort: split
+import numpy as np
+import torch
+
+from bench.report import REPO_ROOT, machine_info, module_command, write_json
+from vllmlite.config import ModelConfig
+from vllmlite.engine.llm_engine import LLMEngine
+from vllmlite.engine_args import EngineArgs
+from vllmlite.kernels.attention_metadata import build_metadata
+from vllmlite.models.loader import LayerWeights, LoadedModel, ModelWeights
+from vllmlite.sampling_params import SamplingParams
+from vllmlite.tokenizer import ByteTokenizer
+
+SHAPES = {  # hidden, intermediate, layers, heads, kv heads, head_dim, vocab, tied embeddings
+    "qwen3-0.6b": (1024, 3072, 28, 16, 8, 128, 151936, True),
+    "llama-3.2-1b": (2048, 8192, 16, 32, 8, 64, 128256, True),
+    "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128, 128256, False),
+}
+BLOCK_SIZE = 16
+
+
+def hf_model(shape: str):
+    """transformers' LlamaForCausalLM at `shape`, randomly initialized, bf16 on the GPU."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    hidden, inter, layers, heads, kv, head_dim, vocab, tied = SHAPES[shape]
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, vocab_size=vocab,
+                         tie_word_embeddings=tied, max_position_embeddings=4096, rope_theta=500000.0)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    return model.eval()
+
+
+def our_model(hf) -> LoadedModel:
+    """The same weights in vllmlite's layout (fused QKV and gate/up), on the GPU already."""
+    c, m = hf.config, hf.model
+    config = ModelConfig(architecture="llama", vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+                         intermediate_size=c.intermediate_size, num_layers=c.num_hidden_layers,
+                         num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
+                         max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
+                         rope_theta=500000.0, tie_word_embeddings=c.tie_word_embeddings)
+    def fused(*linears) -> torch.Tensor:
+        return torch.cat([linear.weight for linear in linears]).data
+
+    layers = [LayerWeights(layer.input_layernorm.weight.data,
+                           fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), None,
+                           layer.self_attn.o_proj.weight.data, layer.post_attention_layernorm.weight.data,
+                           fused(layer.mlp.gate_proj, layer.mlp.up_proj), layer.mlp.down_proj.weight.data)
+              for layer in m.layers]
+    embed = m.embed_tokens.weight.data
+    lm_head = embed if c.tie_word_embeddings else hf.lm_head.weight.data
+    return LoadedModel(config, ModelWeights(embed, layers, m.norm.weight.data, lm_head, None), ByteTokenizer(), "random")
+
+
+def workload(num_requests: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """nano-vllm's bench: prompts of 100-1024 random token ids."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, int(rng.integers(100, 1025))).tolist() for _ in range(num_requests)]
+
+
+def make_engine(loaded: LoadedModel, max_num_seqs: int, max_len: int) -> LLMEngine:
+    args = EngineArgs(model="random", device="cuda", dtype="bfloat16", max_num_seqs=max_num_seqs,
+                      max_model_len=max_len, max_num_batched_tokens=8192, gpu_memory_utilization=0.4)
+    return LLMEngine(args.create_engine_config(), loaded)
+
+
+def run_ours(engine: LLMEngine, prompts: list[list[int]], output_len: int, tag: str = "run") -> dict:
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True, detokenize=False)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", prompt, params)
+    generated, steps = 0, 0
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                generated += len(output.outputs[0].token_ids)
+        steps += 1
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    return {"output_tokens": generated, "seconds": seconds, "output_tok_s": generated / seconds, "steps": steps}
+
+
+def run_hf(hf, prompts: list[list[int]], output_len: int) -> dict:
+    from transformers.generation import GenerationConfig
+    config = GenerationConfig(max_new_tokens=output_len, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    hf.set_attn_implementation("paged|sdpa")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    outputs = hf.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    generated = sum(len(o.generated_tokens) for o in outputs.values())
+    return {"output_tokens": generated, "seconds": seconds, "output_tok_s": generated / seconds}
+
+
+def cuda_time(fn, reps: int = 20) -> float:
+    """Median seconds of fn() by CUDA events, after three warm-up calls."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return float(np.median(times))
+
+
+def decode_step(engine: LLMEngine, batch: int, context: int) -> dict:
+    """One decode forward pass (each of `batch` sequences at `context` tokens) next to its GEMM-only
+    bound replayed as a CUDA graph."""
+    model, kv = engine.runner.model, engine.runner.kv_cache
+    blocks_per_seq = -(-context // BLOCK_SIZE)
+    rng = np.random.default_rng(batch)
+    ids = rng.permutation(batch * blocks_per_seq).reshape(batch, blocks_per_seq)
+    meta = build_metadata([1] * batch, [context] * batch, ids.tolist(), BLOCK_SIZE)
+    input_ids, rows = rng.integers(0, 1000, batch), np.arange(batch)
+
+    def forward():
+        meta.kernel_cache.clear()   # a new step: its index arrays are moved to the device again
+        model.forward(input_ids, meta, kv, rows)
+    step = cuda_time(forward)
+    w, buf = model.weights, model.workspace(batch)
+    logits = torch.empty((w.lm_head.shape[0], batch), dtype=model.dtype, device="cuda").T
+
+    def gemms():
+        for layer in w.layers:
+            torch.matmul(layer.wqkv, buf.hidden.T, out=buf.qkv.T)
+            torch.matmul(layer.wo, buf.attn.T, out=buf.out.T)
+            torch.matmul(layer.w_gate_up, buf.hidden.T, out=buf.gate_up.T)
+            torch.matmul(layer.w_down, buf.act.T, out=buf.out.T)
+        torch.matmul(w.lm_head, buf.hidden.T, out=logits.T)
+    gemms()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemms()
+    bound = cuda_time(graph.replay)
+    return {"batch": batch, "context": context, "step_ms": step * 1e3, "gemm_graph_ms": bound * 1e3,
+            "ratio": step / bound}
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read plus written per second."""
+    src = torch.empty(2 * 2**30 // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 2 / cuda_time(lambda: dst.copy_(src))
+
+
+def single_stream(engine: LLMEngine, vocab: int, output_len: int, bandwidth: float) -> dict:
+    prompt = workload(1, vocab, seed=7)[0][:128]
+    run_ours(engine, [prompt], 8, "single-warm")
+    result = run_ours(engine, [prompt], output_len, "single")
+    c = engine.model_config
+    weight_bytes = engine.weights_bytes
+    kv_bytes = c.kv_bytes_per_token(2) * (len(prompt) + output_len / 2)   # the mean context's KV, bf16
+    bound = bandwidth / (weight_bytes + kv_bytes)
+    return {"tok_s": result["output_tok_s"], "bandwidth_bound_tok_s": bound,
+            "fraction_of_bound": result["output_tok_s"] / bound}
+
+
+def bench_shape(shape: str, args, bandwidth: float) -> dict:
+    hf = hf_model(shape)
+    loaded = our_model(hf)
+    prompts = workload(args.num_requests, loaded.config.vocab_size)
+    row = {"shape": shape, "num_requests": len(prompts), "prompt_tokens": sum(map(len, prompts)),
+           "output_len": args.output_len}
+    engine = make_engine(loaded, max_num_seqs=256, max_len=1024 + args.output_len + 16)
+    run_ours(engine, prompts[:4], 4, "warm")  # Triton compiles its kernel for these shapes
+    row["ours"] = run_ours(engine, prompts, args.output_len)
+    print(f"{shape}: ours {row['ours']['output_tok_s']:.0f} out tok/s", flush=True)
+    row["decode"] = [decode_step(engine, b, 512) for b in (1, 32, 256)]
+    row["single"] = single_stream(engine, loaded.config.vocab_size, args.output_len, bandwidth)
+    del engine
+    torch.cuda.empty_cache()
+    if not args.skip_hf:
+        try:
+            row["transformers"] = run_hf(hf, prompts, args.output_len)
+        except Exception as error:  # recorded, not fatal: our own rows still count
+            row["transformers_error"] = repr(error)[:2000]
+            print(f"{shape}: transformers failed: {error!r}", flush=True)
+        else:
+            row["ratio_vs_transformers"] = row["ours"]["output_tok_s"] / row["transformers"]["output_tok_s"]
+            print(f"{shape}: transformers {row['transformers']['output_tok_s']:.0f} out tok/s", flush=True)
+    del hf, loaded
+    torch.cuda.empty_cache()
+    return row
+
+
+def profile(shape: str, batch: int, out_dir: Path) -> None:
+    """Where a decode step's time goes: cProfile of engine.step() and torch.profiler's table, written
+    to out_dir (a look, not a result)."""
+    import cProfile
+    import pstats
+    hf = hf_model(shape)
+    engine = make_engine(our_model(hf), max_num_seqs=batch, max_len=2048)
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, detokenize=False)
+    for i, prompt in enumerate(workload(batch, engine.model_config.vocab_size)):
+        engine.add_request(f"p{i}", prompt[:200], params)
+    while engine.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(10):
+        engine.step()
+    torch.cuda.synchronize()
+    profiler.disable()
+    with open(out_dir / "step_cprofile.txt", "w") as f:
+        pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(60)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            engine.step()
+        torch.cuda.synchronize()
+    (out_dir / "step_torch_profile.txt").write_text(
+        prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40) + "\n"
+        + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--skip-hf", action="store_true", help="leave out transformers' generate_batch")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "bench_gpu.json")
+    parser.add_argument("--profile", type=Path, help="only profile decode steps (batch 256), writing here")
+    args = parser.parse_args()
+    if args.profile:
+        profile(args.shapes.split(",")[0], 256, args.profile)
+        return
+    bandwidth = copy_bandwidth()
+    report = {"what": __doc__.split("\n")[0], "command": module_command("bench.gpu"), "machine": machine_info(),
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "copy_bandwidth_gb_s": bandwidth / 1e9, "rows": []}
+    for shape in args.shapes.split(","):
+        report["rows"].append(bench_shape(shape, args, bandwidth))
+        write_json(args.out, report)   # after every shape: a run cut short keeps what it measured
+    rows = report["rows"]
+    for row in rows:
+        hf = row.get("transformers", {}).get("output_tok_s")
+        print(f"{row['shape']:>14}: ours {row['ours']['output_tok_s']:8.0f} tok/s"
+              + (f", transformers {hf:8.0f}, x{row['ratio_vs_transformers']:.1f}" if hf else "")
+              + "; decode step/GEMM-graph " + " ".join(f"b{d['batch']} {d['step_ms']:.2f}/{d['gemm_graph_ms']:.2f} ms"
+                                                    for d in row["decode"])
+              + f"; single {row['single']['tok_s']:.0f} tok/s = {row['single']['fraction_of_bound']:.0%} of bound")
+
+
+if __name__ == "__main__":
+    main()

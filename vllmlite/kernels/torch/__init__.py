@@ -1,0 +1,190 @@
+"""The torch backend: every hot operation of `Kernels` on torch tensors, on the CPU or a CUDA device,
+in float32, float64, bfloat16 or float16. Also allocates: weights, activations and the KV cache
+live where this backend computes.
+
+The operations follow the numpy references (vllmlite/kernels/reference.py) line for line; the
+tests hold them to those references. Norms, RoPE and softmax run in float32 whatever the storage
+dtype (as transformers does for bf16), matrix products on cuBLAS/BLAS in the storage dtype.
+
+Imported only when `kernels="torch"` (or `device="cuda"`): the CPU install never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionGroup, AttentionMetadata
+from vllmlite.kernels.quant import QuantizedMatrix, dequantize
+
+
+def paged_attention_rows(*args) -> None:
+    """The Triton kernel (triton_attention.py), imported on first use: triton is needed only there."""
+    from vllmlite.kernels.torch.triton_attention import paged_attention_rows as kernel
+    kernel(*args)
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+HALF = (torch.bfloat16, torch.float16)
+
+
+class TorchKernels:
+    """One backend instance per engine: its device and compute dtype are fixed at construction."""
+
+    name = "torch"
+    feature_major = False  # token-major activations: cuBLAS's usual layout, coalesced rows for Triton
+
+    def __init__(self, device: str = "cpu", dtype: str = "float32", attention: str | None = None) -> None:
+        """attention: "triton" (the paged kernel of triton_attention.py for short queries; the default
+        on CUDA) or "torch" (gathered padded groups only; the default on the CPU, where Triton runs
+        only in its interpreter)."""
+        self.device = torch.device(device)
+        self.dtype = DTYPES[dtype]
+        self.attention = attention or ("triton" if self.device.type == "cuda" else "torch")
+
+    # ---- where arrays live ---------------------------------------------------------------------
+    def to_device(self, array: np.ndarray | QuantizedMatrix | torch.Tensor, dtype=None) -> torch.Tensor:
+        """An array on this backend: floats in `dtype`, by default the compute dtype (quantized blocks
+        dequantized once, here), integers as int64 (indices). A tensor already there is returned as
+        it is."""
+        if isinstance(array, QuantizedMatrix):
+            array = dequantize(array)
+        tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(array))
+        dtype = (dtype or self.dtype) if tensor.is_floating_point() else torch.int64
+        return tensor.to(device=self.device, dtype=dtype)
+
+    def zeros(self, shape: tuple[int, ...], dtype=None) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype or self.dtype, device=self.device)
+
+    def empty(self, shape: tuple[int, ...], dtype=None) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype or self.dtype, device=self.device)
+
+    def host_zeros(self, shape: tuple[int, ...], dtype=None) -> torch.Tensor:
+        """A host buffer for swapped-out blocks (pinned on CUDA, so copies overlap)."""
+        return torch.zeros(shape, dtype=dtype or self.dtype, pin_memory=self.device.type == "cuda")
+
+    @staticmethod
+    def to_numpy(x: torch.Tensor) -> np.ndarray:
+        """A host copy (half precisions widened to float32: numpy has no bfloat16)."""
+        x = x.detach()
+        if x.dtype in HALF:
+            x = x.float()
+        return x.cpu().numpy()
+
+    @staticmethod
+    def argmax(logits: torch.Tensor) -> np.ndarray:
+        """Each row's first maximum, computed where the logits are: [rows] int64 on the host."""
+        return logits.argmax(dim=1).cpu().numpy()
+
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, src_slots: np.ndarray,
+                   dst_slots: np.ndarray) -> None:
+        """dst[dst_slots] = src[src_slots], across devices (swap) or within one (copy-on-write)."""
+        rows = src[torch.from_numpy(src_slots).to(src.device)]
+        dst[torch.from_numpy(dst_slots).to(dst.device)] = rows.to(dst.device, non_blocking=True)
+
+    def _index(self, meta: AttentionMetadata, name: str) -> torch.Tensor:
+        """meta.<name> as a device tensor, made by the first layer of a step and reused by the rest."""
+        key = f"torch.{name}"
+        if key not in meta.kernel_cache:
+            meta.kernel_cache[key] = self.to_device(np.asarray(getattr(meta, name)))
+        return meta.kernel_cache[key]  # type: ignore[return-value]
+
+    # ---- the operations (see Kernels) ----------------------------------------------------------
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
+        """out = x @ weight.T (nn.Linear); for feature-major operands as weight @ x.T into out.T."""
+        if out.is_contiguous():
+            torch.mm(x, weight.T, out=out)
+        else:
+            torch.mm(weight, x.T, out=out.T)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+        xf = x.float() if x.dtype in HALF else x                # half precisions normalize in float32
+        normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+        out.copy_(normed.to(x.dtype) * weight)
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                     out: torch.Tensor) -> None:
+        residual += x
+        self.rms_norm(residual, weight, eps, out)
+
+    def rope(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Rotate-half RoPE in place: x [tokens, heads, head_dim]; cos/sin [positions, head_dim / 2]."""
+        half = x.shape[-1] // 2
+        c, s = cos[positions][:, None, :], sin[positions][:, None, :]   # [tokens, 1, head_dim / 2]
+        x1, x2 = x[..., :half].clone(), x[..., half:].clone()
+        x[..., :half] = x1 * c - x2 * s
+        x[..., half:] = x2 * c + x1 * s
+
+    def silu_and_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+        gate, up = gate_up.chunk(2, dim=-1)
+        out.copy_(torch.nn.functional.silu(gate) * up)
+
+    def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        k_cache[slot_mapping] = k
+        v_cache[slot_mapping] = v
+
+    def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        meta: AttentionMetadata, out: torch.Tensor) -> None:
+        """Short queries (decodes, guesses) through the Triton paged kernel, reading K/V in place;
+        long prefill chunks, and everything when attention="torch", through the reference's padded
+        groups (kernels/attention_metadata.py), batched on the device."""
+        if self.attention == "triton" and q.dtype != torch.float64:   # Triton's dot has no float64 path
+            short = meta.kernel_cache.get("torch.short")
+            if short is None:
+                short = meta.kernel_cache["torch.short"] = self._short_rows(meta)
+            if short is not None:
+                paged_attention_rows(q, k_cache, v_cache, *short, meta.block_size, out)
+            groups = meta.long_groups
+        else:
+            groups = meta.groups
+        key = f"torch.groups.{self.attention}"
+        if key not in meta.kernel_cache:
+            meta.kernel_cache[key] = [self._device_group(g) for g in groups]
+        for group in meta.kernel_cache[key]:  # type: ignore[union-attr]
+            self._attend_group(q, k_cache, v_cache, group, meta.block_size, out)
+
+    def _short_rows(self, meta: AttentionMetadata) -> tuple[torch.Tensor, ...] | None:
+        """(rows, their sequences, their positions, block tables) of the sequences with at most
+        MAX_BATCHED_QUERY_LEN queries, on the device; None when there are none."""
+        lens = np.diff(meta.query_start)                                   # [num_seqs]
+        seqs = np.flatnonzero(lens <= MAX_BATCHED_QUERY_LEN)
+        if not len(seqs):
+            return None
+        seq_of_row = np.repeat(seqs, lens[seqs])                           # [num_rows]
+        rows = np.concatenate([np.arange(meta.query_start[i], meta.query_start[i + 1]) for i in seqs])
+        return tuple(self.to_device(a) for a in (rows, seq_of_row, meta.positions[rows], meta.block_tables))
+
+    def _device_group(self, g: AttentionGroup) -> tuple[torch.Tensor, ...]:
+        valid = torch.from_numpy(g.query_valid).to(self.device)
+        rows = self.to_device(g.query_rows)
+        bias = torch.from_numpy(g.bias).to(self.device)              # float32, [B, 1, max_q, ctx]
+        return rows, valid, self.to_device(g.block_ids), bias, rows[valid]
+
+    @staticmethod
+    def _attend_group(q, k_cache, v_cache, group, block_size: int, out) -> None:
+        rows, valid, block_ids, bias, out_rows = group
+        num_tokens, num_heads, head_dim = q.shape
+        num_kv_heads = k_cache.shape[1]
+        group_size = num_heads // num_kv_heads
+        num_seqs, max_q = rows.shape
+        ctx_len = block_ids.shape[1] * block_size
+        k_blocks = k_cache.view(-1, block_size, num_kv_heads, head_dim)
+        v_blocks = v_cache.view(-1, block_size, num_kv_heads, head_dim)
+        # [B, max_q, kv, group, d] -> [B, kv, group * max_q, d]: each KV head serves its query heads.
+        qg = q[rows].reshape(num_seqs, max_q, num_kv_heads, group_size, head_dim)
+        qg = qg.permute(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group_size * max_q, head_dim)
+        keys = k_blocks[block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
+        values = v_blocks[block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
+        scores = qg @ keys.permute(0, 2, 3, 1)                      # [B, kv, group * max_q, ctx]
+        compute = torch.float32 if scores.dtype in HALF else scores.dtype
+        scores = scores.to(compute).reshape(num_seqs, num_kv_heads, group_size, max_q, ctx_len)
+        scores = scores * (1.0 / math.sqrt(head_dim)) + bias[:, :, None].to(compute)
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        probs = probs.reshape(num_seqs, num_kv_heads, group_size * max_q, ctx_len)
+        ctx = probs @ values.permute(0, 2, 1, 3)                    # [B, kv, group * max_q, d]
+        ctx = ctx.reshape(num_seqs, num_kv_heads, group_size, max_q, head_dim).permute(0, 3, 1, 2, 4)
+        ctx = ctx.reshape(num_seqs, max_q, num_heads, head_dim)     # [B, max_q, heads, d]
+        out[out_rows] = ctx[valid]
