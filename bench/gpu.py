@@ -9,8 +9,8 @@ and Llama-3.1-8B; one set of weights, made by transformers and copied into ours)
   offline   nano-vllm's workload: N requests, prompts of 100-1024 random tokens, `--output-len` tokens
             each (ignore_eos), output tokens/s; transformers' `generate_batch` (paged SDPA) on the
             same prompts beside it
-  decode    one decode forward pass at batch 1/32/256 (context 512, eager), next to the GEMM-only
-            bound: the same matrix products replayed as one CUDA graph
+  decode    one greedy decode step's forward pass and device argmax at batch 1/32/256 (context 512,
+            eager), next to the GEMM-only bound: the same matrix products replayed as one CUDA graph
   single    one request alone, decode tokens/s, next to the memory-bandwidth bound (bytes of weights
             and KV read per token over the device's measured copy bandwidth)
 Raw results: results/bench_gpu.json (machine, command, every number).
@@ -146,20 +146,22 @@ def decode_step(engine: LLMEngine, batch: int, context: int) -> dict:
     meta = build_metadata([1] * batch, [context] * batch, ids.tolist(), BLOCK_SIZE)
     input_ids, rows = rng.integers(0, 1000, batch), np.arange(batch)
 
-    def forward():
+    def forward():   # what the engine runs for a greedy decode step: the forward pass and a device argmax
         meta.kernel_cache.clear()   # a new step: its index arrays are moved to the device again
-        model.forward(input_ids, meta, kv, rows)
+        model.kernels.argmax(model.forward_logits(input_ids, meta, kv, rows))
     step = cuda_time(forward)
     w, buf = model.weights, model.workspace(batch)
-    logits = torch.empty((w.lm_head.shape[0], batch), dtype=model.dtype, device="cuda").T
+    logits = torch.empty((batch, w.lm_head.shape[0]), dtype=model.dtype, device="cuda")
+
+    linear = model.kernels.linear   # the model's own products, on its own buffers
 
     def gemms():
         for layer in w.layers:
-            torch.matmul(layer.wqkv, buf.hidden.T, out=buf.qkv.T)
-            torch.matmul(layer.wo, buf.attn.T, out=buf.out.T)
-            torch.matmul(layer.w_gate_up, buf.hidden.T, out=buf.gate_up.T)
-            torch.matmul(layer.w_down, buf.act.T, out=buf.out.T)
-        torch.matmul(w.lm_head, buf.hidden.T, out=logits.T)
+            linear(buf.hidden, layer.wqkv, buf.qkv)
+            linear(buf.attn, layer.wo, buf.out)
+            linear(buf.hidden, layer.w_gate_up, buf.gate_up)
+            linear(buf.act, layer.w_down, buf.out)
+        linear(buf.hidden, w.lm_head, logits)
     gemms()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

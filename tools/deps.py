@@ -28,7 +28,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "requirements.lock"
-EXTRAS = ("test", "ray", "bench")  # what requirements.txt installs
+EXTRAS = ("test", "ray", "bench", "cuda")  # what requirements.txt installs
+# torch's CUDA libraries: PyPI's torch pulls them, the CPU build CI installs does not; never locked.
+CUDA_ONLY = ("nvidia-", "cuda-")
+TORCH = "2.13.0"  # CI's torch: `pip install torch==2.13.0` takes the CPU build these machines keep on disk
 LOCK_PYTHON = "3.11"                # CI's Python (the machine's python3)
 FAST_SUITE = ["-m", "not real_model"]
 # Installed in every venv but never part of the lock: the installers, and packages CI adds by hand.
@@ -66,8 +69,25 @@ def read_pins(path: Path) -> dict[str, str]:
 
 
 def lock(_: argparse.Namespace) -> None:
+    """Resolve the extras CI installs; torch is held at TORCH (the CPU build CI installs) and torch's
+    CUDA libraries are left out (the CPU build needs none of them)."""
     require_uv()
-    run(compile_args("highest", LOCK) + ["--custom-compile-command", "python tools/deps.py lock"])
+    with tempfile.TemporaryDirectory() as scratch:
+        pin = Path(scratch) / "torch.txt"
+        pin.write_text(f"torch=={TORCH}\n")
+        run(compile_args("highest", LOCK) + ["-c", str(pin), "--custom-compile-command", "python tools/deps.py lock"])
+    LOCK.write_text(without_cuda_libraries(LOCK.read_text()))
+
+
+def without_cuda_libraries(text: str) -> str:
+    """The lock without the blocks (pin and its `# via` lines) of packages named in CUDA_ONLY."""
+    kept, skipping = [], False
+    for line in text.splitlines():
+        if not line.startswith((" ", "#")):
+            skipping = line.startswith(CUDA_ONLY)
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
 
 
 def verify(_: argparse.Namespace) -> None:
@@ -76,7 +96,7 @@ def verify(_: argparse.Namespace) -> None:
     wrong = []
     for dist in metadata.distributions():
         name = canonical(dist.metadata["Name"])
-        if name not in NOT_LOCKED and pins.get(name) != dist.version:
+        if name not in NOT_LOCKED and pins.get(name) != dist.version.split("+")[0]:  # 2.13.0+cpu is 2.13.0
             wrong.append(f"{name}=={dist.version} (lock: {pins.get(name, 'absent')})")
     if wrong:
         sys.exit("installed but not as locked in requirements.lock:\n  " + "\n  ".join(sorted(wrong)))

@@ -85,3 +85,19 @@ def test_half_precision_is_refused_on_the_numpy_paths_and_quantization_on_torch(
     with pytest.raises(ValueError, match="quantization must be 'none'"):
         EngineConfig(model="random", kernels="torch", quantization="int4")
     assert dataclasses.replace(EngineConfig(model="random"), kernels="torch", dtype="bfloat16").uses_torch
+
+
+def test_the_cpu_paths_never_import_torch():
+    """torch is an optional extra: the server, the offline LLM and an engine on the numba kernels
+    load and run a step without it."""
+    import subprocess
+    import sys
+    code = ("import sys, vllmlite.api.server, vllmlite.llm\n"
+            "from vllmlite.engine_args import EngineArgs\n"
+            "from vllmlite.engine.llm_engine import LLMEngine\n"
+            "from vllmlite.sampling_params import SamplingParams\n"
+            "engine = LLMEngine(EngineArgs(model='random', num_blocks=16).create_engine_config())\n"
+            "engine.add_request('a', [1, 2, 3], SamplingParams(max_tokens=2))\n"
+            "engine.step()\n"
+            "sys.exit(1 if any(m in ('torch', 'triton') or m.startswith(('torch.', 'triton.')) for m in sys.modules) else 0)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=300).returncode == 0
