@@ -72,18 +72,18 @@ def greedy_and_last_logits(llm: LLM, prompt_token_ids: list[int]) -> tuple[list[
     """The 32-token greedy continuation, and the logits [vocab] at the last prompt position, taken
     from the first forward pass (the whole prompt fits in one chunk; as tests/test_parity.py)."""
     model = llm.engine.model
-    forward, captured = model.forward, []
+    forward, captured = model.forward_logits, []   # what the runner calls
 
     def spy(*args):
         logits = forward(*args)
-        captured.append(logits[0].copy())
+        captured.append(model.kernels.to_numpy(logits)[0].copy())
         return logits
-    model.forward = spy
+    model.forward_logits = spy
     try:
         out = llm.generate([{"prompt_token_ids": prompt_token_ids}],
                            SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)[0]
     finally:
-        del model.forward  # back to the class's method
+        del model.forward_logits  # back to the class's method
     return out.outputs[0].token_ids, captured[0]
 
 

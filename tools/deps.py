@@ -6,6 +6,9 @@ oldest) releases the ranges in pyproject.toml allow, before a user meets them.
     python tools/deps.py check --newest     # newest releases in range -> scratch venv -> the fast suite
     python tools/deps.py check --lowest     # the lower bounds themselves (uv's lowest-direct resolution)
 
+torch is held at TORCH in every resolution: that release's CPU build is what these machines install
+(PyPI's newest torch is a CUDA build of several GB); torch's CUDA libraries are never installed.
+
 `check` writes what it resolved and what the suite said to results/deps_<newest|lowest>.json. It
 needs the package registry and uv (`pip install uv`); it never touches the active environment.
 """
@@ -109,11 +112,14 @@ def check(args: argparse.Namespace) -> None:
     resolution = "lowest-direct" if args.lowest else "highest"
     with tempfile.TemporaryDirectory(prefix=f"vllmlite-deps-{which}-") as scratch:
         scratch = Path(scratch)
-        resolved = scratch / "requirements.txt"
-        run(compile_args(resolution, resolved) + ["--no-header", "--upgrade"])
+        resolved, pin = scratch / "requirements.txt", scratch / "torch.txt"
+        pin.write_text(f"torch=={TORCH}\n")   # torch stays the CPU build (the newest on PyPI is a CUDA build)
+        run(compile_args(resolution, resolved) + ["-c", str(pin), "--no-header", "--upgrade"])
+        resolved.write_text(without_cuda_libraries(resolved.read_text()))
         venv = scratch / "venv"
         run([sys.executable, "-m", "venv", str(venv)])
         python = str(venv / "bin" / "python")
+        run([python, "-m", "pip", "install", "-q", "-c", str(resolved), f"torch=={TORCH}"])
         run([python, "-m", "pip", "install", "-q", "-r", str(resolved)])
         run([python, "-m", "pip", "install", "-q", "--no-deps", "-e", "."])
         start = time.monotonic()
