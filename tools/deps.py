@@ -34,7 +34,8 @@ LOCK = ROOT / "requirements.lock"
 EXTRAS = ("test", "ray", "bench", "cuda")  # what requirements.txt installs
 # torch's CUDA libraries: PyPI's torch pulls them, the CPU build CI installs does not; never locked.
 CUDA_ONLY = ("nvidia-", "cuda-")
-TORCH = "2.13.0"  # CI's torch: `pip install torch==2.13.0` takes the CPU build these machines keep on disk
+TORCH_PIN = ROOT / "tools" / "torch-cpu.txt"   # torch==X: CI's torch, the CPU build these machines keep on disk
+TORCH = TORCH_PIN.read_text().split("==")[-1].strip()
 LOCK_PYTHON = "3.11"                # CI's Python (the machine's python3)
 FAST_SUITE = ["-m", "not real_model"]
 SUITE_TIMEOUT_S = 1800  # the fast suite takes 3-4 minutes on 2 cores
@@ -77,14 +78,15 @@ def read_pins(path: Path) -> dict[str, str]:
 
 
 def lock(_: argparse.Namespace) -> None:
-    """Resolve the extras CI installs; torch is held at TORCH (the CPU build CI installs) and torch's
-    CUDA libraries are left out (the CPU build needs none of them)."""
     require_uv()
-    with tempfile.TemporaryDirectory() as scratch:
-        pin = Path(scratch) / "torch.txt"
-        pin.write_text(f"torch=={TORCH}\n")
-        run(compile_args("highest", LOCK) + ["-c", str(pin), "--custom-compile-command", "python tools/deps.py lock"])
-    LOCK.write_text(without_cuda_libraries(LOCK.read_text()))
+    resolve("highest", LOCK, "--custom-compile-command", "python tools/deps.py lock")
+
+
+def resolve(resolution: str, output: Path, *options: str) -> None:
+    """Resolve the extras CI installs into `output`; torch is held by TORCH_PIN (the CPU build CI
+    installs) and torch's CUDA libraries are left out (the CPU build needs none)."""
+    run(compile_args(resolution, output) + ["-c", str(TORCH_PIN.relative_to(ROOT)), *options])
+    output.write_text(without_cuda_libraries(output.read_text()))
 
 
 def without_cuda_libraries(text: str) -> str:
@@ -117,10 +119,8 @@ def check(args: argparse.Namespace) -> None:
     resolution = "lowest-direct" if args.lowest else "highest"
     with tempfile.TemporaryDirectory(prefix=f"vllmlite-deps-{which}-") as scratch:
         scratch = Path(scratch)
-        resolved, pin = scratch / "requirements.txt", scratch / "torch.txt"
-        pin.write_text(f"torch=={TORCH}\n")   # torch stays the CPU build (the newest on PyPI is a CUDA build)
-        run(compile_args(resolution, resolved) + ["-c", str(pin), "--no-header", "--upgrade"])
-        resolved.write_text(without_cuda_libraries(resolved.read_text()))
+        resolved = scratch / "requirements.txt"
+        resolve(resolution, resolved, "--no-header", "--upgrade")
         venv = scratch / "venv"
         run([sys.executable, "-m", "venv", str(venv)])
         python = str(venv / "bin" / "python")

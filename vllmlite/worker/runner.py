@@ -86,16 +86,14 @@ class ModelRunner:
             _pool(hidden, pool_owners, result)
         else:
             logits = self.model.forward_logits(input_ids, meta, self.kv_cache, unique_rows)
-            on_device = not isinstance(logits, np.ndarray)
-            if on_device and not spec_rows and not prompt_owners and all(is_plain_greedy(r) for _, r in samplers):
-                # Nothing but argmax: one integer per row leaves the device, not the logits (on the
-                # host the sampler's own argmax is as cheap, so the CPU paths keep one route).
-                self.num_forward_passes += 1
-                _record_sampled(samplers, self.kernels.argmax(logits)[inverse], result)
-                return result
-            logits = self.kernels.to_numpy(logits)
-        logits = logits[inverse]
         self.num_forward_passes += 1
+        on_device = not isinstance(logits, np.ndarray)
+        if on_device and not spec_rows and not prompt_owners and all(is_plain_greedy(r) for _, r in samplers):
+            # Nothing but argmax: one integer per row leaves the device, not the logits (on the host
+            # the sampler's own argmax is as cheap, so the CPU paths keep one route).
+            _record_sampled(samplers, self.kernels.argmax(logits)[inverse], result)
+            return result
+        logits = self.kernels.to_numpy(logits)[inverse]
         num_sample, num_spec = len(sample_rows), len(spec_rows)
         self._sample(samplers, logits[:num_sample], result)
         self._verify([(s, d) for s, d in zip(seqs, drafts) if d.token_ids],

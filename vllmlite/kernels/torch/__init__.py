@@ -150,11 +150,12 @@ class TorchKernels:
         """(rows, their sequences, their positions, block tables) of the sequences with at most
         MAX_BATCHED_QUERY_LEN queries, on the device; None when there are none."""
         lens = np.diff(meta.query_start)                                   # [num_seqs]
-        seqs = np.flatnonzero(lens <= MAX_BATCHED_QUERY_LEN)
+        is_short = lens <= MAX_BATCHED_QUERY_LEN
+        seqs = np.flatnonzero(is_short)
         if not len(seqs):
             return None
         seq_of_row = np.repeat(seqs, lens[seqs])                           # [num_rows]
-        rows = np.concatenate([np.arange(meta.query_start[i], meta.query_start[i + 1]) for i in seqs])
+        rows = np.flatnonzero(np.repeat(is_short, lens))                   # [num_rows] their batch rows
         return tuple(self.to_device(a) for a in (rows, seq_of_row, meta.positions[rows], meta.block_tables))
 
     def _device_group(self, g: AttentionGroup) -> tuple[torch.Tensor, ...]:
