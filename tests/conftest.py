@@ -81,19 +81,22 @@ def _torch_backends() -> list:
     `cuda` mark (skipped without one)."""
     if importlib.util.find_spec("torch") is None:
         return []
-    return ["torch", pytest.param("torch-cuda", marks=pytest.mark.cuda)]
+    return ["torch", "torch-triton", pytest.param("torch-cuda", marks=pytest.mark.cuda)]
 
 
 @pytest.fixture(params=sorted(BACKENDS) + _torch_backends())
 def kernels(request) -> Kernels:
     """Each kernel backend in turn: tests that take this fixture run on every one (torch's through
-    tests/torch_facade.py, which speaks numpy arrays)."""
+    tests/torch_facade.py, which speaks numpy arrays: its torch operations, its Triton kernels in
+    Triton's interpreter, and both on a GPU)."""
     if request.param.startswith("torch"):
-        from torch_facade import NumpyFacade
+        from torch_facade import NumpyFacade, triton_interpreted_without_a_gpu
         device = "cuda" if request.param == "torch-cuda" else "cpu"
         if device == "cuda" and not cuda_available():
             pytest.skip("no CUDA device")
-        return NumpyFacade(device)
+        if request.param == "torch-triton" and not triton_interpreted_without_a_gpu():
+            pytest.skip("triton is not installed")
+        return NumpyFacade(device, triton=request.param != "torch")   # on CUDA: the Triton kernels
     return get_kernels(request.param)
 
 

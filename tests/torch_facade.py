@@ -29,9 +29,9 @@ OPS = ("linear", "rms_norm", "add_rms_norm", "rope", "silu_and_mul", "write_kv",
 
 
 class NumpyFacade:
-    def __init__(self, device: str = "cpu") -> None:
+    def __init__(self, device: str = "cpu", triton: bool = False) -> None:
         self.device = device
-        self.backend = TorchKernels(device)
+        self.backend = TorchKernels(device, triton=triton)
         for op in OPS:
             setattr(self, op, self._wrap(getattr(self.backend, op)))
 

@@ -1,7 +1,7 @@
 """The Triton paged-attention kernel (vllmlite/kernels/torch/triton_attention.py) against the numpy
-reference: decodes, speculative multi-token queries and mixed batches, over scattered block tables,
-block sizes that do and do not divide the kernel's tile, and every grouped-query shape the models
-use. Without a GPU it runs in Triton's interpreter (TRITON_INTERPRET=1, set here before the kernel
+reference: decodes, speculative multi-token queries, prefill chunks over cached context and mixed
+batches, over scattered block tables, block sizes that do and do not divide the kernel's tile,
+every grouped-query shape the models use, and contexts split across programs. Without a GPU it runs in Triton's interpreter (TRITON_INTERPRET=1, set here before the kernel
 is defined); the `cuda` cases run the compiled kernel, in float32 and bfloat16."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def scattered_tables(seq_lens: list[int], block_size: int, rng: np.random.Genera
 
 
 def run(device: str, query_lens, seq_lens, block_size, heads, kv_heads, head_dim, dtype="float32", seed=0,
-        strided=False):
+        strided=False, num_sms=None):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     rng = np.random.default_rng(seed)
@@ -46,7 +46,9 @@ def run(device: str, query_lens, seq_lens, block_size, heads, kv_heads, head_dim
                         for _ in range(2))
     expected = np.zeros_like(q)
     reference.paged_attention(q, k_cache, v_cache, meta, expected)
-    backend = TorchKernels(device, dtype, attention="triton")
+    backend = TorchKernels(device, dtype, triton=True)
+    if num_sms is not None:   # as many multiprocessors as to make the kernel split the context, or not
+        backend.num_sms = num_sms
     out = backend.zeros(q.shape[::-1]).permute(2, 1, 0) if strided else backend.zeros(q.shape)
     out.fill_(float("nan"))                      # every element must be written
     q_device = backend.to_device(q)
@@ -75,11 +77,36 @@ def test_head_sizes_below_16_or_not_a_power_of_two_and_strided_operands(device, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_multi_token_queries_are_causal_and_long_chunks_take_the_other_path(device):
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (9, 3), (16, 16)])
+def test_multi_token_queries_and_prefill_chunks_are_causal(device, heads, kv_heads):
     """Speculative verification (2-8 queries: each sees only the keys up to its own position),
-    beside a 30-token prefill chunk (longer than MAX_BATCHED_QUERY_LEN: the gathered path)."""
-    error, got = run(device, [5, 1, 8, 30, 2], [40, 3, 8, 90, 70], 16, 8, 2, 64)
+    beside prefill chunks of 30 and 77 tokens over cached context and a whole 40-token prompt (the
+    long tiles: several rows each, the last one ragged)."""
+    error, got = run(device, [5, 1, 8, 30, 2, 77, 40], [40, 3, 8, 90, 70, 200, 40], 16, heads, kv_heads, 64)
     assert not np.isnan(got).any() and error < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("query_lens,seq_lens", [([1], [700]), ([1, 1, 3], [1, 300, 129]), ([1, 20], [1000, 30])])
+def test_contexts_split_across_programs_combine_to_the_same_attention(device, query_lens, seq_lens):
+    """Few sequences on a device of many multiprocessors: the context is cut into splits whose
+    partial softmax states a second kernel combines (some splits hold no key of a short sequence)."""
+    error, got = run(device, query_lens, seq_lens, 16, 8, 2, 64, num_sms=64)
+    assert not np.isnan(got).any() and error < 1e-5
+
+
+def test_the_split_plan_splits_only_a_starved_device():
+    from vllmlite.kernels.torch.triton_attention import BLOCK_N, split_plan
+    assert split_plan(num_programs=2048, max_context=4096, num_sms=132) == (1, 0)     # a full batch: no split
+    assert split_plan(num_programs=8, max_context=100, num_sms=132) == (1, 0)        # too short to split
+    splits, length = split_plan(num_programs=8, max_context=4096, num_sms=132)
+    assert splits == 16 and length % BLOCK_N == 0 and splits * length >= 4096
+
+
+def test_tiles_cut_each_sequence_into_runs_of_rows():
+    from vllmlite.kernels.torch.triton_attention import make_tiles
+    tiles = make_tiles(np.array([0, 1, 6]), np.array([9, 0, 1, 2, 3, 4]), np.array([0, 1]), 4)
+    assert tiles.tolist() == [[0, 1, 0, 9], [1, 4, 1, 0], [5, 1, 1, 4]]
 
 
 @pytest.mark.cuda

@@ -41,6 +41,7 @@ class Kernels(Protocol):
     head_dim]; caches [slots, kv_heads, head_dim]; gate_up [tokens, 2 * inter] -> out [tokens, inter];
     linear: x [tokens, in], weight [out, in] (float, or quantized: vllmlite/kernels/quant.py) -> out [tokens, out]."""
 
+    name: str            # "numpy", "numba" or "torch"
     feature_major: bool  # activations as transposed [features, tokens] arrays (else [tokens, features])
 
     def to_device(self, array: np.ndarray | QuantizedMatrix, dtype=None) -> np.ndarray | QuantizedMatrix: ...

@@ -15,6 +15,7 @@ from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 
 # Where arrays live: numpy's memory, so these are numpy itself (see Kernels in __init__.py).
 zeros, empty, host_zeros = np.zeros, np.empty, np.zeros
+name = "numpy"
 feature_major = True  # activations as transposed [features, tokens] arrays (BLAS-friendly, see LlamaModel)
 
 

@@ -23,5 +23,7 @@ from vllmlite.kernels.reference import (  # numpy memory
     zeros,
 )
 
-__all__ = ["add_rms_norm", "argmax", "copy_slots", "empty", "feature_major", "host_zeros", "linear", "paged_attention", "rms_norm", "rope",
+name = "numba"
+__all__ = ["add_rms_norm", "argmax", "copy_slots", "empty", "feature_major", "host_zeros", "linear", "name", "paged_attention", "rms_norm",
+           "rope",
            "silu_and_mul", "to_device", "to_numpy", "write_kv", "zeros"]

@@ -20,10 +20,11 @@ from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, Attention
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 
 
-def paged_attention_rows(*args) -> None:
-    """The Triton kernel (triton_attention.py), imported on first use: triton is needed only there."""
-    from vllmlite.kernels.torch.triton_attention import paged_attention_rows as kernel
-    kernel(*args)
+def triton_modules():
+    """The Triton kernels (triton_attention.py, triton_ops.py), imported on first use: triton is
+    needed only there."""
+    from vllmlite.kernels.torch import triton_attention, triton_ops
+    return triton_attention, triton_ops
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -36,13 +37,17 @@ class TorchKernels:
     name = "torch"
     feature_major = False  # token-major activations: cuBLAS's usual layout, coalesced rows for Triton
 
-    def __init__(self, device: str = "cpu", dtype: str = "float32", attention: str | None = None) -> None:
-        """attention: "triton" (the paged kernel of triton_attention.py for short queries; the default
-        on CUDA) or "torch" (gathered padded groups only; the default on the CPU, where Triton runs
-        only in its interpreter)."""
+    def __init__(self, device: str = "cpu", dtype: str = "float32", triton: bool | None = None) -> None:
+        """triton: the Triton kernels (paged attention for every query, the fused elementwise
+        operations; the default on CUDA), else torch operations only (the default on the CPU, where
+        Triton runs only in its interpreter). float64 always takes the torch operations: Triton's
+        dot has no float64 path."""
         self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
-        self.attention = attention or ("triton" if self.device.type == "cuda" else "torch")
+        self.triton = self.device.type == "cuda" if triton is None else triton
+        # Streaming multiprocessors: how many attention programs fill the device (0: never split).
+        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count \
+            if self.device.type == "cuda" else 0
 
     # ---- where arrays live ---------------------------------------------------------------------
     def to_device(self, array: np.ndarray | QuantizedMatrix | torch.Tensor, dtype=None) -> torch.Tensor:
@@ -91,6 +96,11 @@ class TorchKernels:
             meta.kernel_cache[key] = self.to_device(np.asarray(getattr(meta, name)))
         return meta.kernel_cache[key]  # type: ignore[return-value]
 
+    def _triton(self, x: torch.Tensor) -> bool:
+        """Whether an operation on `x` runs as a Triton kernel (never in float64: Triton's products
+        and these kernels' arithmetic stop at float32)."""
+        return self.triton and x.dtype != torch.float64
+
     # ---- the operations (see Kernels) ----------------------------------------------------------
     def linear(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
         """out = x @ weight.T (nn.Linear); for feature-major operands as weight @ x.T into out.T."""
@@ -100,17 +110,26 @@ class TorchKernels:
             torch.mm(weight, x.T, out=out.T)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+        if self._triton(x):
+            triton_modules()[1].rms_norm(x, None, weight, eps, out)
+            return
         xf = x.float() if x.dtype in HALF else x                # half precisions normalize in float32
         normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
         out.copy_(normed.to(x.dtype) * weight)
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                      out: torch.Tensor) -> None:
+        if self._triton(x):
+            triton_modules()[1].rms_norm(x, residual, weight, eps, out)
+            return
         residual += x
         self.rms_norm(residual, weight, eps, out)
 
     def rope(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """Rotate-half RoPE in place: x [tokens, heads, head_dim]; cos/sin [positions, head_dim / 2]."""
+        if self._triton(x):
+            triton_modules()[1].rope(x, positions, cos, sin)
+            return
         half = x.shape[-1] // 2
         c, s = cos[positions][:, None, :], sin[positions][:, None, :]   # [tokens, 1, head_dim / 2]
         x1, x2 = x[..., :half].clone(), x[..., half:].clone()
@@ -118,45 +137,58 @@ class TorchKernels:
         x[..., half:] = x2 * c + x1 * s
 
     def silu_and_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+        if self._triton(gate_up):
+            triton_modules()[1].silu_and_mul(gate_up, out)
+            return
         gate, up = gate_up.chunk(2, dim=-1)
         out.copy_(torch.nn.functional.silu(gate) * up)
 
     def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
+        if self._triton(k):
+            triton_modules()[1].write_kv(k_cache, v_cache, k, v, slot_mapping)
+            return
         k_cache[slot_mapping] = k
         v_cache[slot_mapping] = v
 
     def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         meta: AttentionMetadata, out: torch.Tensor) -> None:
-        """Short queries (decodes, guesses) through the Triton paged kernel, reading K/V in place;
-        long prefill chunks, and everything when attention="torch", through the reference's padded
-        groups (kernels/attention_metadata.py), batched on the device."""
-        if self.attention == "triton" and q.dtype != torch.float64:   # Triton's dot has no float64 path
-            short = meta.kernel_cache.get("torch.short")
-            if short is None:
-                short = meta.kernel_cache["torch.short"] = self._short_rows(meta)
-            if short is not None:
-                paged_attention_rows(q, k_cache, v_cache, *short, meta.block_size, out)
-            groups = meta.long_groups
-        else:
-            groups = meta.groups
-        key = f"torch.groups.{self.attention}"
-        if key not in meta.kernel_cache:
-            meta.kernel_cache[key] = [self._device_group(g) for g in groups]
-        for group in meta.kernel_cache[key]:  # type: ignore[union-attr]
+        """Every query through the Triton kernel, reading K/V in place (its tiles, made by the first
+        layer of a step, see attention_tiles); without Triton through the reference's padded groups
+        (kernels/attention_metadata.py), batched on the device."""
+        if self._triton(q):
+            tiles = meta.kernel_cache.get("torch.tiles")
+            if tiles is None:
+                tiles = meta.kernel_cache["torch.tiles"] = self.attention_tiles(meta, q.shape[1], k_cache.shape[1])
+            block_tables = self._index(meta, "block_tables")
+            for launch in tiles:   # type: ignore[union-attr]
+                triton_modules()[0].paged_attention_tiles(q, k_cache, v_cache, launch[0], launch[1], block_tables,
+                                                          meta.block_size, out, *launch[2:])
+            return
+        if "torch.groups" not in meta.kernel_cache:
+            meta.kernel_cache["torch.groups"] = [self._device_group(g) for g in meta.groups]
+        for group in meta.kernel_cache["torch.groups"]:  # type: ignore[union-attr]
             self._attend_group(q, k_cache, v_cache, group, meta.block_size, out)
 
-    def _short_rows(self, meta: AttentionMetadata) -> tuple[torch.Tensor, ...] | None:
-        """(rows, their sequences, their positions, block tables) of the sequences with at most
-        MAX_BATCHED_QUERY_LEN queries, on the device; None when there are none."""
-        lens = np.diff(meta.query_start)                                   # [num_seqs]
-        is_short = lens <= MAX_BATCHED_QUERY_LEN
-        seqs = np.flatnonzero(is_short)
-        if not len(seqs):
-            return None
-        seq_of_row = np.repeat(seqs, lens[seqs])                           # [num_rows]
-        rows = np.flatnonzero(np.repeat(is_short, lens))                   # [num_rows] their batch rows
-        return tuple(self.to_device(a) for a in (rows, seq_of_row, meta.positions[rows], meta.block_tables))
+    def attention_tiles(self, meta: AttentionMetadata, num_heads: int, num_kv_heads: int,
+                        max_context: int | None = None) -> list[tuple]:
+        """The step's Triton launches: (tiles on the device, rows per tile, splits, split length) for
+        the short queries (decodes, guesses; split over the context when they are too few to fill
+        the device) and for the long prefill chunks. max_context: the longest context a split must
+        cover (default: this step's)."""
+        ta = triton_modules()[0]
+        lens = np.diff(meta.query_start)
+        launches = []
+        for long in (False, True):
+            seqs = np.flatnonzero((lens > MAX_BATCHED_QUERY_LEN) == long)
+            if not len(seqs):
+                continue
+            rows = ta.tile_rows(num_heads, num_kv_heads, long)
+            tiles = ta.make_tiles(meta.query_start, meta.positions, seqs, rows)
+            context = max_context or int(meta.seq_lens[seqs].max())
+            splits = (1, 0) if long else ta.split_plan(len(tiles) * num_kv_heads, context, self.num_sms)
+            launches.append((self.to_device(tiles), rows, *splits))
+        return launches
 
     def _device_group(self, g: AttentionGroup) -> tuple[torch.Tensor, ...]:
         valid = torch.from_numpy(g.query_valid).to(self.device)

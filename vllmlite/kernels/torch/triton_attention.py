@@ -1,13 +1,21 @@
-"""Paged attention in Triton for the short queries of a step (decodes, speculative verification):
-each query token reads its own sequence's keys and values straight from the paged cache through
-the block table, never gathering a copy. float32 products run in full float32 ("ieee", not TF32),
-so greedy tokens match the CPU paths; bfloat16 and float16 ones on the tensor cores.
+"""Paged attention in Triton for every query of a step (decodes, speculative verification, prefill
+chunks over cached context): each query reads its own sequence's keys and values straight from
+the paged cache through the block table, never gathering a copy. float32 products run in full
+float32 ("ieee", not TF32), so greedy tokens match the CPU paths; bfloat16 and float16 ones on the
+tensor cores.
 
-One program per (query token, KV head): it holds that KV head's group of query heads as one
-[GROUP, head_dim] tile (grouped-query attention without repeating K/V), walks the context in
-tiles of BLOCK_N positions (each position's page looked up in the block table, so BLOCK_N is
-independent of the block size), and keeps an online softmax in float32. A query at position p
-sees keys 0..p of its sequence, which is also the causal mask inside a multi-token query.
+The work is cut into tiles: a tile is up to ROWS consecutive query rows of one sequence (a decode
+is a tile of one row; a prefill chunk of 300 rows is ten tiles of 32), described by four integers
+(first row, number of rows, sequence, position of the first row). One program per (tile, KV head,
+split): it holds that KV head's group of query heads for all of the tile's rows as one
+[ROWS * GROUP_PAD, head_dim] block (grouped-query attention without repeating K/V), walks its
+share of the context in tiles of BLOCK_N positions (each position's page looked up in the block
+table, so BLOCK_N is independent of the block size) and keeps an online softmax in float32. A
+query at position p sees keys 0..p of its sequence: the causal mask inside a chunk.
+
+Split over the context ("flash decoding"): when a step has too few (tile, KV head) programs to
+fill the GPU (one long sequence), each is cut into NUM_SPLITS ranges of the context, which write
+partial softmax states that a second kernel combines.
 
 Runs on CUDA, and on the CPU under TRITON_INTERPRET=1 (the tests' way to check it without a GPU).
 """
@@ -16,72 +24,163 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-BLOCK_N = 64  # context positions per tile
+BLOCK_N = 64        # context positions per tile
+TILE_FIELDS = 4     # first row, number of rows, sequence, position of the first row
 
 
 @triton.jit
-def _paged_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, rows_ptr, seq_of_row_ptr, positions_ptr,
-                            block_tables_ptr, scale,
-                            stride_q_tok, stride_q_head, stride_q_d, stride_o_tok, stride_o_head, stride_o_d,
-                            stride_bt_seq, block_size, num_kv_heads,
-                            GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                            HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    i = tl.program_id(0)
+def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block_tables_ptr, part_ptr, state_ptr,
+                      scale, stride_q_tok, stride_q_head, stride_q_d, stride_o_tok, stride_o_head, stride_o_d,
+                      stride_bt_seq, block_size, num_kv_heads, split_len,
+                      GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                      PRECISION: tl.constexpr):
+    t = tl.program_id(0)
     kv_head = tl.program_id(1)
-    row = tl.load(rows_ptr + i).to(tl.int64)                           # the query's row in q and out
-    seq = tl.load(seq_of_row_ptr + i)
-    num_keys = tl.load(positions_ptr + i) + 1                          # keys 0..position
-    g = tl.arange(0, GROUP_PAD)                                        # [GROUP_PAD] query heads of this KV head
+    split = tl.program_id(2)
+    row0 = tl.load(tiles_ptr + t * 4).to(tl.int64)
+    count = tl.load(tiles_ptr + t * 4 + 1)
+    seq = tl.load(tiles_ptr + t * 4 + 2)
+    pos0 = tl.load(tiles_ptr + t * 4 + 3)
+    i = tl.arange(0, ROWS * GROUP_PAD)                                 # [Q] (row, query head) pairs
+    r = i // GROUP_PAD
+    g = i % GROUP_PAD
+    head = kv_head * GROUP + g
     d = tl.arange(0, HEAD_PAD)                                         # [HEAD_PAD] (a power of 2, >= 16)
     d_valid = d < HEAD_DIM
-    head = kv_head * GROUP + g
-    q_mask = (g[:, None] < GROUP) & d_valid[None, :]
-    q = tl.load(q_ptr + row * stride_q_tok + head[:, None] * stride_q_head + d[None, :] * stride_q_d,
-                mask=q_mask, other=0.0)
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)                # running max
-    denom = tl.zeros([GROUP_PAD], tl.float32)                          # running sum of exp
-    acc = tl.zeros([GROUP_PAD, HEAD_PAD], tl.float32)
-    for start in range(0, num_keys, BLOCK_N):
+    q_valid = (r < count) & (g < GROUP)
+    q = tl.load(q_ptr + (row0 + r)[:, None] * stride_q_tok + head[:, None] * stride_q_head + d[None, :] * stride_q_d,
+                mask=q_valid[:, None] & d_valid[None, :], other=0.0)
+    position = pos0 + r                                                # [Q] each query sees keys 0..position
+    key_start = split * split_len
+    key_end = tl.minimum(pos0 + count, key_start + split_len)          # past the tile's last position
+    m = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)         # running max
+    denom = tl.zeros([ROWS * GROUP_PAD], tl.float32)                   # running sum of exp
+    acc = tl.zeros([ROWS * GROUP_PAD, HEAD_PAD], tl.float32)
+    for start in range(key_start, key_end, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)                              # [BLOCK_N] context positions
-        valid = n < num_keys
+        valid = n < key_end
         block_id = tl.load(block_tables_ptr + seq * stride_bt_seq + n // block_size, mask=valid, other=0)
         slot = block_id.to(tl.int64) * block_size + n % block_size
         kv_offset = (slot[:, None] * num_kv_heads + kv_head) * HEAD_DIM + d[None, :]   # [BLOCK_N, HEAD_PAD]
         kv_mask = valid[:, None] & d_valid[None, :]
         k = tl.load(k_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale   # [GROUP_PAD, BLOCK_N]
-        scores = tl.where(valid[None, :], scores, float("-inf"))
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale   # [Q, BLOCK_N]
+        scores = tl.where(valid[None, :] & (n[None, :] <= position[:, None]), scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
-        p = tl.exp(scores - m_new[:, None])
-        alpha = tl.exp(m - m_new)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)         # a row with no key yet: no NaN
+        p = tl.exp(scores - m_safe[:, None])
+        alpha = tl.exp(m - m_safe)
         v = tl.load(v_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
         denom = denom * alpha + tl.sum(p, axis=1)
         m = m_new
-    out = acc / denom[:, None]
-    tl.store(out_ptr + row * stride_o_tok + head[:, None] * stride_o_head + d[None, :] * stride_o_d,
-             out.to(out_ptr.dtype.element_ty), mask=q_mask)
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
+        tl.store(out_ptr + (row0 + r)[:, None] * stride_o_tok + head[:, None] * stride_o_head + d[None, :] * stride_o_d,
+                 out.to(out_ptr.dtype.element_ty), mask=q_valid[:, None] & d_valid[None, :])
+    else:   # this split's softmax state, combined by _combine_kernel
+        base = ((t * num_kv_heads + kv_head) * NUM_SPLITS + split) * (ROWS * GROUP_PAD)
+        tl.store(part_ptr + (base + i)[:, None] * HEAD_PAD + d[None, :], acc)
+        tl.store(state_ptr + 2 * (base + i), m)
+        tl.store(state_ptr + 2 * (base + i) + 1, denom)
 
 
-def paged_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
-                         seq_of_row: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
-                         block_size: int, out: torch.Tensor) -> None:
-    """out[rows] = attention of q[rows] over their sequences' paged context, written in place.
+@triton.jit
+def _combine_kernel(out_ptr, tiles_ptr, part_ptr, state_ptr, stride_o_tok, stride_o_head, stride_o_d, num_kv_heads,
+                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    HEAD_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    """out = the splits' partial attention, each weighted by exp(its max - the overall max)."""
+    t = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    row0 = tl.load(tiles_ptr + t * 4).to(tl.int64)
+    count = tl.load(tiles_ptr + t * 4 + 1)
+    i = tl.arange(0, ROWS * GROUP_PAD)
+    r = i // GROUP_PAD
+    g = i % GROUP_PAD
+    d = tl.arange(0, HEAD_PAD)
+    first = (t * num_kv_heads + kv_head) * NUM_SPLITS * (ROWS * GROUP_PAD)
+    m_all = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        m_all = tl.maximum(m_all, tl.load(state_ptr + 2 * (first + s * ROWS * GROUP_PAD + i)))
+    m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
+    denom = tl.zeros([ROWS * GROUP_PAD], tl.float32)
+    acc = tl.zeros([ROWS * GROUP_PAD, HEAD_PAD], tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        base = first + s * ROWS * GROUP_PAD
+        weight = tl.exp(tl.load(state_ptr + 2 * (base + i)) - m_all)
+        denom += weight * tl.load(state_ptr + 2 * (base + i) + 1)
+        acc += weight[:, None] * tl.load(part_ptr + (base + i)[:, None] * HEAD_PAD + d[None, :])
+    out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
+    mask = ((r < count) & (g < GROUP))[:, None] & (d < HEAD_DIM)[None, :]
+    head = kv_head * GROUP + g
+    tl.store(out_ptr + (row0 + r)[:, None] * stride_o_tok + head[:, None] * stride_o_head + d[None, :] * stride_o_d,
+             out.to(out_ptr.dtype.element_ty), mask=mask)
 
-    q, out [num_tokens, heads, head_dim], any strides; caches [slots, kv_heads, head_dim] contiguous; rows [num_rows] the query rows to compute;
-    seq_of_row, positions [num_rows] each row's sequence (a block-table row) and position;
-    block_tables [num_seqs, max_blocks] int.
+
+def tile_rows(num_heads: int, num_kv_heads: int, long: bool) -> int:
+    """Query rows per tile: enough that a tile's (row, head) block has at least 16 rows (tl.dot's
+    minimum), and 64 for prefill chunks, where a tile's keys are read once for all its rows."""
+    group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
+    return max(1, (64 if long else 16) // group_pad)
+
+
+def make_tiles(query_start: np.ndarray, positions: np.ndarray, seqs: np.ndarray, rows: int) -> np.ndarray:
+    """[num_tiles, 4] int64 tiles (first row, rows, sequence, first position) cutting the queries of
+    sequences `seqs` into runs of at most `rows` consecutive rows.
+    Example: query_start [0, 1, 6], positions [9, 0, 1, 2, 3, 4], seqs [0, 1], rows 4
+      -> [[0, 1, 0, 9], [1, 4, 1, 0], [5, 1, 1, 4]]."""
+    lens = query_start[seqs + 1] - query_start[seqs]                     # [S]
+    per_seq = -(-lens // rows)                                           # [S] tiles of each sequence
+    seq = np.repeat(seqs, per_seq)                                       # [T]
+    k = np.arange(len(seq)) - np.repeat(np.cumsum(per_seq) - per_seq, per_seq)   # tile index in its sequence
+    row0 = query_start[seq] + k * rows
+    count = np.minimum(rows, query_start[seq + 1] - row0)
+    return np.stack([row0, count, seq, positions[row0]], axis=1).astype(np.int64)
+
+
+def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tiles: torch.Tensor,
+                          rows: int, block_tables: torch.Tensor, block_size: int, out: torch.Tensor,
+                          num_splits: int = 1, split_len: int = 0) -> None:
+    """out[row] = attention of q[row] over its sequence's paged context, for every row of `tiles`
+    ([num_tiles, 4] int64 on the device, see make_tiles), written in place.
+
+    q, out [num_tokens, heads, head_dim], any strides; caches [slots, kv_heads, head_dim] contiguous;
+    block_tables [num_seqs, max_blocks] int; num_splits > 1 cuts each tile's context into ranges of
+    split_len keys (a multiple of BLOCK_N covering the longest context) combined afterwards.
     """
+    num_tiles = tiles.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
-    _paged_attention_kernel[(len(rows), num_kv_heads)](
-        q, k_cache, v_cache, out, rows, seq_of_row, positions, block_tables, 1.0 / math.sqrt(head_dim),
-        *q.stride(), *out.stride(), block_tables.stride(0), block_size, num_kv_heads,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        HEAD_PAD=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=BLOCK_N,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32")  # float32 exact, as the references; half: tensor cores
+    shape = dict(GROUP=group, GROUP_PAD=triton.next_power_of_2(group), ROWS=rows, HEAD_DIM=head_dim,
+                 HEAD_PAD=max(16, triton.next_power_of_2(head_dim)), NUM_SPLITS=num_splits)
+    q_rows = rows * shape["GROUP_PAD"]
+    if num_splits > 1:
+        part = torch.empty((num_tiles * num_kv_heads * num_splits * q_rows, shape["HEAD_PAD"]),
+                           dtype=torch.float32, device=q.device)
+        state = torch.empty((2 * part.shape[0],), dtype=torch.float32, device=q.device)
+    else:
+        part = state = out   # not read
+        split_len = 1 << 30
+    _attention_kernel[(num_tiles, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, out, tiles, block_tables, part, state, 1.0 / math.sqrt(head_dim),
+        *q.stride(), *out.stride(), block_tables.stride(0), block_size, num_kv_heads, split_len,
+        BLOCK_N=BLOCK_N, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **shape)
+    if num_splits > 1:
+        _combine_kernel[(num_tiles, num_kv_heads)](out, tiles, part, state, *out.stride(), num_kv_heads, **shape)
+
+
+def split_plan(num_programs: int, max_context: int, num_sms: int) -> tuple[int, int]:
+    """(num_splits, split_len): split the context only when the step's programs would leave most of
+    the GPU idle and each split still gets at least two BLOCK_N tiles of keys."""
+    wanted = min(16, -(-2 * num_sms // max(num_programs, 1)), max_context // (2 * BLOCK_N))
+    if wanted <= 1:
+        return 1, 0
+    split_len = -(-max_context // wanted)
+    return wanted, -(-split_len // BLOCK_N) * BLOCK_N

@@ -1,0 +1,117 @@
+"""The elementwise operations of a layer as single Triton kernels: RMSNorm (with the residual add
+fused in), RoPE on the query and key heads together, SiLU-and-multiply, and the KV-cache write.
+Each reads its operands once and writes once, where the torch forms launch three to six kernels
+and round to the storage dtype between them; the arithmetic is the references' (vllmlite/kernels/
+reference.py) in float32, rounded to the storage dtype once at the end of each step the reference
+rounds at (the residual sum, the normalized row before the weight).
+
+One program per token row (per (token, head) for RoPE), with any strides (the torch backend's
+workspace is token-major; the kernel tests also pass the CPU backends' feature-major views).
+Runs on CUDA, and on the CPU under TRITON_INTERPRET=1 (the tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, stride_x, stride_xc, stride_r, stride_rc, stride_o,
+                     stride_oc, width, eps, ADD: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < width
+    x = tl.load(x_ptr + row * stride_x + cols * stride_xc, mask=mask, other=0.0)
+    if ADD:   # residual += x, rounded to the storage dtype as the reference's in-place add
+        r_ptrs = residual_ptr + row * stride_r + cols * stride_rc
+        x = (x.to(tl.float32) + tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)).to(residual_ptr.dtype.element_ty)
+        tl.store(r_ptrs, x, mask=mask)
+    xf = x.to(tl.float32)
+    normed = xf * tl.rsqrt(tl.sum(xf * xf, axis=0) / width + eps)
+    normed = normed.to(out_ptr.dtype.element_ty).to(tl.float32)
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols * stride_oc, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+             out: torch.Tensor) -> None:
+    """out = RMSNorm(x) * weight; with `residual`, first residual += x and normalize the sum."""
+    rows, width = x.shape
+    add = residual is not None
+    residual = residual if add else x
+    if rows:
+        _rms_norm_kernel[(rows,)](x, residual, weight, out, *x.stride(), *residual.stride(), *out.stride(), width, eps,
+                                  ADD=add, BLOCK=triton.next_power_of_2(width))
+
+
+@triton.jit
+def _rope_kernel(x_ptr, positions_ptr, cos_ptr, sin_ptr, stride_tok, stride_head, stride_d, stride_cos,
+                 HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    j = tl.arange(0, HALF_PAD)
+    mask = j < HALF
+    position = tl.load(positions_ptr + token)
+    c = tl.load(cos_ptr + position * stride_cos + j, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + position * stride_cos + j, mask=mask, other=0.0).to(tl.float32)
+    base = x_ptr + token * stride_tok + head * stride_head
+    x1 = tl.load(base + j * stride_d, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + (HALF + j) * stride_d, mask=mask, other=0.0).to(tl.float32)
+    tl.store(base + j * stride_d, (x1 * c - x2 * s).to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(base + (HALF + j) * stride_d, (x2 * c + x1 * s).to(x_ptr.dtype.element_ty), mask=mask)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate-half RoPE in place: x [tokens, heads, head_dim], any strides; cos/sin [positions,
+    head_dim / 2] contiguous rows."""
+    tokens, heads, head_dim = x.shape
+    if tokens:
+        _rope_kernel[(tokens, heads)](x, positions, cos, sin, *x.stride(), cos.stride(0),
+                                      HALF=head_dim // 2, HALF_PAD=triton.next_power_of_2(head_dim // 2))
+
+
+@triton.jit
+def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_in_c, stride_out, stride_out_c, width,
+                         BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < width
+    gate = tl.load(gate_up_ptr + row * stride_in + cols * stride_in_c, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gate_up_ptr + row * stride_in + (width + cols) * stride_in_c, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols * stride_out_c, (gate / (1.0 + tl.exp(-gate)) * up).to(out_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
+    rows, width = out.shape
+    block = min(1024, triton.next_power_of_2(width))
+    if rows:
+        _silu_and_mul_kernel[(rows, triton.cdiv(width, block))](gate_up, out, *gate_up.stride(), *out.stride(), width,
+                                                                BLOCK=block)
+
+
+@triton.jit
+def _write_kv_kernel(k_cache_ptr, v_cache_ptr, k_ptr, v_ptr, slots_ptr, stride_k_tok, stride_k_head, stride_k_d,
+                     stride_v_tok, stride_v_head, stride_v_d, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK)
+    mask = i < KV_HEADS * HEAD_DIM
+    head, d = i // HEAD_DIM, i % HEAD_DIM
+    slot = tl.load(slots_ptr + token)
+    k = tl.load(k_ptr + token * stride_k_tok + head * stride_k_head + d * stride_k_d, mask=mask)
+    v = tl.load(v_ptr + token * stride_v_tok + head * stride_v_head + d * stride_v_d, mask=mask)
+    tl.store(k_cache_ptr + slot * KV_HEADS * HEAD_DIM + i, k, mask=mask)
+    tl.store(v_cache_ptr + slot * KV_HEADS * HEAD_DIM + i, v, mask=mask)
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """k_cache[slot_mapping] = k and the same for v: k, v [tokens, kv_heads, head_dim], any strides;
+    caches [slots, kv_heads, head_dim] contiguous."""
+    tokens, kv_heads, head_dim = k.shape
+    if tokens:
+        _write_kv_kernel[(tokens,)](k_cache, v_cache, k, v, slot_mapping, *k.stride(), *v.stride(), KV_HEADS=kv_heads, HEAD_DIM=head_dim,
+                                    BLOCK=triton.next_power_of_2(kv_heads * head_dim))
