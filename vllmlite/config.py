@@ -20,6 +20,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 PREFILL_CHUNKING = ("fixed", "adaptive")  # vllmlite/core/chunking.py
 POOLING_TYPES = ("last", "mean")  # embeddings: the values of pooling_params.PoolingType
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB: about 23k tokens of SmolLM2-135M in float32
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's: of the GPU's memory, weights and activations included
 
 
 def _require(condition: bool, message: str) -> None:
@@ -93,6 +94,9 @@ class CacheConfig:
     block_size: int = 16
     num_blocks: int | None = None
     kv_cache_memory: int | None = None  # bytes; used when num_blocks is not given
+    # On a GPU, when neither of the above is given: the fraction of the device's memory the engine
+    # may fill, weights and activations included; the KV cache gets what they leave (engine/memory.py).
+    gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     swap_space: float = 1.0  # GiB of host memory for swapped-out blocks (preemption_mode="swap")
@@ -104,6 +108,8 @@ class CacheConfig:
                  f"num_blocks must be >= 1, got {self.num_blocks}")
         _require(self.kv_cache_memory is None or self.kv_cache_memory > 0,
                  f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}")
+        _require(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
+                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         _require(self.preemption_mode in PREEMPTION_MODES,
                  f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         _require(self.swap_space >= 0, f"swap_space must be >= 0 GiB, got {self.swap_space}")
@@ -214,6 +220,7 @@ class EngineConfig:
     pooling: str = "last"  # embeddings: a POOLING_TYPES name
     trace: TraceConfig = field(default_factory=TraceConfig)
     device: str = "cpu"  # a DEVICES name; "cuda" computes with the torch kernels on the GPU
+    enforce_eager: bool = False  # cuda: no CUDA graphs, every step launched from Python
 
     def __post_init__(self) -> None:
         _require(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")

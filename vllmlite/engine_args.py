@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vllmlite.config import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_KV_CACHE_MEMORY,
     QUANTIZATIONS,
     CacheConfig,
@@ -41,10 +42,6 @@ HALF_DTYPES = ("half", "float16", "bfloat16")
 TORCH_DTYPE_ALIASES = DTYPE_ALIASES | {"half": "float16", "float16": "float16", "bfloat16": "bfloat16"}
 
 
-def cuda_free_bytes() -> int:
-    """The CUDA device's free memory now (torch, the cuda extra, is imported only here)."""
-    import torch
-    return torch.cuda.mem_get_info()[0]
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
 
@@ -107,8 +104,10 @@ class EngineArgs:
         f"(when neither this nor --gpu-memory-utilization is set: {DEFAULT_KV_CACHE_MEMORY >> 20}M)",
         parse=parse_bytes)
     gpu_memory_utilization: float | None = knob(
-        None, "the fraction in (0, 1] of the memory free at start-up given to the KV cache: the RAM's on the "
-              "CPU, the GPU's on cuda (exclusive with --kv-cache-memory)")
+        CacheConfig.gpu_memory_utilization, "on cuda, the fraction in (0, 1] of the GPU's memory the engine may fill, weights and activations "
+              f"included, the KV cache taking the rest (default {DEFAULT_GPU_MEMORY_UTILIZATION} there); on the "
+              "CPU, the fraction of the RAM free at start-up given to the KV cache (exclusive with "
+              "--kv-cache-memory)")
     enable_prefix_caching: bool = knob(CacheConfig.enable_prefix_caching,
                                        "reuse cached KV blocks of shared prompt prefixes")
     preemption_mode: str = knob(CacheConfig.preemption_mode, "under memory pressure: recompute or swap")
@@ -151,7 +150,7 @@ class EngineArgs:
     kv_cache_dtype: str = knob("auto", "must be auto: the KV cache has the model's dtype")
     trust_remote_code: bool = knob(False, "accepted for vLLM's scripts; no model code is ever run",
                                    ignored="vllmlite never runs model code")
-    enforce_eager: bool = knob(False, "GPU-only (CUDA graphs); ignored", ignored="GPU-only")
+    enforce_eager: bool = knob(EngineConfig.enforce_eager, "cuda: launch every step from Python, no CUDA graphs (ignored on the CPU)")
     disable_custom_all_reduce: bool = knob(False, "GPU-only; ignored", ignored="GPU-only")
     cpu_offload_gb: float = knob(0.0, "GPU-only (weights already live in RAM); ignored", ignored="GPU-only")
     disable_log_stats: bool = knob(False, "accepted for vLLM's scripts; ignored",
@@ -174,12 +173,13 @@ class EngineArgs:
                  f"tokenizer must be unset or the model ({self.model!r}): a separate tokenizer is not "
                  f"supported, got {self.tokenizer!r}")
         return EngineConfig(model=self.model, dtype=self.resolved_dtype, seed=self.seed,
-                            cache=CacheConfig(**self._values_for(CacheConfig, kv_cache_memory=self._kv_budget())),
+                            cache=CacheConfig(**self._values_for(CacheConfig, kv_cache_memory=self._kv_budget(),
+                                                                 gpu_memory_utilization=self._gpu_fraction())),
                             scheduler=SchedulerConfig(**self._values_for(SchedulerConfig)),
                             speculative=self._speculative(), kernels=self._or_env("kernels"),
                             quantization=self._or_env("quantization"),
                             pooling=self.pooling, trace=TraceConfig(**self._values_for(TraceConfig)),
-                            device=self.device)
+                            device=self.device, enforce_eager=self.enforce_eager)
 
     @property
     def resolved_dtype(self) -> str:
@@ -204,7 +204,8 @@ class EngineArgs:
         return getattr(self, name) or os.environ.get(f"VLLMLITE_{name.upper()}") or None
 
     def _kv_budget(self) -> int | None:
-        """kv_cache_memory, or gpu_memory_utilization of the RAM available now, in bytes."""
+        """kv_cache_memory, or on the CPU gpu_memory_utilization of the RAM available now, in bytes
+        (on a GPU the engine sizes the cache once the weights are there: _gpu_fraction)."""
         fraction = self.gpu_memory_utilization
         if fraction is None:
             return self.kv_cache_memory
@@ -212,8 +213,14 @@ class EngineArgs:
                  f"gpu_memory_utilization must be in (0, 1], got {fraction!r}")
         _require(self.kv_cache_memory is None,
                  "kv_cache_memory and gpu_memory_utilization both size the KV cache: give one")
-        free = cuda_free_bytes() if self.device == "cuda" else available_memory_bytes()
-        return max(1, int(fraction * free))
+        return None if self.device == "cuda" else max(1, int(fraction * available_memory_bytes()))
+
+    def _gpu_fraction(self) -> float | None:
+        """On cuda, the fraction of the GPU's memory the engine may fill, when the KV cache is not
+        sized otherwise (vLLM's default 0.9)."""
+        if self.device != "cuda" or self.num_blocks is not None or self.kv_cache_memory is not None:
+            return None
+        return self.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
 
     def _speculative(self) -> SpeculativeConfig | None:
         values = self.speculative_config
@@ -229,6 +236,8 @@ class EngineArgs:
 
     def _notes(self) -> Iterator[tuple[int, str]]:
         """(log level, line) for each knob that was set but does not do here what it says."""
+        if self.enforce_eager and self.device == "cpu":
+            yield logging.INFO, "ignoring enforce_eager=True: CUDA graphs are GPU-only"
         if self.dtype in HALF_DTYPES and not self.uses_torch:
             yield logging.WARNING, f"dtype {self.dtype!r} computes in float32 (no half-precision CPU kernels)"
         for f in fields(EngineArgs):

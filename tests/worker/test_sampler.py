@@ -1,13 +1,62 @@
 """Sampler: exact distributions (chi-square over seeded draws), processor arithmetic by hand,
-greedy, seeded reproducibility across batch composition, min_tokens, and raw logprobs."""
+greedy, seeded reproducibility across batch composition, min_tokens, and raw logprobs. Every test
+runs on the numpy sampler and on the device sampler (worker/torch_sampling.py, on torch's CPU
+tensors here, float64 as the numpy one), which must give the same answers."""
 
+import importlib.util
 import math
 
 import numpy as np
 import pytest
 
 from vllmlite.sampling_params import SamplingParams
-from vllmlite.worker.sampling import Sampler, SamplingBatch, compute_logprobs, make_generator
+from vllmlite.worker import sampling
+from vllmlite.worker.sampling import SamplingBatch, make_generator
+
+
+class TorchSamplerOnNumpy:
+    """The device sampler behind the numpy sampler's interface: numpy logits in, numpy arrays out."""
+
+    def __init__(self) -> None:
+        from vllmlite.worker.torch_sampling import TorchSampler
+        self.inner = TorchSampler()
+
+    @staticmethod
+    def _tensor(logits):
+        import torch
+        return torch.from_numpy(np.asarray(logits))
+
+    def __call__(self, logits, batch):
+        return self.inner(self._tensor(logits), batch)
+
+    def processed_logits(self, logits, batch):
+        return self.inner.processed_logits(self._tensor(logits), batch).numpy()
+
+    def probs(self, logits, batch):
+        return self.inner.probs(self._tensor(logits), batch).numpy()
+
+
+def torch_compute_logprobs(logits, token_ids, num_top):
+    import torch
+
+    from vllmlite.worker import torch_sampling
+    return torch_sampling.compute_logprobs(torch.from_numpy(np.asarray(logits)), token_ids, num_top)
+
+
+SAMPLERS = ["numpy"] + (["torch"] if importlib.util.find_spec("torch") else [])
+
+
+@pytest.fixture(autouse=True, params=SAMPLERS)
+def sampler_kind(request, monkeypatch):
+    """Every test once per sampler: the names below resolve to the device sampler's in the torch run."""
+    if request.param == "torch":
+        monkeypatch.setitem(globals(), "Sampler", TorchSamplerOnNumpy)
+        monkeypatch.setitem(globals(), "compute_logprobs", torch_compute_logprobs)
+    return request.param
+
+
+Sampler = sampling.Sampler
+compute_logprobs = sampling.compute_logprobs
 
 # Token:           0    1    2     3    4     5    6    7     8    9
 LOGITS = np.array([1.3, 0.2, 1.7, -0.4, 0.9, -1.1, 0.5, 0.0, -0.7, 1.1])  # [vocab]

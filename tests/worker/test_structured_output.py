@@ -20,7 +20,13 @@ from vllmlite.engine.request_stream import GenerateRequest
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.tokenizer import ByteTokenizer
-from vllmlite.worker.structured_output import GrammarCompiler, GrammarMasker, GrammarState, make_llg_tokenizer
+from vllmlite.worker.structured_output import (
+    GrammarCompiler,
+    GrammarMasker,
+    GrammarState,
+    make_llg_tokenizer,
+    unpack_bitmask,
+)
 
 SCHEMAS = {
     "flat": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
@@ -166,13 +172,15 @@ def test_masks_along_guesses_then_roll_back():
     llg_tokenizer = make_llg_tokenizer(tokenizer, tokenizer.vocab_size)
     matcher = llguidance.LLMatcher(llg_tokenizer, llguidance.grammar_from("regex", "ab+c"))
     state = GrammarState(matcher, llg_tokenizer.vocab_size)
-    masks = GrammarMasker(tokenizer.vocab_size).masks([(state, [ord("a"), ord("b"), ord("x")]), (None, [])])
+    masks = unpack_bitmask(GrammarMasker(tokenizer.vocab_size).masks([(state, [ord("a"), ord("b"), ord("x")]), (None, [])]),
+                           tokenizer.vocab_size)
     assert masks.shape == (5, tokenizer.vocab_size)
     assert np.flatnonzero(masks[0]).tolist() == [ord("a")]
     assert np.flatnonzero(masks[1]).tolist() == [ord("b")]
     assert np.flatnonzero(masks[2]).tolist() == [ord("b"), ord("c")]
     assert masks[3].all() and masks[4].all()  # after the forbidden "x"; and a row without grammar
-    assert np.flatnonzero(GrammarMasker(tokenizer.vocab_size).masks([(state, [])])[0]).tolist() == [ord("a")]
+    mask = unpack_bitmask(GrammarMasker(tokenizer.vocab_size).masks([(state, [])]), tokenizer.vocab_size)
+    assert np.flatnonzero(mask[0]).tolist() == [ord("a")]
 
 
 def test_grammar_ends_the_request_even_with_ignore_eos(make_engine):

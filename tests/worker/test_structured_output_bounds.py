@@ -14,7 +14,7 @@ from conftest import run_to_completion
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.tokenizer import ByteTokenizer
-from vllmlite.worker.structured_output import GrammarMasker, GrammarState, make_llg_tokenizer
+from vllmlite.worker.structured_output import GrammarMasker, GrammarState, make_llg_tokenizer, unpack_bitmask
 
 EOS = 257  # the byte tokenizer's <|eos|>
 
@@ -54,7 +54,7 @@ def test_masks_along_guesses_never_allow_tokens_past_the_grammars_vocabulary():
     matcher = llguidance.LLMatcher(llg_tokenizer, llguidance.grammar_from("regex", "[a-z]+"))
     state = GrammarState(matcher, grammar_vocab_size)
     guesses = [ord("a"), ord("b"), ord("1"), ord("c")]  # "1" is forbidden: the rows after it allow all
-    masks = GrammarMasker(model_vocab_size).masks([(None, []), (state, guesses)])
+    masks = unpack_bitmask(GrammarMasker(model_vocab_size).masks([(None, []), (state, guesses)]), model_vocab_size)
     assert masks.shape == (1 + 1 + len(guesses), model_vocab_size)
     assert masks[0].all()  # no grammar: everything
     lowercase = list(range(ord("a"), ord("z") + 1))

@@ -37,6 +37,11 @@ from vllmlite.worker.speculative import make_proposer
 logger = logging.getLogger(__name__)
 
 
+def uses_cuda_graphs(config: EngineConfig) -> bool:
+    """Whether decode steps replay CUDA graphs (worker/cuda_graphs.py): on a GPU, unless enforce_eager."""
+    return config.device == "cuda" and not config.enforce_eager
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
@@ -47,9 +52,13 @@ class LLMEngine:
         sched = config.scheduler
         self.max_model_len = min(sched.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)
+        backend = config.kernel_backend
+        kernels = get_kernels(backend, config.device, config.dtype)
+        # The model the runner runs; public for tools that measure or spy on its forward pass.
+        self.model = model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
         itemsize = DTYPE_BYTES[config.dtype]
         bytes_per_block = loaded.config.kv_bytes_per_token(itemsize) * config.cache.block_size
-        num_blocks = config.cache.resolve_num_blocks(bytes_per_block)
+        num_blocks = self._num_blocks(bytes_per_block)
         num_host_blocks = config.cache.resolve_num_host_blocks(bytes_per_block)
         stop_ids = self.tokenizer.stop_token_ids
         self.block_manager = BlockManager(num_blocks, config.cache.block_size,
@@ -60,18 +69,18 @@ class LLMEngine:
         self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
                                    config.cache.preemption_mode, stop_ids,
                                    spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking)
-        backend = config.kernel_backend
-        kernels = get_kernels(backend, config.device, config.dtype)
-        # The model the runner runs; public for tools that measure or spy on its forward pass.
-        self.model = model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
+        graphs = uses_cuda_graphs(config)
         self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
-                                  proposer)
+                                  proposer, (sched.max_num_seqs, self.max_model_len) if graphs else None)
         if backend == "numba":  # the others have nothing to compile; said before the wait, terminal or not
             logger.info("kernels: %s, compiling kernels (first start only, about 25 s on 2 quiet cores; "
                         "cached afterwards, 1-2 s)", backend)
         logger.info("kernels: %s, ready in %.1f s (compiled, or loaded from the on-disk cache)",
                     backend, model.warm_up())
+        if graphs:
+            logger.info("CUDA graphs: capturing decode steps of batch %s ...", self.runner.graphs.sizes)
+            logger.info("CUDA graphs: captured in %.1f s (enforce_eager turns them off)", self.runner.capture_graphs())
         if not THREAD_ENV_APPLIED:
             logger.warning("numpy was imported before vllmlite, so its BLAS threads spin when idle and take "
                            "the cores the attention kernels need (steps up to 2x slower): import vllmlite "
@@ -80,6 +89,17 @@ class LLMEngine:
         self.input_processor = InputProcessor(self.tokenizer, self.request_limits, PoolingType(config.pooling),
                                               config.seed)
         self.output_processor = OutputProcessor(self.tokenizer)
+
+    def _num_blocks(self, bytes_per_block: int) -> int:
+        """The device pool's blocks: the configured count or budget, or on a GPU what
+        gpu_memory_utilization leaves once the weights and the largest step are in memory."""
+        cache, sched = self.config.cache, self.config.scheduler
+        if self.config.device != "cuda" or cache.gpu_memory_utilization is None:
+            return cache.resolve_num_blocks(bytes_per_block)
+        from vllmlite.engine.memory import gpu_kv_budget  # torch: only on a GPU
+        budget = gpu_kv_budget(self.model, cache.gpu_memory_utilization, sched.max_num_batched_tokens,
+                               sched.max_num_seqs)
+        return max(1, budget // bytes_per_block - 1)   # one block for the CUDA graphs' padding rows
 
     def memory_report(self) -> dict[str, int]:
         """Bytes held by weights, the device KV cache and the host swap arena."""

@@ -134,22 +134,25 @@ class LlamaModel:
         return self.kernels.to_numpy(self.forward_logits(input_ids, meta, kv_cache, logits_rows))
 
     def forward_logits(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache,
-                       logits_rows: np.ndarray):
+                       logits_rows: np.ndarray, workspace: Workspace | None = None):
         """`forward`, the logits left where the backend computed them (a device tensor on the GPU), so
-        a caller that needs only their argmax copies one integer per row."""
-        return self._logits(self._final_hidden(input_ids, meta, kv_cache), logits_rows)
+        a caller that needs only their argmax copies one integer per row. workspace: buffers of the
+        caller's (a CUDA graph's, which must not move), instead of the model's own."""
+        return self._logits(self._final_hidden(input_ids, meta, kv_cache, workspace), logits_rows)
 
     def forward_with_hidden(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache,
                             logits_rows: np.ndarray, hidden_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`forward`, plus the final-norm hidden states of `hidden_rows` [num_hidden] (what
-        embeddings pool): (logits [num_logits, vocab], hidden [num_hidden, hidden_size], a copy)."""
+        """`forward_logits`, plus the final-norm hidden states of `hidden_rows` [num_hidden] (what
+        embeddings pool): (logits [num_logits, vocab] where the backend computed them, hidden
+        [num_hidden, hidden_size], a host copy)."""
         k, hidden = self.kernels, self._final_hidden(input_ids, meta, kv_cache)
-        return k.to_numpy(self._logits(hidden, logits_rows)), k.to_numpy(hidden[k.to_device(hidden_rows)])
+        return self._logits(hidden, logits_rows), k.to_numpy(hidden[k.to_device(hidden_rows)])
 
-    def _final_hidden(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache) -> np.ndarray:
+    def _final_hidden(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache,
+                      workspace: Workspace | None = None) -> np.ndarray:
         """Every layer, then the final norm: [num_tokens, hidden], a view into the workspace."""
         c, w, k = self.config, self.weights, self.kernels
-        buf = self.workspace(len(input_ids))
+        buf = workspace.views(len(input_ids)) if workspace is not None else self.workspace(len(input_ids))
         buf.residual[...] = embed_rows(w.embed, k.to_device(input_ids))
         k.rms_norm(buf.residual, w.layers[0].attn_norm, c.rms_norm_eps, buf.hidden)
         # The step's index arrays where the kernels read them, once for every layer.
@@ -199,6 +202,18 @@ class LlamaModel:
         if num_tokens > self._workspace.capacity:
             self._workspace = Workspace.allocate(self.config, 2 * num_tokens, self.dtype, self.kernels)
         return self._workspace.views(num_tokens)
+
+    def profile_run(self, num_tokens: int, num_logits: int) -> None:
+        """One forward pass as large as a step may be (`num_tokens` tokens, logits for `num_logits`
+        rows), so the workspace and the backend's temporaries reach their peak before the KV cache
+        takes the memory that is left. Each token is a one-token sequence on a one-block scratch
+        cache: attention reads no memory the steps would not."""
+        block_size, c = 1, self.config
+        kv_cache = [(self.kernels.zeros((1, c.num_kv_heads, c.head_dim), self.dtype),
+                     self.kernels.zeros((1, c.num_kv_heads, c.head_dim), self.dtype)) for _ in range(c.num_layers)]
+        meta = build_metadata([1] * num_tokens, [1] * num_tokens, [[0]] * num_tokens, block_size)
+        self.forward_logits(np.zeros(num_tokens, dtype=np.int64), meta, kv_cache,
+                            np.arange(min(num_logits, num_tokens)))
 
     def warm_up(self) -> float:
         """Tiny forward passes on a scratch KV cache, so every kernel is compiled, or loaded from

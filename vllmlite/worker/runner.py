@@ -15,7 +15,7 @@ from vllmlite.kernels.attention_metadata import build_metadata
 from vllmlite.models.llama import LlamaModel
 from vllmlite.pooling_params import PoolingType
 from vllmlite.worker.sampling import Sampler, SamplingBatch, compute_logprobs
-from vllmlite.worker.speculative import Draft, Proposer, verify
+from vllmlite.worker.speculative import Draft, Proposer, verify, verify_greedy
 from vllmlite.worker.structured_output import GrammarMasker
 
 logger = logging.getLogger(__name__)
@@ -23,15 +23,22 @@ logger = logging.getLogger(__name__)
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, num_host_blocks: int,
-                 stop_token_ids: frozenset[int], proposer: Proposer | None = None) -> None:
+                 stop_token_ids: frozenset[int], proposer: Proposer | None = None,
+                 cuda_graphs: tuple[int, int] | None = None) -> None:
+        """cuda_graphs: (largest batch, max_model_len) of the decode steps to replay as CUDA graphs
+        (worker/cuda_graphs.py; captured by `capture_graphs`), None to run every step eagerly."""
         c = model.config
         self.model = model
         self.block_size = block_size
         self.stop_token_ids = stop_token_ids
         self.sampler = Sampler()
+        if model.kernels.name == "torch":   # sampled where the logits are
+            from vllmlite.worker.torch_sampling import TorchSampler
+            self.sampler = TorchSampler()
         self.proposer = proposer
         k = self.kernels = model.kernels
-        shape = (num_blocks * block_size, c.num_kv_heads, c.head_dim)
+        # With graphs, one block more than the block manager hands out: the padding rows' scratch block.
+        shape = ((num_blocks + (cuda_graphs is not None)) * block_size, c.num_kv_heads, c.head_dim)
         # Where the model computes; numpy's zeros map pages lazily, so an unused part of a large budget
         # costs no RAM.
         self.kv_cache = [(k.zeros(shape, model.dtype), k.zeros(shape, model.dtype))
@@ -40,9 +47,17 @@ class ModelRunner:
         self.host_cache = [(k.host_zeros(host_shape, model.dtype), k.host_zeros(host_shape, model.dtype))
                            for _ in range(c.num_layers)] if num_host_blocks else []
         self.num_forward_passes = 0
+        self.graphs = None
+        if cuda_graphs is not None:
+            from vllmlite.worker.cuda_graphs import DecodeGraphs  # torch: only on a GPU
+            self.graphs = DecodeGraphs(model, self.kv_cache, block_size, num_blocks, *cuda_graphs)
         self.grammar_masker: GrammarMasker | None = None  # made when a constrained request first samples
         # Test-only: called with each step's SchedulerOutput before the forward pass.
         self.fault_hook: Callable[[SchedulerOutput], None] | None = None
+
+    def capture_graphs(self) -> float:
+        """Capture the decode graphs (if any); returns the seconds it took."""
+        return self.graphs.capture() if self.graphs is not None else 0.0
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -84,16 +99,20 @@ class ModelRunner:
             pool_rows, pool_owners = _pooling_rows(seqs, meta.query_start)
             logits, hidden = self.model.forward_with_hidden(input_ids, meta, self.kv_cache, unique_rows, pool_rows)
             _pool(hidden, pool_owners, result)
+        elif self._replays(seqs, drafts, prompt_owners, meta):
+            # Decode only: every sequence samples its one row, so the rows wanted are all rows, in order.
+            logits = self.graphs.run(input_ids, meta)
         else:
             logits = self.model.forward_logits(input_ids, meta, self.kv_cache, unique_rows)
         self.num_forward_passes += 1
         on_device = not isinstance(logits, np.ndarray)
         if on_device and not spec_rows and not prompt_owners and all(is_plain_greedy(r) for _, r in samplers):
-            # Nothing but argmax: one integer per row leaves the device, not the logits (on the host
-            # the sampler's own argmax is as cheap, so the CPU paths keep one route).
+            # Nothing but argmax: one integer per row leaves the device (on the host the sampler's
+            # own argmax is as cheap, so the CPU paths keep one route).
             _record_sampled(samplers, self.kernels.argmax(logits)[inverse], result)
             return result
-        logits = self.kernels.to_numpy(logits)[inverse]
+        if len(inverse) != len(unique_rows) or (inverse != np.arange(len(inverse))).any():
+            logits = logits[self.kernels.to_device(inverse) if on_device else inverse]
         num_sample, num_spec = len(sample_rows), len(spec_rows)
         self._sample(samplers, logits[:num_sample], result)
         self._verify([(s, d) for s, d in zip(seqs, drafts) if d.token_ids],
@@ -101,6 +120,12 @@ class ModelRunner:
         if prompt_owners:
             self._prompt_logprobs(logits[num_sample + num_spec:], prompt_next, prompt_owners, result)
         return result
+
+    def _replays(self, seqs: list[ScheduledSequence], drafts: list[Draft], prompt_owners: list,
+                 meta) -> bool:
+        """Whether this step is a captured decode graph's: one query per sequence, nothing but sampling."""
+        return (self.graphs is not None and len(meta.positions) == len(seqs) and not prompt_owners
+                and not any(d.token_ids for d in drafts) and self.graphs.fits(len(seqs), int(meta.seq_lens.max())))
 
     def is_model_healthy(self) -> bool:
         """Whether the model runs a forward pass that holds no request (the warm-up's, on scratch K/V):
@@ -143,19 +168,23 @@ class ModelRunner:
                 outputs.append(seq.request.output_token_ids + draft.token_ids[:j])
         masks = self._allowed_mask([(seq.request.grammar, draft.token_ids) for seq, draft in spec])
         probs = self.sampler.probs(logits, self._batch(requests, outputs, masks))   # [rows, vocab]
+        # Greedy verification needs each row's argmax only; sampled verification reads the rows of
+        # its sequence (on a GPU: those rows alone come to the host).
+        targets = self.kernels.argmax(probs)
         start = 0
         for seq, draft in spec:
             request, num_rows = seq.request, len(draft.token_ids) + 1
-            emitted = verify(probs[start:start + num_rows], draft, request.sampling_params.is_greedy,
-                             request.generator)
+            rows = slice(start, start + num_rows)
+            emitted = verify_greedy(targets[rows], draft) if request.sampling_params.is_greedy else \
+                verify(self.kernels.to_numpy(probs[rows]), draft, False, request.generator)
             request_id = request.request_id
             result.sampled_token_ids[request_id] = emitted
             result.num_drafts[request_id] = len(draft.token_ids)
             result.num_accepted[request_id] = len(emitted) - 1
             k = request.sampling_params.logprobs
             if k is not None:
-                rows = logits[start:start + len(emitted)]
-                result.logprobs[request_id] = compute_logprobs(rows, np.array(emitted), [k] * len(emitted))
+                result.logprobs[request_id] = self._compute_logprobs(logits[start:start + len(emitted)],
+                                                                     np.array(emitted), [k] * len(emitted))
             self.proposer.verified(seq, len(draft.token_ids), len(emitted) - 1)
             start += num_rows
 
@@ -174,11 +203,17 @@ class ModelRunner:
             self.grammar_masker = GrammarMasker(self.model.config.vocab_size)
         return self.grammar_masker.masks(entries)
 
-    @staticmethod
-    def _prompt_logprobs(logits: np.ndarray, next_ids: np.ndarray, owners: list, result: RunnerOutput) -> None:
+    def _compute_logprobs(self, logits, token_ids: np.ndarray, num_top: list[int]) -> list:
+        """sampling.compute_logprobs, on the device when the logits are there."""
+        if isinstance(logits, np.ndarray):
+            return compute_logprobs(logits, token_ids, num_top)
+        from vllmlite.worker import torch_sampling
+        return torch_sampling.compute_logprobs(logits, token_ids, num_top)
+
+    def _prompt_logprobs(self, logits: np.ndarray, next_ids: np.ndarray, owners: list, result: RunnerOutput) -> None:
         """Logprob of each next prompt token under the logits one position before it."""
         top = [r.sampling_params.prompt_logprobs for r in owners]
-        for request, entry in zip(owners, compute_logprobs(logits, next_ids, top)):
+        for request, entry in zip(owners, self._compute_logprobs(logits, next_ids, top)):
             result.prompt_logprobs.setdefault(request.request_id, []).append(entry)
 
     def copy_blocks(self, out: SchedulerOutput) -> None:

@@ -39,6 +39,7 @@ from typing import NamedTuple
 import numpy as np
 
 from vllmlite.sampling_params import SamplingParams
+from vllmlite.worker.structured_output import unpack_bitmask
 
 SEED_MODULUS = 2**64  # SamplingParams accepts negative seeds (as torch does); numpy wants >= 0
 TOP_P_CANDIDATES = 256  # first guess at how many tokens hold a top-p nucleus
@@ -58,7 +59,9 @@ class SamplingBatch:
     output_token_ids: list[Sequence[int]]  # tokens generated so far, before this step
     generators: list[np.random.Generator]  # one per row, owned by the request
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)  # EOS, end-of-turn
-    allowed_mask: np.ndarray | None = None  # [batch, vocab] bool: what each row's grammar allows
+    # What each row's grammar allows: [batch, vocab] bool, or packed as llguidance fills it ([batch,
+    # words] int32, bit t % 32 of word t // 32 is token t; unpack_bitmask), as the runner passes it.
+    allowed_mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         lengths = {len(self.params), len(self.prompt_token_ids), len(self.output_token_ids),
@@ -77,6 +80,29 @@ class SamplingBatch:
         """Indices of the rows whose params satisfy `predicate`."""
         return np.array([i for i, p in enumerate(self.params) if predicate(p)],
                         dtype=np.int64)  # [num_matching]
+
+    def bad_word_pairs(self) -> list[tuple[int, int]]:
+        """(row, token) pairs a bad word forbids: bad word [5, 7, 9] forbids 9 when the output so far
+        ends with [5, 7]."""
+        pairs = []
+        for i in self.rows_where(lambda p: p.bad_words_token_ids is not None):
+            output = self.output_token_ids[i]
+            for word in self.params[i].bad_words_token_ids:
+                prefix = word[:-1]
+                if len(prefix) <= len(output) and list(output[len(output) - len(prefix):]) == prefix:
+                    pairs.append((i, word[-1]))
+        return pairs
+
+    def min_tokens_pairs(self) -> list[tuple[int, int]]:
+        """(row, stop token) pairs of the rows with fewer than min_tokens outputs."""
+        pairs = []
+        for i in self.rows_where(lambda p: p.min_tokens > 0):
+            params = self.params[i]
+            if len(self.output_token_ids[i]) < params.min_tokens:
+                stops = set(params.stop_token_ids)
+                stops |= set() if params.ignore_eos else self.stop_token_ids
+                pairs.extend((i, t) for t in stops)
+        return pairs
 
 
 @dataclass
@@ -147,7 +173,7 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, batch: SamplingBatch) -> SamplerOutput:
         """Sample one token per row. logits [batch, vocab] float32/float64 (not modified)."""
-        self._check_shape(logits, batch)
+        self.check_shape(logits, batch)
         processed = self.processed_logits(logits, batch)  # [batch, vocab]
         token_ids = processed.argmax(axis=1).astype(np.int64)  # [batch]; final for greedy rows
         random_rows = batch.rows_where(lambda p: not p.is_greedy)
@@ -161,10 +187,10 @@ class Sampler:
         """The grammar mask, penalties, logit_bias, then allowed_token_ids, bad_words and min_tokens
         masking. Returns a new [batch, vocab] float64 array; rows that need none of them are the
         input logits unchanged."""
-        self._check_shape(logits, batch)
+        self.check_shape(logits, batch)
         processed = np.array(logits, dtype=np.float64, order="C")  # [batch, vocab], a copy
         if batch.allowed_mask is not None:
-            np.copyto(processed, -np.inf, where=~batch.allowed_mask)
+            np.copyto(processed, -np.inf, where=~unpack_bitmask(batch.allowed_mask, processed.shape[1]))
         self._apply_penalties(processed, batch)
         self._apply_logit_bias(processed, batch)
         self._apply_allowed_token_ids(processed, batch)
@@ -186,7 +212,7 @@ class Sampler:
         return probs
 
     @staticmethod
-    def _check_shape(logits: np.ndarray, batch: SamplingBatch) -> None:
+    def check_shape(logits: np.ndarray, batch: SamplingBatch) -> None:
         if logits.ndim != 2 or logits.shape[0] != batch.num_rows:
             raise ValueError(f"logits must be [{batch.num_rows}, vocab], got {logits.shape}")
 
@@ -236,27 +262,11 @@ class Sampler:
 
     @staticmethod
     def _apply_bad_words(logits: np.ndarray, batch: SamplingBatch) -> None:
-        """Bad word [5, 7, 9]: token 9 -> -inf when the output so far ends with [5, 7]."""
-        pairs = []
-        for i in batch.rows_where(lambda p: p.bad_words_token_ids is not None):
-            output = batch.output_token_ids[i]
-            for word in batch.params[i].bad_words_token_ids:
-                prefix = word[:-1]
-                if len(prefix) <= len(output) and list(output[len(output) - len(prefix):]) == prefix:
-                    pairs.append((i, word[-1]))
-        _mask_tokens(logits, pairs, "bad_words token ids")
+        _mask_tokens(logits, batch.bad_word_pairs(), "bad_words token ids")
 
     @staticmethod
     def _apply_min_tokens(logits: np.ndarray, batch: SamplingBatch) -> None:
-        """Mask stop ids to -inf while a row has fewer than min_tokens outputs."""
-        pairs = []
-        for i in batch.rows_where(lambda p: p.min_tokens > 0):
-            params = batch.params[i]
-            if len(batch.output_token_ids[i]) < params.min_tokens:
-                stops = set(params.stop_token_ids)
-                stops |= set() if params.ignore_eos else batch.stop_token_ids
-                pairs.extend((i, t) for t in stops)
-        _mask_tokens(logits, pairs, "stop token ids")
+        _mask_tokens(logits, batch.min_tokens_pairs(), "stop token ids")
 
     @staticmethod
     def _filtered_probs(logits: np.ndarray, batch: SamplingBatch,

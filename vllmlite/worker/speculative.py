@@ -173,13 +173,7 @@ def verify(target_probs: np.ndarray, draft: Draft, is_greedy: bool, generator: n
     are accepted, draw a bonus token from the last row. This reproduces the target distribution.
     """
     if is_greedy:
-        targets = target_probs.argmax(axis=-1)                 # [len(draft) + 1]
-        emitted = []
-        for j, token in enumerate(draft.token_ids):
-            if token != targets[j]:
-                break
-            emitted.append(token)
-        return emitted + [int(targets[len(emitted)])]
+        return verify_greedy(target_probs.argmax(axis=-1), draft)
     emitted = []
     for j, token in enumerate(draft.token_ids):
         p = target_probs[j]
@@ -190,6 +184,17 @@ def verify(target_probs: np.ndarray, draft: Draft, is_greedy: bool, generator: n
         residual = np.maximum(p - q, 0.0)
         return emitted + [_draw(residual if residual.sum() > 0 else p, generator)]
     return emitted + [_draw(target_probs[len(emitted)], generator)]
+
+
+def verify_greedy(targets: np.ndarray, draft: Draft) -> list[int]:
+    """Greedy verification from the target's argmax after each draft, targets [len(draft) + 1]:
+    keep drafts while they equal it, then emit its token."""
+    emitted = []
+    for j, token in enumerate(draft.token_ids):
+        if token != targets[j]:
+            break
+        emitted.append(token)
+    return emitted + [int(targets[len(emitted)])]
 
 
 def _one_hot(token: int, vocab: int) -> np.ndarray:

@@ -122,7 +122,8 @@ class GrammarMasker:
         """One entry per sequence: its grammar (or None) and the guesses that follow its last token.
         An entry covers 1 + len(guesses) rows: row j allows what the grammar allows after the first
         j guesses. Rows after a guess the grammar forbids allow everything (verification stops at
-        that guess anyway). Returns [rows, vocab] bool, or None if no entry has a grammar.
+        that guess anyway). Returns the rows packed as llguidance fills them ([rows, words] int32, bit
+        t % 32 of word t // 32 is token t: sampling.unpack_bitmask), or None if no entry has a grammar.
 
         entries [(g, [5, 7]), (None, [])] -> 4 rows: g now, g after 5, g after 5 7, all True.
         """
@@ -141,11 +142,14 @@ class GrammarMasker:
             row += 1 + len(guesses)
         if plain:
             llguidance.numpy.fill_next_token_bitmask_par(self._executor, plain, bitmask)
-        bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")  # [rows, 32 * words] uint8
-        allowed = bits[:, :self.vocab_size].astype(bool)  # [rows, vocab]; bit t of the row is token t
-        for start, num_rows, grammar_vocab_size in starts:
-            allowed[start:start + num_rows, grammar_vocab_size:] = False
-        return allowed
+        for start, num_rows, grammar_vocab_size in starts:   # tokens past the grammar's vocabulary: never
+            word, bit = divmod(grammar_vocab_size, 32)
+            rows = slice(start, start + num_rows)
+            if bit:
+                bitmask[rows, word] &= np.array((1 << bit) - 1, dtype=np.uint32).view(np.int32)
+                word += 1
+            bitmask[rows, word:] = 0
+        return bitmask
 
 
 def _fill_along_guesses(matcher: llguidance.LLMatcher, guesses: list[int], bitmask: np.ndarray, row: int) -> None:
@@ -163,3 +167,12 @@ def _fill_along_guesses(matcher: llguidance.LLMatcher, guesses: list[int], bitma
         num_consumed += 1
     if num_consumed and not matcher.rollback(num_consumed):
         raise RuntimeError(f"the grammar could not roll back {num_consumed} guesses: {matcher.get_error()}")
+
+
+def unpack_bitmask(mask: np.ndarray, vocab_size: int) -> np.ndarray:
+    """A grammar mask as [rows, vocab] bool: given so, or packed as llguidance fills it ([rows,
+    words] int32; bit t % 32 of word t // 32 is token t)."""
+    if mask.dtype == np.bool_:
+        return mask
+    bits = np.unpackbits(np.ascontiguousarray(mask).view(np.uint8), axis=1, bitorder="little")
+    return bits[:, :vocab_size].astype(bool)
