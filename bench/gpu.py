@@ -12,7 +12,11 @@ and Llama-3.1-8B; one set of weights, made by transformers and copied into ours)
   decode    one greedy decode step's forward pass and device argmax at batch 1/32/256 (context 512,
             eager), next to the GEMM-only bound: the same matrix products replayed as one CUDA graph
   single    one request alone, decode tokens/s, next to the memory-bandwidth bound (bytes of weights
-            and KV read per token over the device's measured copy bandwidth)
+            and KV read per token over the device's measured copy bandwidth) and transformers'
+            `generate` with its static cache
+  http      the offline workload as one burst of HTTP requests to the OpenAI server on the GPU, next to
+            the offline run (the default GGUF cannot travel to the GPU machine, over its 64 MiB limit,
+            so the served model is the shape's random one)
 Raw results: results/bench_gpu.json (machine, command, every number).
 """
 
@@ -121,6 +125,63 @@ def run_hf(hf, prompts: list[list[int]], output_len: int) -> dict:
     return {"output_tokens": generated, "seconds": seconds, "output_tok_s": generated / seconds}
 
 
+def http_burst(loaded: LoadedModel, prompts: list[list[int]], output_len: int, device: str = "cuda") -> dict:
+    """The offline workload as a burst of HTTP requests: the OpenAI server (its app, engine thread and
+    uvicorn, in this process, as `python -m vllmlite.api.server` runs them) on an engine built as
+    make_engine's, every request sent at once from a client in another process (/v1/completions
+    with the prompt's token ids, greedy, ignore_eos, not streamed)."""
+    import multiprocessing
+    import threading
+
+    import uvicorn
+
+    from vllmlite.api.app import build_app
+    from vllmlite.api.cli import ServerArgs
+    from vllmlite.engine.factory import make_async_engine
+    args = ServerArgs(model="random", device=device, dtype="bfloat16" if device == "cuda" else "float32",
+                      max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=1024 + output_len + 16,
+                      gpu_memory_utilization=0.4, max_queue=4 * len(prompts))
+    engine = make_async_engine(args, loaded)
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, args), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    client = context.Process(target=burst_client, args=(f"http://127.0.0.1:{port}", prompts, output_len, results))
+    client.start()
+    result = results.get(timeout=600)
+    client.join()
+    server.should_exit = True
+    thread.join(timeout=60)
+    engine.shutdown(timeout=10)
+    return result
+
+
+def burst_client(url: str, prompts: list[list[int]], output_len: int, results) -> None:
+    """Send every prompt at once (after one warm request); put (tokens, seconds, tok/s) on `results`."""
+    import asyncio
+
+    import httpx
+
+    async def run() -> dict:
+        async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=None)) as client:
+            async def one(prompt: list[int], max_tokens: int) -> int:
+                response = await client.post("/v1/completions", json={
+                    "model": "random", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                    "ignore_eos": True})
+                response.raise_for_status()
+                return response.json()["usage"]["completion_tokens"]
+            await one(prompts[0], 4)
+            start = time.perf_counter()
+            counts = await asyncio.gather(*(one(p, output_len) for p in prompts))
+            seconds = time.perf_counter() - start
+        return {"output_tokens": sum(counts), "seconds": seconds, "output_tok_s": sum(counts) / seconds}
+    results.put(asyncio.run(run()))
+
+
 def cuda_time(fn, reps: int = 20) -> float:
     """Median seconds of fn() by CUDA events, after three warm-up calls."""
     for _ in range(3):
@@ -146,10 +207,16 @@ def decode_step(engine: LLMEngine, batch: int, context: int) -> dict:
     meta = build_metadata([1] * batch, [context] * batch, ids.tolist(), BLOCK_SIZE)
     input_ids, rows = rng.integers(0, 1000, batch), np.arange(batch)
 
-    def forward():   # what the engine runs for a greedy decode step: the forward pass and a device argmax
+    def eager():     # the forward pass launched from Python and a device argmax
         meta.kernel_cache.clear()   # a new step: its index arrays are moved to the device again
         model.kernels.argmax(model.forward_logits(input_ids, meta, kv, rows))
-    step = cuda_time(forward)
+
+    graphs = engine.runner.graphs
+
+    def replayed():  # what the engine runs for a greedy decode step: the captured graph and a device argmax
+        model.kernels.argmax(graphs.run(input_ids, meta))
+    eager_step = cuda_time(eager)
+    step = cuda_time(replayed) if graphs is not None else eager_step
     w, buf = model.weights, model.workspace(batch)
     logits = torch.empty((batch, w.lm_head.shape[0]), dtype=model.dtype, device="cuda")
 
@@ -167,8 +234,8 @@ def decode_step(engine: LLMEngine, batch: int, context: int) -> dict:
     with torch.cuda.graph(graph):
         gemms()
     bound = cuda_time(graph.replay)
-    return {"batch": batch, "context": context, "step_ms": step * 1e3, "gemm_graph_ms": bound * 1e3,
-            "ratio": step / bound}
+    return {"batch": batch, "context": context, "step_ms": step * 1e3, "eager_step_ms": eager_step * 1e3,
+            "gemm_graph_ms": bound * 1e3, "ratio": step / bound}
 
 
 def copy_bandwidth() -> float:
@@ -178,8 +245,15 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 2 / cuda_time(lambda: dst.copy_(src))
 
 
+SINGLE_PROMPT_LEN = 128
+
+
+def single_prompt(vocab: int) -> list[int]:
+    return workload(1, vocab, seed=7)[0][:SINGLE_PROMPT_LEN]
+
+
 def single_stream(engine: LLMEngine, vocab: int, output_len: int, bandwidth: float) -> dict:
-    prompt = workload(1, vocab, seed=7)[0][:128]
+    prompt = single_prompt(vocab)
     run_ours(engine, [prompt], 8, "single-warm")
     result = run_ours(engine, [prompt], output_len, "single")
     c = engine.model_config
@@ -188,6 +262,19 @@ def single_stream(engine: LLMEngine, vocab: int, output_len: int, bandwidth: flo
     bound = bandwidth / (weight_bytes + kv_bytes)
     return {"tok_s": result["output_tok_s"], "bandwidth_bound_tok_s": bound,
             "fraction_of_bound": result["output_tok_s"] / bound}
+
+
+def single_stream_hf(hf, vocab: int, output_len: int) -> dict:
+    """transformers' own `generate` for the same one request, with its static cache (no compile)."""
+    ids = torch.tensor([single_prompt(vocab)], device="cuda")
+    kwargs = dict(do_sample=False, cache_implementation="static", eos_token_id=None, pad_token_id=0)
+    hf.generate(ids, max_new_tokens=8, min_new_tokens=8, **kwargs)    # warm
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = hf.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, **kwargs)
+    torch.cuda.synchronize()
+    generated = out.shape[1] - ids.shape[1]
+    return {"tok_s": generated / (time.perf_counter() - start), "output_tokens": int(generated)}
 
 
 def bench_shape(shape: str, args, bandwidth: float) -> dict:
@@ -204,6 +291,12 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
     row["single"] = single_stream(engine, loaded.config.vocab_size, args.output_len, bandwidth)
     del engine
     torch.cuda.empty_cache()
+    if not args.skip_http:
+        row["http"] = http_burst(loaded, prompts, args.output_len)
+        row["http"]["fraction_of_offline"] = row["http"]["output_tok_s"] / row["ours"]["output_tok_s"]
+        print(f"{shape}: HTTP burst {row['http']['output_tok_s']:.0f} out tok/s "
+              f"({row['http']['fraction_of_offline']:.0%} of offline)", flush=True)
+        torch.cuda.empty_cache()
     if not args.skip_hf:
         try:
             row["transformers"] = run_hf(hf, prompts, args.output_len)
@@ -213,6 +306,10 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
         else:
             row["ratio_vs_transformers"] = row["ours"]["output_tok_s"] / row["transformers"]["output_tok_s"]
             print(f"{shape}: transformers {row['transformers']['output_tok_s']:.0f} out tok/s", flush=True)
+        try:
+            row["single_transformers_static"] = single_stream_hf(hf, loaded.config.vocab_size, args.output_len)
+        except Exception as error:
+            row["single_transformers_error"] = repr(error)[:2000]
     del hf, loaded
     torch.cuda.empty_cache()
     return row
@@ -257,6 +354,7 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--skip-hf", action="store_true", help="leave out transformers' generate_batch")
+    parser.add_argument("--skip-http", action="store_true", help="leave out the HTTP server's burst")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "bench_gpu.json")
     parser.add_argument("--profile", type=Path, help="only profile decode steps (batch 256), writing here")
     args = parser.parse_args()
@@ -277,7 +375,10 @@ def main() -> None:
               + (f", transformers {hf:8.0f}, x{row['ratio_vs_transformers']:.1f}" if hf else "")
               + "; decode step/GEMM-graph " + " ".join(f"b{d['batch']} {d['step_ms']:.2f}/{d['gemm_graph_ms']:.2f} ms"
                                                     for d in row["decode"])
-              + f"; single {row['single']['tok_s']:.0f} tok/s = {row['single']['fraction_of_bound']:.0%} of bound")
+              + f"; single {row['single']['tok_s']:.0f} tok/s = {row['single']['fraction_of_bound']:.0%} of bound"
+              + (f" (transformers static {row['single_transformers_static']['tok_s']:.0f})"
+                 if "single_transformers_static" in row else "")
+              + (f"; HTTP {row['http']['fraction_of_offline']:.0%} of offline" if "http" in row else ""))
 
 
 if __name__ == "__main__":

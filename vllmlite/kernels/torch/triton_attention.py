@@ -14,7 +14,7 @@ table, so BLOCK_N is independent of the block size) and keeps an online softmax 
 query at position p sees keys 0..p of its sequence: the causal mask inside a chunk.
 
 Split over the context ("flash decoding"): when a step has too few (tile, KV head) programs to
-fill the GPU (one long sequence), each is cut into NUM_SPLITS ranges of the context, which write
+fill the GPU (one long sequence), each is cut into num_splits ranges of the context, which write
 partial softmax states that a second kernel combines.
 
 Runs on CUDA, and on the CPU under TRITON_INTERPRET=1 (the tests' way to check it without a GPU).
@@ -30,16 +30,16 @@ import triton
 import triton.language as tl
 
 BLOCK_N = 64        # context positions per tile
+MIN_SPLIT_KEYS = 512  # the shortest stretch of context worth a program of its own
 TILE_FIELDS = 4     # first row, number of rows, sequence, position of the first row
 
 
 @triton.jit
 def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block_tables_ptr, part_ptr, state_ptr,
                       scale, stride_q_tok, stride_q_head, stride_q_d, stride_o_tok, stride_o_head, stride_o_d,
-                      stride_bt_seq, block_size, num_kv_heads, split_len,
+                      stride_bt_seq, block_size, num_kv_heads, num_splits, split_len,
                       GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                      PRECISION: tl.constexpr):
+                      HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     t = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -80,12 +80,12 @@ def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
         denom = denom * alpha + tl.sum(p, axis=1)
         m = m_new
-    if NUM_SPLITS == 1:
+    if num_splits == 1:
         out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
         tl.store(out_ptr + (row0 + r)[:, None] * stride_o_tok + head[:, None] * stride_o_head + d[None, :] * stride_o_d,
                  out.to(out_ptr.dtype.element_ty), mask=q_valid[:, None] & d_valid[None, :])
     else:   # this split's softmax state, combined by _combine_kernel
-        base = ((t * num_kv_heads + kv_head) * NUM_SPLITS + split) * (ROWS * GROUP_PAD)
+        base = ((t * num_kv_heads + kv_head) * num_splits + split) * (ROWS * GROUP_PAD)
         tl.store(part_ptr + (base + i)[:, None] * HEAD_PAD + d[None, :], acc)
         tl.store(state_ptr + 2 * (base + i), m)
         tl.store(state_ptr + 2 * (base + i) + 1, denom)
@@ -93,8 +93,8 @@ def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block
 
 @triton.jit
 def _combine_kernel(out_ptr, tiles_ptr, part_ptr, state_ptr, stride_o_tok, stride_o_head, stride_o_d, num_kv_heads,
-                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    HEAD_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                    num_splits, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr):
     """out = the splits' partial attention, each weighted by exp(its max - the overall max)."""
     t = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -104,14 +104,14 @@ def _combine_kernel(out_ptr, tiles_ptr, part_ptr, state_ptr, stride_o_tok, strid
     r = i // GROUP_PAD
     g = i % GROUP_PAD
     d = tl.arange(0, HEAD_PAD)
-    first = (t * num_kv_heads + kv_head) * NUM_SPLITS * (ROWS * GROUP_PAD)
+    first = (t * num_kv_heads + kv_head) * num_splits * (ROWS * GROUP_PAD)
     m_all = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
+    for s in range(num_splits):
         m_all = tl.maximum(m_all, tl.load(state_ptr + 2 * (first + s * ROWS * GROUP_PAD + i)))
     m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
     denom = tl.zeros([ROWS * GROUP_PAD], tl.float32)
     acc = tl.zeros([ROWS * GROUP_PAD, HEAD_PAD], tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
+    for s in range(num_splits):
         base = first + s * ROWS * GROUP_PAD
         weight = tl.exp(tl.load(state_ptr + 2 * (base + i)) - m_all)
         denom += weight * tl.load(state_ptr + 2 * (base + i) + 1)
@@ -146,20 +146,22 @@ def make_tiles(query_start: np.ndarray, positions: np.ndarray, seqs: np.ndarray,
 
 def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tiles: torch.Tensor,
                           rows: int, block_tables: torch.Tensor, block_size: int, out: torch.Tensor,
-                          num_splits: int = 1, split_len: int = 0) -> None:
+                          num_splits: int = 1, split_len: int = 0, block_n: int = BLOCK_N, num_warps: int = 4,
+                          num_stages: int = 2) -> None:
     """out[row] = attention of q[row] over its sequence's paged context, for every row of `tiles`
     ([num_tiles, 4] int64 on the device, see make_tiles), written in place.
 
     q, out [num_tokens, heads, head_dim], any strides; caches [slots, kv_heads, head_dim] contiguous;
     block_tables [num_seqs, max_blocks] int; num_splits > 1 cuts each tile's context into ranges of
-    split_len keys (a multiple of BLOCK_N covering the longest context) combined afterwards.
+    split_len keys (a multiple of block_n covering the longest context) combined afterwards.
+    block_n, num_warps, num_stages: the kernel's tuning (bench/gpu_attention.py sweeps them).
     """
     num_tiles = tiles.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
     shape = dict(GROUP=group, GROUP_PAD=triton.next_power_of_2(group), ROWS=rows, HEAD_DIM=head_dim,
-                 HEAD_PAD=max(16, triton.next_power_of_2(head_dim)), NUM_SPLITS=num_splits)
+                 HEAD_PAD=max(16, triton.next_power_of_2(head_dim)))
     q_rows = rows * shape["GROUP_PAD"]
     if num_splits > 1:
         part = torch.empty((num_tiles * num_kv_heads * num_splits * q_rows, shape["HEAD_PAD"]),
@@ -170,16 +172,19 @@ def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         split_len = 1 << 30
     _attention_kernel[(num_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, tiles, block_tables, part, state, 1.0 / math.sqrt(head_dim),
-        *q.stride(), *out.stride(), block_tables.stride(0), block_size, num_kv_heads, split_len,
-        BLOCK_N=BLOCK_N, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **shape)
+        *q.stride(), *out.stride(), block_tables.stride(0), block_size, num_kv_heads, num_splits, split_len,
+        BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps,
+        num_stages=num_stages, **shape)
     if num_splits > 1:
-        _combine_kernel[(num_tiles, num_kv_heads)](out, tiles, part, state, *out.stride(), num_kv_heads, **shape)
+        _combine_kernel[(num_tiles, num_kv_heads)](out, tiles, part, state, *out.stride(), num_kv_heads, num_splits,
+                                                   **shape)
 
 
 def split_plan(num_programs: int, max_context: int, num_sms: int) -> tuple[int, int]:
     """(num_splits, split_len): split the context only when the step's programs would leave most of
-    the GPU idle and each split still gets at least two BLOCK_N tiles of keys."""
-    wanted = min(16, -(-2 * num_sms // max(num_programs, 1)), max_context // (2 * BLOCK_N))
+    the GPU idle and each split still gets at least MIN_SPLIT_KEYS keys (on an H200 one program
+    walks 512 keys in about as long as a split pass plus its combine takes: bench/gpu_attention.py)."""
+    wanted = min(16, -(-2 * num_sms // max(num_programs, 1)), max_context // MIN_SPLIT_KEYS)
     if wanted <= 1:
         return 1, 0
     split_len = -(-max_context // wanted)
