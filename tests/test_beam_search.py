@@ -90,8 +90,9 @@ def test_beam_search_params_are_checked_as_vllm_names_them():
         BeamSearchParams(beam_width=11, max_tokens=4)  # 22 candidates per beam: past the logprobs bound
     with pytest.raises(ValueError, match="max_tokens"):
         BeamSearchParams(beam_width=2, max_tokens=0)
-    with pytest.raises(ValueError, match="length_penalty"):
-        BeamSearchParams(beam_width=2, max_tokens=4, length_penalty=math.nan)
+    for length_penalty in (math.nan, 11.0, -11.0):
+        with pytest.raises(ValueError, match="length_penalty"):
+            BeamSearchParams(beam_width=2, max_tokens=4, length_penalty=length_penalty)
     with pytest.raises(TypeError, match="LLM.beam_search"):
         SamplingParams(use_beam_search=True)
 

@@ -28,6 +28,7 @@ PENALTY_BOUND = 2.0  # presence_penalty and frequency_penalty live in [-2, 2]
 LOGIT_BIAS_BOUND = 100.0
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (vLLM's _SAMPLING_EPS)
 MAX_BEAM_WIDTH = MAX_LOGPROBS // 2  # each beam scores 2 * beam_width candidates, read as logprobs
+MAX_LENGTH_PENALTY = 10.0  # |length_penalty|: a length to a larger power can overflow a float
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 # Fields of vLLM's SamplingParams that vllmlite does not implement: passing one is an error, so a
@@ -324,7 +325,8 @@ class BeamSearchParams:
 
     `beam_width` beams are kept; each step scores 2 * beam_width candidates per beam (so at most
     MAX_BEAM_WIDTH, as the logprobs bound allows). `length_penalty` divides a beam's cumulative
-    logprob by its length to that power (vllmlite.beam_search.get_beam_search_score). `temperature`
+    logprob by its length to that power (vllmlite.beam_search.get_beam_search_score), at most 10 either
+    way (vLLM sets no bound; 4096 ** 10 is still a float, 3 ** 1000 is not). `temperature`
     is accepted as vLLM takes it; candidates are ranked by the model's raw logprobs, as vLLM's engine
     reports them, so it does not change the result. `include_stop_str_in_output` keeps the EOS token
     in a finished beam's tokens.
@@ -342,5 +344,5 @@ class BeamSearchParams:
         self.max_tokens = _int("max_tokens", self.max_tokens, 1)
         self.ignore_eos = _bool("ignore_eos", self.ignore_eos)
         self.temperature = _float_in("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
-        self.length_penalty = _float("length_penalty", self.length_penalty)
+        self.length_penalty = _float_in("length_penalty", self.length_penalty, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY)
         self.include_stop_str_in_output = _bool("include_stop_str_in_output", self.include_stop_str_in_output)
