@@ -89,8 +89,8 @@ class BeamSearch:
 
     def advance(self, positions: Sequence[PositionLogprobs]) -> None:
         """Take one step: `positions[i]` is the next-token logprobs of `live[i]` (a step request's
-        `outputs[0].logprobs[0]`, best first). Candidates are ranked by cumulative logprob (the score's
-        order too, since every live beam has the same length); ties keep beam, then candidate, order."""
+        `outputs[0].logprobs[0]`, best first). Candidates are ranked by score (every live beam has the
+        same length, so this is their cumulative logprob's order); ties keep beam, then candidate, order."""
         if len(positions) != len(self.live):
             raise ValueError(f"{len(positions)} positions for {len(self.live)} live beams")
         num_candidates = 2 * self.params.beam_width
