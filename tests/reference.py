@@ -83,3 +83,35 @@ def dense_greedy(loaded: LoadedModel, prompt: list[int], max_tokens: int) -> lis
     for _ in range(max_tokens):
         tokens.append(int(np.argmax(dense_logits(loaded, tokens)[-1])))
     return tokens[len(prompt):]
+
+
+def next_token_logprobs(loaded: LoadedModel, token_ids: list[int]) -> np.ndarray:
+    """log_softmax of the logits after `token_ids`, recomputed from scratch, in float64. [vocab]"""
+    logits = dense_logits(loaded, token_ids)[-1].astype(np.float64)
+    return logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
+
+
+def beam_search(loaded: LoadedModel, prompt: list[int], beam_width: int, max_tokens: int, eos_token_id: int,
+                ignore_eos: bool = False, length_penalty: float = 1.0) -> list[tuple[list[int], float, str]]:
+    """Textbook beam search (vLLM's and Hugging Face's rule) with every beam's next-token logprobs
+    recomputed over its whole sequence, no cache: (tokens, cumulative logprob, finish reason) of the
+    best `beam_width` sequences, best first. Tokens are prompt + output, a final EOS kept."""
+    def score(beam: tuple[list[int], float]) -> float:
+        tokens, cum = beam
+        return cum / (len(tokens) - (tokens[-1] == eos_token_id)) ** length_penalty
+
+    live: list[tuple[list[int], float]] = [(list(prompt), 0.0)]
+    stopped: list[tuple[list[int], float]] = []
+    for _ in range(max_tokens):
+        candidates = []
+        for tokens, cum in live:
+            logprobs = next_token_logprobs(loaded, tokens)
+            for token_id in np.argsort(-logprobs, kind="stable")[:2 * beam_width]:
+                child = (tokens + [int(token_id)], cum + float(logprobs[token_id]))
+                (stopped if token_id == eos_token_id and not ignore_eos else candidates).append(child)
+        live = sorted(candidates, key=score, reverse=True)[:beam_width]
+        if not live:
+            break
+    ranked = sorted([(t, c, "stop") for t, c in stopped] + [(t, c, "length") for t, c in live],
+                    key=lambda beam: score(beam[:2]), reverse=True)
+    return ranked[:beam_width]

@@ -1,5 +1,5 @@
-"""The offline API, vLLM's surface: `LLM(model=..., **engine_args).generate(prompts, SamplingParams(...))`
-and `.embed(prompts)`.
+"""The offline API, vLLM's surface: `LLM(model=..., **engine_args).generate(prompts, SamplingParams(...))`,
+`.beam_search(prompts, BeamSearchParams(...))` and `.embed(prompts)`.
 
 A thin loop over LLMEngine.step(); outputs come back in input order. The keywords are EngineArgs'
 fields, vLLM's names included.
@@ -12,11 +12,12 @@ from typing import Any
 
 from tqdm import tqdm
 
+from vllmlite.beam_search import BeamSearch, BeamSearchOutput, step_sampling_params
 from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.engine_args import ENGINE_ARG_NAMES, EngineArgs
-from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
+from vllmlite.outputs import EmbeddingRequestOutput, PositionLogprobs, RequestOutput
 from vllmlite.pooling_params import PoolingParams
-from vllmlite.sampling_params import SamplingParams
+from vllmlite.sampling_params import BeamSearchParams, SamplingParams
 from vllmlite.tokenizer import Tokenizer
 
 PromptInput = str | dict
@@ -47,6 +48,43 @@ class LLM:
             prompts = [prompts]
         return self._run(self._add_requests(prompts, self._params_per_prompt(sampling_params, len(prompts))),
                          use_tqdm)
+
+    def beam_search(self, prompts: PromptInput | Sequence[PromptInput], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's beam search: one BeamSearchOutput per prompt, in input order, its sequences best first
+        (vllmlite/beam_search.py says how they are chosen and scored). A sequence's `text` is its
+        tokens decoded, prompt included, as in vLLM.
+
+        Each step sends every live beam of every prompt as a one-token request whose prompt is the
+        beam's tokens, as vLLM does. The beams share their blocks through the prefix cache: the full
+        blocks of the prompt and of a common past are computed once and referenced by every beam, only
+        a beam's last partial block is computed again, and a pruned beam's blocks are released when
+        its request ends. `use_tqdm` shows a bar over the steps.
+        """
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        tokenizer = self.engine.tokenizer
+        searches = [BeamSearch(self._prompt_token_ids(p), params, tokenizer.eos_token_id, self.engine.max_model_len)
+                    for p in prompts]
+        step_params = step_sampling_params(params)
+        bar = tqdm(total=params.max_tokens, desc="Beam search", unit="step", dynamic_ncols=True) if use_tqdm else None
+        while running := [search for search in searches if not search.is_done]:
+            beams = [{"prompt_token_ids": beam.tokens} for search in running for beam in search.live]
+            outputs = iter(self._run(self._add_requests(beams, [step_params] * len(beams)), use_tqdm=False))
+            for search in running:
+                search.advance([_next_token_logprobs(next(outputs)) for _ in search.live])
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        results = [BeamSearchOutput(search.best()) for search in searches]
+        for sequence in (s for result in results for s in result.sequences):
+            sequence.text = tokenizer.decode(sequence.tokens)
+        return results
+
+    def _prompt_token_ids(self, prompt: PromptInput) -> list[int]:
+        value = _prompt_value(prompt)
+        return self.engine.tokenizer.encode(value) if isinstance(value, str) else value
 
     def embed(self, prompts: PromptInput | Sequence[PromptInput],
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
@@ -117,6 +155,13 @@ def _prompt_value(prompt: PromptInput) -> str | list[int]:
     if isinstance(prompt, dict) and "prompt" in prompt:
         return prompt["prompt"]
     raise TypeError(f"a prompt is a string or a dict with 'prompt_token_ids', got {type(prompt).__name__}")
+
+
+def _next_token_logprobs(output: RequestOutput) -> PositionLogprobs:
+    """The logprobs of the one token a beam's step request computed; its error if it failed."""
+    if output.error is not None:
+        raise RuntimeError(f"beam search: a step request failed: {output.error}")
+    return output.outputs[0].logprobs[0]
 
 
 class _Progress:

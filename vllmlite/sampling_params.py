@@ -4,7 +4,7 @@ Owns the OpenAI/vLLM sampling knobs, their defaults and their bounds. Knows noth
 numpy; `verify(vocab_size)` is the only check that needs the model, and `update_from_tokenizer()`
 the only code that calls a tokenizer (its `encode`, to find the token ids of `bad_words`).
 StructuredOutputsParams (vLLM's constraint on the output: a JSON schema, regex, choice or grammar)
-lives in structured_output_params.py.
+lives in structured_output_params.py. BeamSearchParams (vLLM's knobs of `LLM.beam_search`) is here too.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from vllmlite.structured_output_params import StructuredOutputsParams
@@ -26,6 +27,8 @@ MAX_TEMPERATURE = 2.0  # temperature lives in [0, 2]
 PENALTY_BOUND = 2.0  # presence_penalty and frequency_penalty live in [-2, 2]
 LOGIT_BIAS_BOUND = 100.0
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (vLLM's _SAMPLING_EPS)
+MAX_BEAM_WIDTH = MAX_LOGPROBS // 2  # each beam scores 2 * beam_width candidates, read as logprobs
+MAX_LENGTH_PENALTY = 10.0  # |length_penalty|: a length to a larger power can overflow a float
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 # Fields of vLLM's SamplingParams that vllmlite does not implement: passing one is an error, so a
@@ -35,6 +38,9 @@ UNSUPPORTED_VLLM_FIELDS = frozenset({
     "spaces_between_special_tokens", "skip_clone", "flat_logprobs", "skip_reading_prefix_cache",
     "output_text_buffer_length", "use_beam_search", "length_penalty", "early_stopping",
 })
+_BEAM_SEARCH_HINT = " (beam search is LLM.beam_search with BeamSearchParams, as in vLLM)"
+_UNSUPPORTED_HINTS = MappingProxyType({"guided_decoding": " (use structured_outputs, its current name)",
+                                        "use_beam_search": _BEAM_SEARCH_HINT, "length_penalty": _BEAM_SEARCH_HINT})
 
 
 def _int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -194,7 +200,7 @@ class SamplingParams:
         init_fields = {f.name for f in dataclasses.fields(cls) if f.init}
         for name in kwargs:
             if name in UNSUPPORTED_VLLM_FIELDS:
-                hint = " (use structured_outputs, its current name)" if name == "guided_decoding" else ""
+                hint = _UNSUPPORTED_HINTS.get(name, "")
                 raise TypeError(f"SamplingParams: {name} is a vLLM field that vllmlite does not support{hint}")
             if name not in init_fields:
                 raise TypeError(f"SamplingParams got an unexpected keyword argument {name!r}")
@@ -311,3 +317,32 @@ class SamplingParams:
     def num_sequences(self) -> int:
         """How many sequences the engine samples for this request: best_of if set, else n."""
         return self.n if self.best_of is None else self.best_of
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's BeamSearchParams: the knobs of `LLM.beam_search`, validated at construction.
+
+    `beam_width` beams are kept; each step scores 2 * beam_width candidates per beam (so at most
+    MAX_BEAM_WIDTH, as the logprobs bound allows). `length_penalty` divides a beam's cumulative
+    logprob by its length to that power (vllmlite.beam_search.get_beam_search_score), at most 10 either
+    way (vLLM sets no bound; 4096 ** 10 is still a float, 3 ** 1000 is not). `temperature`
+    is accepted as vLLM takes it; candidates are ranked by the model's raw logprobs, as vLLM's engine
+    reports them, so it does not change the result. `include_stop_str_in_output` keeps the EOS token
+    in a finished beam's tokens.
+    """
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        self.beam_width = _int("beam_width", self.beam_width, 1, MAX_BEAM_WIDTH)
+        self.max_tokens = _int("max_tokens", self.max_tokens, 1)
+        self.ignore_eos = _bool("ignore_eos", self.ignore_eos)
+        self.temperature = _float_in("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        self.length_penalty = _float_in("length_penalty", self.length_penalty, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY)
+        self.include_stop_str_in_output = _bool("include_stop_str_in_output", self.include_stop_str_in_output)

@@ -335,10 +335,10 @@ def test_tokenize_messages_honours_add_special_tokens(server):
 
 
 UNUSED_VLLM_FIELDS = [
-    ("use_beam_search", True), ("logits_processors", ["my.module:proc"]), ("return_token_ids", True),
-    ("spaces_between_special_tokens", False),
+    ("logits_processors", ["my.module:proc"]), ("return_token_ids", True), ("spaces_between_special_tokens", False),
 ]
-UNUSED_CHAT_FIELDS = [("echo", True), ("continue_final_message", True), ("documents", [{"text": "d"}])]
+UNUSED_CHAT_FIELDS = [("echo", True), ("continue_final_message", True), ("documents", [{"text": "d"}]),
+                      ("use_beam_search", True)]  # completions has it (test_server_beam_search.py)
 
 
 @pytest.mark.parametrize("name,value", UNUSED_VLLM_FIELDS)

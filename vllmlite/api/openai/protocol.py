@@ -38,7 +38,7 @@ from vllmlite.api.openai.protocol_tools import (
     ToolCallOut,
     ToolChoice,
 )
-from vllmlite.sampling_params import MAX_LOGPROBS
+from vllmlite.sampling_params import MAX_LENGTH_PENALTY, MAX_LOGPROBS
 
 
 # JSON schemas of the fields whose Python type is wider than what they accept (a validator narrows
@@ -80,6 +80,9 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = Field(None, ge=1, le=MAX_N)
+    # vLLM's beam search (serving_beam_search.py): n is the beam width
+    use_beam_search: bool = False
+    length_penalty: float = Field(1.0, ge=-MAX_LENGTH_PENALTY, le=MAX_LENGTH_PENALTY)
 
     @field_validator("prompt")
     @classmethod

@@ -75,7 +75,6 @@ _LEADING_NAME = re.compile(r"^([a-z_]+)\b")
 # Request fields of both endpoints (OpenAI's or vLLM's) this server does not implement: (name, the
 # values that mean "not used", why). Any other value is a 400 naming the field, never ignored.
 UNSUPPORTED_FIELDS = (
-    ("use_beam_search", (None, False), "no beam search"),
     ("logits_processors", (None, []), "no custom logits processors"),
     ("return_token_ids", (None, False), "logprobs with return_tokens_as_token_ids give the ids"),
     ("spaces_between_special_tokens", (None, True), "detokenization is the tokenizer's own"),

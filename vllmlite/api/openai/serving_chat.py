@@ -70,6 +70,7 @@ TEMPLATE_AS_IS = "the model's chat template is rendered as it is"
 # Chat fields this server does not implement, checked after serving.UNSUPPORTED_FIELDS.
 LEGACY_FUNCTIONS = "use tools and tool_choice, their current names"
 CHAT_UNSUPPORTED_FIELDS = (
+    ("use_beam_search", (None, False), "beam search is served by /v1/completions"),
     ("functions", (None, []), LEGACY_FUNCTIONS),
     ("function_call", (None, "none"), LEGACY_FUNCTIONS),
     ("chat_template_kwargs", (None, {}), TEMPLATE_AS_IS),

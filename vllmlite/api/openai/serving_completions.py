@@ -1,7 +1,8 @@
 """POST /v1/completions: prompts in, text completions out, whole or streamed as chunks.
 
 Owns the completions rules: prompt forms (each prompt its own choices, index = prompt_index * n +
-sample), echo, best_of, the rejection of `suffix`, OpenAI's completions logprobs format (tokens,
+sample), echo, best_of, `use_beam_search` (serving_beam_search.py searches; the output is read here as
+any other), the rejection of `suffix`, OpenAI's completions logprobs format (tokens,
 token_logprobs, top_logprobs, text_offset) and vLLM's `prompt_logprobs` on each choice. Knows
 nothing of routes or middleware.
 """
@@ -40,6 +41,7 @@ from vllmlite.api.openai.serving import (
     sse_stream,
     top_items,
 )
+from vllmlite.api.openai.serving_beam_search import BeamSearchRequest, beam_search_request, beam_search_streams
 from vllmlite.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import Tokenizer
@@ -56,6 +58,7 @@ class PreparedCompletion:
     prompt_texts: list[str]
     prompt_token_ids: list[list[int]]
     params: SamplingParams
+    beam: BeamSearchRequest | None = None  # use_beam_search: the prompts' beams are searched instead
 
 
 class Echo(NamedTuple):
@@ -129,6 +132,7 @@ def prepare_completion(ctx: ServingContext, req: CompletionRequest) -> PreparedC
                           "accepted per request", "n")
     if req.stream and req.best_of is not None and req.best_of > req.n:
         raise bad_request("best_of cannot be used with stream (it ranks finished samples)", "best_of")
+    beam = beam_search_request(req, _engine_prompt_logprobs(req))
     constraint = request_constraint(req)
     params = sampling_params(req, max_tokens=16 if req.max_tokens is None else req.max_tokens,
                              logprobs=req.logprobs, best_of=req.best_of, prompt_logprobs=_engine_prompt_logprobs(req),
@@ -143,7 +147,7 @@ def prepare_completion(ctx: ServingContext, req: CompletionRequest) -> PreparedC
         check_request(ctx, req, token_ids, params, param)
         texts.append(prompt if isinstance(prompt, str) else _decode_for_echo(ctx, token_ids, req.echo))
         token_lists.append(token_ids)
-    return PreparedCompletion(req, texts, token_lists, params)
+    return PreparedCompletion(req, texts, token_lists, params, beam)
 
 
 def _engine_prompt_logprobs(req: CompletionRequest) -> int | None:
@@ -169,7 +173,10 @@ def _echo(ctx: ServingContext, prepared: PreparedCompletion, prompt_index: int, 
 async def create_completion(ctx: ServingContext, prepared: PreparedCompletion,
                             admission: Admission) -> CompletionResponse | AsyncIterator[str]:
     """Queue the prompts; return the whole response, or the SSE events when streaming."""
-    streams = admit(ctx, prepared.prompt_token_ids, prepared.params, admission)
+    if prepared.beam is not None:
+        streams = await beam_search_streams(ctx, prepared.prompt_token_ids, prepared.beam, admission)
+    else:
+        streams = admit(ctx, prepared.prompt_token_ids, prepared.params, admission)
     if prepared.request.stream:
         return sse_stream(_chunks(ctx, prepared, streams, admission.request_id), streams)
     outputs = await final_outputs(streams)
