@@ -318,8 +318,8 @@ def test_no_pickle_on_any_path():
 # --- unknown fields -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("route,body,param", [
-    ("/completions", {"prompt": "hi", "json_schema": {"type": "object"}}, "json_schema"),  # llama-server's
-    ("/completions", {"prompt": "hi", "grammar": "root ::= \"a\""}, "grammar"),             # llama-server's
+    ("/completions", {"prompt": "hi", "n_predict": 4}, "n_predict"),  # llama-server's /completion field
+    ("/completions", {"prompt": "hi", "mirostat": 2}, "mirostat"),    # llama-server's, never implemented
     ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "guided_decoding_backend": "x"},
      "guided_decoding_backend"),
     ("/embeddings", {"input": "hi", "truncate": True}, "truncate"),

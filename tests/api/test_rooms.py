@@ -1,6 +1,6 @@
 """The API's rooms, read from the source (lazy and TYPE_CHECKING imports included): api/ reaches the
 engine only through engine/ (never core/, worker/, kernels/), its sub-rooms never import the server
-process, and openai/ and ops/ never import the Ray room, which sits above them."""
+process, and openai/, ops/ and llamacpp/ never import the Ray room, which sits above them."""
 
 from __future__ import annotations
 
@@ -36,13 +36,13 @@ def test_the_api_imports_no_engine_internals(path):
                 and not m.startswith("vllmlite.models.model_source")]
 
 
-@pytest.mark.parametrize("room", ["openai", "ops", "ray"])
+@pytest.mark.parametrize("room", ["openai", "ops", "ray", "llamacpp"])
 def test_sub_rooms_never_import_the_server_process(room):
     for path in sorted((API / room).rglob("*.py")):
         assert "vllmlite.api.server" not in imported_modules(path), path
 
 
-@pytest.mark.parametrize("room", ["openai", "ops"])
+@pytest.mark.parametrize("room", ["openai", "ops", "llamacpp"])
 def test_openai_and_ops_never_import_the_ray_room(room):
     for path in sorted((API / room).rglob("*.py")):
         assert not [m for m in imported_modules(path) if m.startswith("vllmlite.api.ray")], path

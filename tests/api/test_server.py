@@ -157,7 +157,7 @@ def test_models_version_tokenize_detokenize(server, client):
     assert tokens == {"tokens": [256, 104, 195, 169], "count": 4, "max_model_len": 4096}
     chat = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "x"}]}).json()
     assert chat["count"] == len(chat["tokens"]) > 1
-    assert httpx.post(server.url + "/detokenize", json={"tokens": [104, 195, 169]}).json() == {"prompt": "hé"}
+    assert httpx.post(server.url + "/detokenize", json={"tokens": [104, 195, 169]}).json() == {"prompt": "hé", "content": "hé"}
     assert httpx.get(server.url + "/health").status_code == 200
 
 

@@ -27,6 +27,15 @@ from starlette.types import Receive, Scope, Send
 
 from vllmlite.api.cli import ServerArgs
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
+from vllmlite.api.llamacpp.protocol import (
+    COMPLETION_ANSWER_SCHEMA,
+    LlamaCompletionRequest,
+    LlamaCompletionResponse,
+    LlamaTokenizeResponse,
+)
+from vllmlite.api.llamacpp.routes import add_llama_routes
+from vllmlite.api.llamacpp.serving_completion import create_llama_completion, prepare_llama_completion
+from vllmlite.api.llamacpp.serving_tokenize import is_llama_tokenize, llama_tokenize
 from vllmlite.api.middleware import OPEN_PATHS, RequestGuard
 from vllmlite.api.openai.constraints import is_constrained
 from vllmlite.api.openai.protocol import (
@@ -59,7 +68,7 @@ from vllmlite.api.openai.serving_chat import create_chat, prepare_chat, render_m
 from vllmlite.api.openai.serving_completions import create_completion, prepare_completion
 from vllmlite.api.openai.serving_embeddings import create_embeddings, prepare_embeddings
 from vllmlite.api.openai.serving_responses import chat_request, create_response, new_response_id, prepare_response
-from vllmlite.api.openapi import GENERATE, GUARDED, install_openapi, route_doc
+from vllmlite.api.openapi import GENERATE, GUARDED, install_openapi, ref, route_doc
 from vllmlite.api.ops.debug import add_stats_and_debug_routes
 from vllmlite.api.ops.web import add_web_routes
 from vllmlite.engine.client import EngineClient
@@ -91,6 +100,7 @@ def build_app(engine: EngineClient, config: ServerArgs) -> FastAPI:
     _add_info_routes(app, ctx)
     _add_token_routes(app, ctx)
     _add_generate_routes(app, ctx, config)
+    add_llama_routes(app, ctx, parse_body)
     add_stats_and_debug_routes(app, engine, config.enable_debug_endpoints, replicated=config.uses_ray)
     add_web_routes(app)
     install_openapi(app)
@@ -176,6 +186,7 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
         return {"version": __version__}
 
     @app.get("/v1/models", **route_doc(ModelList))
+    @app.get("/models", include_in_schema=False)  # llama-server's path too
     async def models() -> dict:
         # root names the model, never its file: no filesystem path goes into a response.
         card = ModelCard(id=ctx.model_name, root=ctx.model_name, max_model_len=engine.max_model_len)
@@ -189,10 +200,13 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
 
 
 def _add_token_routes(app: FastAPI, ctx: ServingContext) -> None:
-    @app.post("/tokenize", **route_doc(TokenizeResponse, body=TokenizeRequest, errors=(*GUARDED, 404)))
+    @app.post("/tokenize", **route_doc({"anyOf": [ref(TokenizeResponse), ref(LlamaTokenizeResponse)]},
+                                       body=TokenizeRequest, errors=(*GUARDED, 404)))
     async def tokenize(request: Request) -> dict:
         req = await parse_body(request, TokenizeRequest)
         check_model(ctx, req.model)
+        if is_llama_tokenize(req):  # llama-server's {"content", "add_special", "with_pieces"}
+            return llama_tokenize(ctx, req).model_dump()
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("send exactly one of prompt or messages", "prompt")
         if req.messages is not None:  # vLLM's defaults: special tokens for a prompt, none for messages
@@ -210,7 +224,7 @@ def _add_token_routes(app: FastAPI, ctx: ServingContext) -> None:
         if any(not 0 <= t < vocab_size for t in req.tokens):
             raise bad_request(f"tokens must be token ids in [0, {vocab_size})", "tokens")
         text = ctx.engine.tokenizer.decode(req.tokens, skip_special_tokens=True)
-        return DetokenizeResponse(prompt=text).model_dump()
+        return DetokenizeResponse(prompt=text, content=text).model_dump()
 
 
 def _add_generate_routes(app: FastAPI, ctx: ServingContext, config: ServerArgs) -> None:
@@ -237,6 +251,7 @@ def _add_generate_routes(app: FastAPI, ctx: ServingContext, config: ServerArgs) 
 
     @app.post("/v1/chat/completions", **route_doc(ChatCompletionResponse, body=ChatCompletionRequest,
                                                   stream=ChatCompletionChunk, errors=GENERATE))
+    @app.post("/chat/completions", include_in_schema=False)  # llama-server's path too
     async def chat_completions(request: Request) -> Response:
         req = await parse_body(request, ChatCompletionRequest)
         prepared = await _prepare(prepare_chat, ctx, req)
@@ -245,12 +260,23 @@ def _add_generate_routes(app: FastAPI, ctx: ServingContext, config: ServerArgs) 
 
     @app.post("/v1/responses", **route_doc(ResponsesResponse, body=ResponsesRequest, stream=STREAM_EVENTS,
                                            errors=GENERATE))
+    @app.post("/responses", include_in_schema=False)  # llama-server's path too
     async def responses(request: Request) -> Response:
         req = await parse_body(request, ResponsesRequest)
         chat_req = chat_request(req)
         prepared = await _prepare(prepare_response, ctx, chat_req)
         admission = Admission(new_response_id(), _client_id(request, req.user))
         return await respond(request, create_response(ctx, req, prepared, admission))
+
+    # llama-server's native completion; its /completions is this one too (its OpenAI one is /v1/completions)
+    @app.post("/completion", **route_doc(COMPLETION_ANSWER_SCHEMA, body=LlamaCompletionRequest,
+                                         stream=LlamaCompletionResponse, errors=GENERATE))
+    @app.post("/completions", include_in_schema=False)
+    async def llama_completion(request: Request) -> Response:
+        req = await parse_body(request, LlamaCompletionRequest)
+        prepared = await _prepare(prepare_llama_completion, ctx, req)
+        admission = Admission(new_request_id("cmpl"), _client_id(request, None))
+        return await respond(request, create_llama_completion(ctx, prepared, admission))
 
     @app.post("/v1/embeddings", **route_doc(EmbeddingResponse, body=EmbeddingRequest, errors=GENERATE))
     async def embeddings(request: Request) -> Response:

@@ -17,6 +17,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from vllmlite.api.llamacpp import protocol as llamacpp
 from vllmlite.api.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -47,10 +48,11 @@ from vllmlite.api.ops.protocol_debug import (
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest, TokenizeRequest,
-                  DetokenizeRequest)
+                  DetokenizeRequest, *llamacpp.REQUEST_MODELS)
 RESPONSE_MODELS = (CompletionResponse, ChatCompletionResponse, ChatCompletionChunk, ResponsesResponse, *STREAM_EVENTS,
                    EmbeddingResponse, TokenizeResponse, DetokenizeResponse, ModelList, VersionResponse, ErrorResponse,
-                   StatsResponse, DebugEngineResponse, ReplicasDebugEngineResponse, RequestList, RequestDetail)
+                   StatsResponse, DebugEngineResponse, ReplicasDebugEngineResponse, RequestList, RequestDetail,
+                   *llamacpp.RESPONSE_MODELS)
 
 ERROR_DESCRIPTIONS = {
     400: "Invalid request; `param` names the offending field",
@@ -69,6 +71,7 @@ ACCEPTED_ONLY_UNUSED = {
     ChatCompletionRequest: (*UNSUPPORTED_FIELDS, *CHAT_UNSUPPORTED_FIELDS,
                             ("chat_template", (None,), "the model's own template is rendered")),
     ResponsesRequest: RESPONSES_UNSUPPORTED_FIELDS,
+    llamacpp.LlamaCompletionRequest: llamacpp.REFUSED_FIELDS,
 }
 
 

@@ -13,9 +13,9 @@ from vllmlite.api.errors import APIError, bad_request
 from vllmlite.api.openai.protocol_fields import SamplingFields
 from vllmlite.structured_output_params import StructuredOutputsParams
 
-# vLLM's older names -> the StructuredOutputsParams field each sets
+# vLLM's older names and llama-server's -> the StructuredOutputsParams field each sets
 GUIDED_FIELDS = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
-                 ("guided_grammar", "grammar"))
+                 ("guided_grammar", "grammar"), ("grammar", "grammar"), ("json_schema", "json"))
 
 
 def is_constrained(req: SamplingFields) -> bool:
@@ -46,6 +46,11 @@ def request_constraint(req: SamplingFields) -> tuple[str, StructuredOutputsParam
 
 def _from_response_format(req: SamplingFields) -> StructuredOutputsParams:
     response_format = req.response_format
+    if response_format.schema_ is not None:  # llama-server's {"type": "json_object", "schema": {...}}
+        if response_format.json_schema is not None:
+            raise bad_request("send the schema once: response_format.schema or response_format.json_schema",
+                              "response_format.schema")
+        return make_constraint("response_format.schema", json=response_format.schema_)
     if response_format.type == "json_object":
         return make_constraint("response_format", json_object=True)
     if response_format.json_schema is None:

@@ -166,6 +166,11 @@ class TokenizeRequest(RequestModel):
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    # llama-server's shape (api/llamacpp/serving_tokenize.py): the text, BOS or not, pieces or not
+    content: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    add_special: bool | None = None
+    parse_special: bool | None = None
+    with_pieces: bool | None = None
 
 
 class DetokenizeRequest(RequestModel):
@@ -329,6 +334,7 @@ class TokenizeResponse(_Response):
 
 class DetokenizeResponse(_Response):
     prompt: str
+    content: str  # the same text under llama-server's name
 
 
 class EmbeddingData(_Response):

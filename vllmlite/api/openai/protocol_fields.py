@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
 
 from vllmlite.api.openai.protocol_tools import (
     MAX_CHOICES,
@@ -152,6 +152,12 @@ class SamplingFields(RequestModel):
     guided_regex: str | None = Field(None, max_length=MAX_SPEC_CHARS)
     guided_choice: list[str] | None = Field(None, max_length=MAX_CHOICES)
     guided_grammar: str | None = Field(None, max_length=MAX_SPEC_CHARS)
+    # llama-server's names (docs/compatibility.md): a GBNF (or Lark) grammar, a JSON schema, the top
+    # n_probs tokens' logprobs of each token, and cache_prompt, accepted (prefix caching is automatic).
+    grammar: str | None = Field(None, max_length=MAX_SPEC_CHARS)
+    json_schema: dict[str, Any] | None = None
+    n_probs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    cache_prompt: bool | None = None
     # vLLM extensions not implemented here: declared only to be rejected (serving.UNSUPPORTED_FIELDS).
     use_beam_search: Any = None
     logits_processors: Any = None
@@ -193,6 +199,19 @@ class SamplingFields(RequestModel):
             if not -LOGIT_BIAS_BOUND <= bias <= LOGIT_BIAS_BOUND:
                 raise ValueError(f"logit_bias values must be in [-{LOGIT_BIAS_BOUND:g}, {LOGIT_BIAS_BOUND:g}], got {bias}")
         return value
+
+    @model_validator(mode="after")
+    def _n_probs_as_logprobs(self) -> SamplingFields:
+        """llama-server's `n_probs`, when the endpoint's own logprobs fields are not sent: completions'
+        `logprobs`, chat's `logprobs` with `top_logprobs`."""
+        fields = type(self).model_fields
+        if not self.n_probs or "logprobs" not in fields or getattr(self, "logprobs") not in (None, False):
+            return self
+        if "top_logprobs" not in fields:
+            self.logprobs = self.n_probs
+        elif self.top_logprobs is None:
+            self.logprobs, self.top_logprobs = True, self.n_probs
+        return self
 
     @property
     def include_usage(self) -> bool:
