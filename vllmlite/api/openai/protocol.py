@@ -257,6 +257,7 @@ class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = ""  # None when the answer is only tool calls
     tool_calls: list[ToolCallOut] = Field(default_factory=list)
+    reasoning: str | None = None  # vLLM's field, always sent: null, since no reasoning parser runs here
 
 
 class ChatChoice(_Response):
@@ -280,6 +281,7 @@ class ChatCompletionResponse(_Response):
 class DeltaMessage(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning: str | None = None  # vLLM's field; sent only when set, as every delta field
     tool_calls: list[ToolCallDelta] | None = None
 
 
