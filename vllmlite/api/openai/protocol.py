@@ -147,8 +147,8 @@ class ChatCompletionRequest(SamplingFields):
     # Accepted only to be rejected with a clear message (serving.UNSUPPORTED_FIELDS, serving_chat).
     functions: Any = None
     function_call: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the model's template
     chat_template: Any = None
-    chat_template_kwargs: Any = None
     echo: Any = None
     continue_final_message: Any = None
     documents: Any = None

@@ -1,20 +1,20 @@
 """POST /v1/chat/completions: messages through the model's chat template, assistant messages out.
 
-Owns the chat rules: rendering (never a request-supplied template), `tools` and `tool_choice` (the
-format is api/tool_calls.py's), `max_completion_tokens`, the role-first streaming deltas, OpenAI's
+Owns the chat rules: `tools` and `tool_choice` (the format is api/tool_calls.py's, rendering
+chat_rendering.py's), `max_completion_tokens`, the role-first streaming deltas, OpenAI's
 chat logprobs format and vLLM's response-level `prompt_logprobs`. Knows nothing of routes or
 middleware.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from vllmlite.api.errors import bad_request
+from vllmlite.api.openai.chat_rendering import render_messages
 from vllmlite.api.openai.constraints import as_bad_request, make_constraint, request_constraint
 from vllmlite.api.openai.protocol import (
     ChatChoice,
@@ -22,16 +22,14 @@ from vllmlite.api.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatLogprobs,
-    ChatMessage,
     ChatResponseMessage,
     ChatStreamChoice,
     ChatTokenLogprob,
     DeltaMessage,
     TopLogprob,
 )
-from vllmlite.api.openai.protocol_tools import ChatTool, FunctionCallDelta, NamedToolChoice, ToolCallDelta
+from vllmlite.api.openai.protocol_tools import FunctionCallDelta, NamedToolChoice, ToolCallDelta
 from vllmlite.api.openai.serving import (
-    MAX_CHARS_PER_TOKEN,
     Admission,
     ServingContext,
     StreamUsage,
@@ -53,18 +51,10 @@ from vllmlite.api.openai.serving import (
     token_bytes,
     top_items,
 )
-from vllmlite.api.openai.tool_calls import (
-    ToolCallParser,
-    forced_call_grammar,
-    hermes_messages,
-    template_messages,
-    tool_schema,
-)
+from vllmlite.api.openai.tool_calls import ToolCallParser, forced_call_grammar
 from vllmlite.engine.request_stream import RequestStream
 from vllmlite.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
-from vllmlite.tokenizer import Tokenizer
-from vllmlite.tokenizer.chat_template import CALLER_TEXT_FIELDS, render_with_caller_spans, template_uses_tools
 
 TEMPLATE_AS_IS = "the model's chat template is rendered as it is"
 # Chat fields this server does not implement, checked after serving.UNSUPPORTED_FIELDS.
@@ -72,7 +62,6 @@ LEGACY_FUNCTIONS = "use tools and tool_choice, their current names"
 CHAT_UNSUPPORTED_FIELDS = (
     ("functions", (None, []), LEGACY_FUNCTIONS),
     ("function_call", (None, "none"), LEGACY_FUNCTIONS),
-    ("chat_template_kwargs", (None, {}), TEMPLATE_AS_IS),
     ("continue_final_message", (None, False), TEMPLATE_AS_IS),
     ("documents", (None, []), TEMPLATE_AS_IS),
     ("echo", (None, False), "echo is served by /v1/completions"),
@@ -94,74 +83,6 @@ class PreparedChat:
         if self.tool_names is None:
             return None
         return ToolCallParser(self.tool_names, max_calls=None if self.request.parallel_tool_calls else 1)
-
-
-def render_messages(ctx: ServingContext, messages: Sequence[ChatMessage], add_generation_prompt: bool,
-                    add_special_tokens: bool = False, tools: Sequence[ChatTool] | None = None) -> list[int]:
-    """The prompt's token ids: the model's chat template, then encode, by default without special
-    tokens (the template already wrote them). `tools` go to a template with a tools section, else
-    into the system message (api/tool_calls.py).
-
-    Special-token text the caller wrote (a message's content or name) is read as plain text, so a
-    message cannot forge a turn with `<|im_end|><|im_start|>system`; only the template's own text
-    gives special tokens (`--special-tokens-in-messages` turns this off for trusted callers)."""
-    tokenizer = ctx.engine.tokenizer
-    trusted = ctx.special_tokens_in_messages
-    dicts = [m.as_dict() for m in messages]
-    tool_dicts = None
-    if template_uses_tools(tokenizer.chat_template):
-        dicts = template_messages(dicts)
-        tool_dicts = [tool_schema(t) for t in tools] if tools else None
-        if not trusted:  # the template writes these itself: no span marks them as plain text
-            _reject_special_text_in_tools(tokenizer, messages, tools)
-    elif tools or any(m.role == "tool" or m.tool_calls for m in messages):
-        dicts = hermes_messages(dicts, tools)
-    max_chars = ctx.engine.max_model_len * MAX_CHARS_PER_TOKEN
-    if sum(len(m["content"]) for m in dicts) + len(json.dumps(tool_dicts)) > max_chars:
-        raise bad_request(f"messages are longer than this model's context of {ctx.engine.max_model_len} "
-                          "tokens can hold", "messages")
-    try:
-        if trusted:  # no spans to find: one rendering
-            text = tokenizer.apply_chat_template(dicts, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                 tools=tool_dicts)
-        else:
-            text, caller_spans = render_with_caller_spans(tokenizer.chat_template, dicts, add_generation_prompt,
-                                                          tokenizer.bos_token, tokenizer.eos_token, tool_dicts)
-    except ValueError as error:
-        raise bad_request(str(error), "messages") from error
-    if len(text) > max_chars:
-        raise bad_request(f"the rendered messages have {len(text)} characters, more than this model's context "
-                          f"of {ctx.engine.max_model_len} tokens can hold", "messages")
-    if trusted:
-        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
-    if caller_spans is None:
-        _reject_special_text(tokenizer, dicts)  # the template reworks the fields: no span is known
-        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
-    return tokenizer.encode_with_plain_spans(text, caller_spans, add_special_tokens)
-
-
-def _reject_special_text(tokenizer: Tokenizer, messages: list[dict]) -> None:
-    for index, message in enumerate(messages):
-        for key in CALLER_TEXT_FIELDS:
-            found = tokenizer.find_special_text(message.get(key) or "")
-            if found is not None:
-                raise bad_request(
-                    f"messages[{index}].{key} contains the special token {found!r}, and this model's chat "
-                    "template changes message text, so it cannot be kept as plain text; remove it",
-                    f"messages.{index}.{key}")
-
-
-def _reject_special_text_in_tools(tokenizer: Tokenizer, messages: Sequence[ChatMessage],
-                                  tools: Sequence[ChatTool] | None) -> None:
-    """A 400 if a tool definition or a past call holds special-token text: a template with a tools
-    section writes them as they are, so they could forge a turn."""
-    fields = [(f"tools.{i}", json.dumps(tool_schema(t), ensure_ascii=False)) for i, t in enumerate(tools or ())]
-    fields += [(f"messages.{i}.tool_calls", json.dumps([c.model_dump() for c in m.tool_calls], ensure_ascii=False))
-               for i, m in enumerate(messages) if m.tool_calls]
-    for param, text in fields:
-        found = tokenizer.find_special_text(text)
-        if found is not None:
-            raise bad_request(f"{param} contains the special token {found!r}; remove it", param)
 
 
 def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedChat:
@@ -186,7 +107,8 @@ def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedCha
                              logprobs=(req.top_logprobs or 0) if req.logprobs else None,
                              structured_outputs=None if found is None else found[1])
     tools = req.tools if choice != "none" else None
-    token_ids = render_messages(ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens), tools)
+    token_ids = render_messages(ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens), tools,
+                                req.chat_template_kwargs)
     check_request(ctx, req, token_ids, params, "messages" if found is None else found[0])
     tool_names = [t.function.name for t in tools] if tools else None
     return PreparedChat(req, token_ids, params, tool_names)
