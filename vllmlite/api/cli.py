@@ -94,6 +94,9 @@ class ServerArgs(EngineArgs):
     special_tokens_in_messages: bool = knob(False, "read special-token text in chat messages (e.g. "
                                                    "<|im_start|>) as the special tokens: only for trusted "
                                                    "callers, since it lets a message forge a system turn")
+    enable_prompt_tokens_details: bool = knob(False, "show usage.prompt_tokens_details.cached_tokens (the prompt "
+                                                     "tokens the prefix cache served) on chat and completions, "
+                                                     "as vLLM's flag does (off: the field is null)")
     enable_debug_endpoints: bool = knob(False, "serve GET /debug/requests, /debug/requests/{id} and /debug/engine "
                                                "(request traces, KV block states, recent steps, the config; "
                                                "behind the API key when there is one)")

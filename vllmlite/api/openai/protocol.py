@@ -200,7 +200,7 @@ class Usage(_Response):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
-    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+    prompt_tokens_details: PromptTokensDetails | None = None  # with --enable-prompt-tokens-details
 
 
 class CompletionLogprobs(_Response):
@@ -228,6 +228,8 @@ class CompletionChoice(_Response):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids (a stream's first chunk of the choice)
+    token_ids: list[int] | None = None         # with return_token_ids: the generated ids (a chunk's new ones)
 
 
 class CompletionResponse(_Response):
@@ -266,6 +268,7 @@ class ChatChoice(_Response):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids
 
 
 class ChatCompletionResponse(_Response):
@@ -276,6 +279,7 @@ class ChatCompletionResponse(_Response):
     choices: list[ChatChoice]
     usage: Usage | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids
 
 
 class DeltaMessage(_Response):
@@ -291,6 +295,7 @@ class ChatStreamChoice(_Response):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids: this chunk's new ids
 
     @field_serializer("delta")
     def _delta_without_nulls(self, delta: DeltaMessage) -> dict:
@@ -304,6 +309,7 @@ class ChatCompletionChunk(_Response):
     model: str
     choices: list[ChatStreamChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids, on each choice's first (role) chunk
 
 
 class ModelCard(_Response):

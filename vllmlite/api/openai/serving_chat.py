@@ -1,9 +1,9 @@
 """POST /v1/chat/completions: messages through the model's chat template, assistant messages out.
 
 Owns the chat rules: `tools` and `tool_choice` (the format is api/tool_calls.py's, rendering
-chat_rendering.py's), `max_completion_tokens`, the role-first streaming deltas, OpenAI's
-chat logprobs format and vLLM's response-level `prompt_logprobs`. Knows nothing of routes or
-middleware.
+chat_rendering.py's), `max_completion_tokens`, the role-first streaming deltas (one choice per
+chunk), OpenAI's chat logprobs format and vLLM's `prompt_logprobs` and `return_token_ids`. Knows
+nothing of routes or middleware.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from vllmlite.api.openai.protocol import (
     ChatTokenLogprob,
     DeltaMessage,
     TopLogprob,
+    Usage,
 )
 from vllmlite.api.openai.protocol_tools import FunctionCallDelta, NamedToolChoice, ToolCallDelta
 from vllmlite.api.openai.serving import (
     Admission,
     ServingContext,
-    StreamUsage,
     admit,
     check_model,
     check_request,
@@ -45,6 +45,7 @@ from vllmlite.api.openai.serving import (
     prompt_logprobs_payload,
     raise_if_failed,
     reject_unsupported,
+    running_usage,
     sampling_params,
     sse_event,
     sse_stream,
@@ -168,10 +169,12 @@ def chat_response(ctx: ServingContext, prepared: PreparedChat, output: RequestOu
         choices.append(ChatChoice(index=completion.index, message=message,
                                   logprobs=_logprobs(req, completion.token_ids, completion.logprobs)
                                   if req.logprobs else None,
-                                  finish_reason=finish_reason, stop_reason=completion.stop_reason))
+                                  finish_reason=finish_reason, stop_reason=completion.stop_reason,
+                                  token_ids=list(completion.token_ids) if req.return_token_ids else None))
     return ChatCompletionResponse(id=request_id, model=ctx.model_name, choices=choices,
-                                  usage=make_usage([output]),
-                                  prompt_logprobs=prompt_logprobs_payload(output, req.prompt_logprobs))
+                                  usage=make_usage([output], ctx.enable_prompt_tokens_details),
+                                  prompt_logprobs=prompt_logprobs_payload(output, req.prompt_logprobs),
+                                  prompt_token_ids=list(output.prompt_token_ids) if req.return_token_ids else None)
 
 
 def _message(prepared: PreparedChat, completion: CompletionOutput) -> tuple[ChatResponseMessage, str | None]:
@@ -200,29 +203,33 @@ class _ChoiceStream:
 
 async def chat_chunks(ctx: ServingContext, prepared: PreparedChat, stream: RequestStream,
                       request_id: str) -> AsyncIterator[ChatCompletionChunk]:
-    """The stream's chunks: each choice's role first, then its deltas, then the usage if asked."""
+    """The stream's chunks, one choice in each (as OpenAI and vLLM send them): each choice's role
+    first (with the prompt's token ids under return_token_ids), then its deltas, then the usage if
+    asked. Under continuous_usage_stats a chunk carries its choice's usage so far."""
     req = prepared.request
     created = int(time.time())
-    counts = StreamUsage(num_prompt_tokens(prepared.prompt_token_ids, prepared.params))
 
-    def chunk(choices: list[ChatStreamChoice], **extra: Any) -> ChatCompletionChunk:
-        usage = counts.usage() if req.continuous_usage else None
+    def chunk(choice: ChatStreamChoice | None, usage: Usage | None = None, **extra: Any) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=request_id, created=created, model=ctx.model_name,
-                                   choices=choices, **{"usage": usage, **extra})
+                                   choices=[] if choice is None else [choice], usage=usage, **extra)
 
+    num_prompt = num_prompt_tokens(prepared.prompt_token_ids, prepared.params)
+    prompt_ids = prepared.prompt_token_ids[len(prepared.prompt_token_ids) - num_prompt:]
     for index in range(req.n):
-        yield chunk([ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+        yield chunk(ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")),
+                    running_usage(num_prompt, 0) if req.continuous_usage else None,
+                    prompt_token_ids=prompt_ids if req.return_token_ids else None)
     states = [_ChoiceStream(prepared.new_parser()) for _ in range(req.n)]
     last: RequestOutput | None = None
     async for last in stream:
         raise_if_failed(last)
-        counts.update(0, last, first_choice=0)
-        choices = [choice for completion in last.outputs
-                   if (choice := _delta_choice(req, completion, states[completion.index])) is not None]
-        if choices:
-            yield chunk(choices)
+        for completion in last.outputs:
+            choice = _delta_choice(req, completion, states[completion.index])
+            if choice is not None:
+                yield chunk(choice, running_usage(len(last.prompt_token_ids), len(completion.token_ids))
+                            if req.continuous_usage else None)
     if req.include_usage and last is not None:
-        yield chunk([], usage=make_usage([last]))
+        yield chunk(None, make_usage([last], ctx.enable_prompt_tokens_details))
 
 
 def _delta_choice(req: ChatCompletionRequest, completion: CompletionOutput,
@@ -237,8 +244,8 @@ def _delta_choice(req: ChatCompletionRequest, completion: CompletionOutput,
             rest = state.parser.finish()
             parsed.content, parsed.calls = parsed.content + rest.content, parsed.calls + rest.calls
         text, calls = parsed.content, parsed.calls
-    has_logprobs = req.logprobs and bool(completion.delta_token_ids)
-    if not text and not calls and not has_logprobs and completion.finish_reason is None:
+    has_tokens = (req.logprobs or bool(req.return_token_ids)) and bool(completion.delta_token_ids)
+    if not text and not calls and not has_tokens and completion.finish_reason is None:
         return None  # e.g. a token holding half a UTF-8 character: its text comes with the next one
     state.is_finished = completion.finish_reason is not None
     tool_deltas = [ToolCallDelta(index=state.num_calls + i, id=call.id, type="function",
@@ -250,7 +257,8 @@ def _delta_choice(req: ChatCompletionRequest, completion: CompletionOutput,
     delta = DeltaMessage(content=text or None, tool_calls=tool_deltas or None)
     return ChatStreamChoice(index=completion.index, delta=delta, logprobs=logprobs,
                             finish_reason=_finish_reason(completion.finish_reason, state.num_calls),
-                            stop_reason=completion.stop_reason)
+                            stop_reason=completion.stop_reason,
+                            token_ids=list(completion.delta_token_ids) if req.return_token_ids else None)
 
 
 def _logprobs(req: ChatCompletionRequest, token_ids: Sequence[int],
