@@ -39,7 +39,7 @@ class ServingContext:
     engine: EngineClient
     model_name: str
     special_tokens_in_messages: bool
-    enable_prompt_tokens_details: bool = False
+    with_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,7 @@ def chat_response(ctx: ServingContext, prepared: PreparedChat, output: RequestOu
                                   finish_reason=finish_reason, stop_reason=completion.stop_reason,
                                   token_ids=list(completion.token_ids) if req.return_token_ids else None))
     return ChatCompletionResponse(id=request_id, model=ctx.model_name, choices=choices,
-                                  usage=make_usage([output], ctx.enable_prompt_tokens_details),
+                                  usage=make_usage([output], ctx.with_prompt_tokens_details),
                                   prompt_logprobs=prompt_logprobs_payload(output, req.prompt_logprobs),
                                   prompt_token_ids=list(output.prompt_token_ids) if req.return_token_ids else None)
 
@@ -229,7 +229,7 @@ async def chat_chunks(ctx: ServingContext, prepared: PreparedChat, stream: Reque
                 yield chunk(choice, running_usage(len(last.prompt_token_ids), len(completion.token_ids))
                             if req.continuous_usage else None)
     if req.include_usage and last is not None:
-        yield chunk(None, make_usage([last], ctx.enable_prompt_tokens_details))
+        yield chunk(None, make_usage([last], ctx.with_prompt_tokens_details))
 
 
 def _delta_choice(req: ChatCompletionRequest, completion: CompletionOutput,

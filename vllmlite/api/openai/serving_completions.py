@@ -198,7 +198,7 @@ def _response(ctx: ServingContext, prepared: PreparedCompletion, outputs: Sequen
                 **_token_ids(req, output.prompt_token_ids, completion.token_ids)))
     choices.sort(key=lambda c: c.index)
     return CompletionResponse(id=request_id, model=ctx.model_name, choices=choices,
-                              usage=make_usage(outputs, ctx.enable_prompt_tokens_details))
+                              usage=make_usage(outputs, ctx.with_prompt_tokens_details))
 
 
 def _token_ids(req: CompletionRequest, prompt_ids: Sequence[int] | None, token_ids: Sequence[int]) -> dict:
@@ -228,7 +228,7 @@ async def _chunks(ctx: ServingContext, prepared: PreparedCompletion, streams, re
             state.finished_outputs[prompt_index] = output
     if req.include_usage:
         usage = make_usage([state.finished_outputs[i] for i in sorted(state.finished_outputs)],
-                           ctx.enable_prompt_tokens_details)
+                           ctx.with_prompt_tokens_details)
         yield sse_event(CompletionResponse(id=request_id, created=created, model=ctx.model_name,
                                            choices=[], usage=usage))
 

@@ -211,7 +211,7 @@ def response_object(ctx: ServingContext, req: ResponsesRequest, response_id: str
 def _with_cached_tokens(ctx: ServingContext) -> ServingContext:
     """The Responses API always reports the cached input tokens (as vLLM's does): the chat usage it
     is built from must carry them, whatever --enable-prompt-tokens-details says for chat."""
-    return replace(ctx, enable_prompt_tokens_details=True)
+    return replace(ctx, with_prompt_tokens_details=True)
 
 
 def _usage(usage: Usage) -> ResponseUsage:
