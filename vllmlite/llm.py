@@ -48,6 +48,11 @@ class LLM:
         return self._run(self._add_requests(prompts, self._params_per_prompt(sampling_params, len(prompts))),
                          use_tqdm)
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: the sampling params a request gets when it gives none (a new object, free to change).
+        No model here carries generation defaults, so these are SamplingParams()'s."""
+        return SamplingParams()
+
     def embed(self, prompts: PromptInput | Sequence[PromptInput],
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
               use_tqdm: bool | Callable[..., tqdm] = True) -> list[EmbeddingRequestOutput]:
