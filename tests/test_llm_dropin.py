@@ -1,6 +1,7 @@
 """The offline API as vLLM's example scripts use it (issue 33, second round): `from vllmlite import
 EngineArgs`, `EngineArgs.add_cli_args` on a `FlexibleArgumentParser` whose parsed flags are `LLM`'s
-keywords, `LLM.get_default_sampling_params()`."""
+keywords, `LLM.get_default_sampling_params()`, and `LLM.chat` with `chat_template` and
+`chat_template_kwargs`, its outputs carrying the rendered prompt."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ import pytest
 import vllmlite
 from vllmlite import LLM, EngineArgs, SamplingParams
 from vllmlite.utils.argparse_utils import FlexibleArgumentParser
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+THINKING = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}" \
+           "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +80,24 @@ def test_default_sampling_params_are_a_fresh_default_object(llm):
     assert first is not second and first == SamplingParams()
     first.max_tokens = 2
     assert second.max_tokens == SamplingParams().max_tokens
+
+
+# --- 5. LLM.chat: chat_template, chat_template_kwargs, the rendered prompt ---------------------------
+
+def test_chat_outputs_carry_the_rendered_prompt(llm):
+    (output,) = llm.chat(CONVERSATION, GREEDY, use_tqdm=False)
+    tokenizer = llm.get_tokenizer()
+    assert output.prompt == tokenizer.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True)
+    assert output.prompt_token_ids == tokenizer.encode(output.prompt, add_special_tokens=False)
+
+
+def test_chat_renders_a_given_template_with_its_kwargs(llm):
+    outputs = llm.chat([CONVERSATION, CONVERSATION[1:]], GREEDY, use_tqdm=False, chat_template=THINKING,
+                       chat_template_kwargs={"enable_thinking": False})
+    assert [o.prompt for o in outputs] == ["system: Be brief.\nuser: Hello\n<think></think>",
+                                           "user: Hello\n<think></think>"]
+    assert all(o.prompt_token_ids == list(o.prompt.encode()) for o in outputs)  # the byte tokenizer
+    (plain,) = llm.chat(CONVERSATION, GREEDY, use_tqdm=False, chat_template=THINKING)
+    assert plain.prompt == "system: Be brief.\nuser: Hello\n"
+    with pytest.raises(ValueError, match="'messages'"):
+        llm.chat(CONVERSATION, GREEDY, use_tqdm=False, chat_template_kwargs={"messages": []})

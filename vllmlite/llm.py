@@ -1,5 +1,5 @@
-"""The offline API, vLLM's surface: `LLM(model=..., **engine_args).generate(prompts, SamplingParams(...))`
-and `.embed(prompts)`.
+"""The offline API, vLLM's surface: `LLM(model=..., **engine_args).generate(prompts, SamplingParams(...))`,
+`.chat(conversations)` and `.embed(prompts)`.
 
 A thin loop over LLMEngine.step(); outputs come back in input order. The keywords are EngineArgs'
 fields, vLLM's names included.
@@ -45,8 +45,9 @@ class LLM:
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
-        return self._run(self._add_requests(prompts, self._params_per_prompt(sampling_params, len(prompts))),
-                         use_tqdm)
+        outputs = self._run(self._add_requests(prompts, self._params_per_prompt(sampling_params, len(prompts))),
+                            use_tqdm)
+        return _with_prompt_texts(outputs, prompts)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's: the sampling params a request gets when it gives none (a new object, free to change).
@@ -62,7 +63,7 @@ class LLM:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         params = self._params_per_prompt(pooling_params, len(prompts), PoolingParams)
-        return self._run(self._add_requests(prompts, params), use_tqdm)
+        return _with_prompt_texts(self._run(self._add_requests(prompts, params), use_tqdm), prompts)
 
     def _add_requests(self, prompts: Sequence[PromptInput], params: list) -> list[str]:
         ids = []
@@ -75,15 +76,20 @@ class LLM:
 
     def chat(self, messages: list[dict] | Sequence[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             add_generation_prompt: bool = True,
-             use_tqdm: bool | Callable[..., tqdm] = True) -> list[RequestOutput]:
-        """Render each conversation through the model's chat template, then generate."""
+             use_tqdm: bool | Callable[..., tqdm] = True, *, chat_template: str | None = None,
+             add_generation_prompt: bool = True, tools: list[dict] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """vLLM's `LLM.chat`: render each conversation, then generate; each output's `prompt` is the
+        rendered text. `chat_template` replaces the model's template (rendered in the same jinja
+        sandbox), `tools` reach a template with a tools section, and `chat_template_kwargs` are
+        extra variables the template reads (Qwen3's `enable_thinking`)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.engine.tokenizer
         prompts = []
         for conversation in conversations:
-            text = tokenizer.apply_chat_template(conversation, tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt)
+            text = tokenizer.apply_chat_template(conversation, tokenize=False, chat_template=chat_template,
+                                                 add_generation_prompt=add_generation_prompt, tools=tools,
+                                                 **(chat_template_kwargs or {}))
             prompts.append({"prompt": text,
                             "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm)
@@ -112,6 +118,15 @@ class LLM:
         if progress is not None:
             progress.close()
         return [finished[i] for i in request_ids]
+
+
+def _with_prompt_texts(outputs: list, prompts: Sequence[PromptInput]) -> list:
+    """Outputs whose prompt was given as token ids with its text beside them (a rendered chat) carry
+    that text as their `prompt`, as vLLM's do."""
+    for output, prompt in zip(outputs, prompts):
+        if output.prompt is None and isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
+            output.prompt = prompt["prompt"]
+    return outputs
 
 
 def _prompt_value(prompt: PromptInput) -> str | list[int]:
