@@ -176,6 +176,46 @@ def test_special_token_text_in_a_template_kwarg_is_refused_unless_trusted():
     assert tokenizer.decode(trusted, skip_special_tokens=False).endswith(forged["note"])
 
 
+# --- 6. structural tags ------------------------------------------------------------------------------
+
+CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"],
+        "additionalProperties": False}
+FORCED_CALL = {"type": "structural_tag", "format": {
+    "type": "triggered_tags", "triggers": ["<function="], "at_least_one": True, "stop_after_first": True,
+    "tags": [{"begin": "<function=get_weather>", "content": {"type": "regex", "pattern": '\\{"city": "(Paris|Oslo)"\\}'},
+              "end": "</function>"}]}}
+
+
+@pytest.mark.parametrize("field", ["response_format", "structured_outputs"])
+def test_a_structural_tag_constrains_the_output(client, field):
+    body = ({"response_format": FORCED_CALL} if field == "response_format"
+            else {"structured_outputs": {"structural_tag": json.dumps(FORCED_CALL)}})
+    chat = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=60, seed=1, extra_body=body)
+    text, finish = chat.choices[0].message.content, chat.choices[0].finish_reason
+    assert text.startswith("<function=get_weather>") and text.endswith("</function>") and finish == "stop"
+    assert json.loads(text[len("<function=get_weather>"):-len("</function>")])["city"] in ("Paris", "Oslo")
+
+
+def test_the_legacy_structural_tag_of_vllms_example_is_served(client):
+    legacy = {"type": "structural_tag", "triggers": ["<function="],
+              "structures": [{"begin": "<function=get_weather>", "schema": CITY, "end": "</function>"}]}
+    chat = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=8, response_format=legacy)
+    assert chat.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("response_format, param", [
+    ({"type": "structural_tag", "triggers": ["<f="], "structures": [{"begin": "<g>", "schema": {}, "end": "</g>"}]},
+     "response_format"),
+    ({"type": "structural_tag", "format": {"type": "any_text"}, "triggers": ["<"]}, "response_format"),
+    ({"type": "structural_tag"}, "response_format"),
+    ({"type": "json_object", "triggers": ["<"]}, "response_format.triggers"),
+])
+def test_a_bad_structural_tag_is_a_400_naming_the_field(client, response_format, param):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=MODEL, messages=USER, max_tokens=1, response_format=response_format)
+    assert raised.value.body["param"] == param
+
+
 # --- 7. usage only with include_usage; prompt_tokens_details behind the flag ---------------------
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
