@@ -1,5 +1,5 @@
-"""The offline API, vLLM's surface: `LLM(model=..., **engine_args).generate(prompts, SamplingParams(...))`,
-`.chat(conversations)` and `.embed(prompts)`.
+"""The offline API, vLLM's surface: `LLM(model=..., **engine_args).generate(prompts, SamplingParams(...))`
+and `.embed(prompts)`.
 
 A thin loop over LLMEngine.step(); outputs come back in input order. The keywords are EngineArgs'
 fields, vLLM's names included.
@@ -35,6 +35,11 @@ class LLM:
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: the sampling params a request gets when it gives none (a new object, free to change).
+        No model here carries generation defaults, so these are SamplingParams()'s."""
+        return SamplingParams()
+
     def generate(self, prompts: PromptInput | Sequence[PromptInput],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool | Callable[..., tqdm] = True) -> list[RequestOutput]:
@@ -45,14 +50,8 @@ class LLM:
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
-        outputs = self._run(self._add_requests(prompts, self._params_per_prompt(sampling_params, len(prompts))),
-                            use_tqdm)
-        return _with_prompt_texts(outputs, prompts)
-
-    def get_default_sampling_params(self) -> SamplingParams:
-        """vLLM's: the sampling params a request gets when it gives none (a new object, free to change).
-        No model here carries generation defaults, so these are SamplingParams()'s."""
-        return SamplingParams()
+        return self._run(self._add_requests(prompts, self._params_per_prompt(sampling_params, len(prompts))),
+                         use_tqdm)
 
     def embed(self, prompts: PromptInput | Sequence[PromptInput],
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
@@ -63,7 +62,7 @@ class LLM:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         params = self._params_per_prompt(pooling_params, len(prompts), PoolingParams)
-        return _with_prompt_texts(self._run(self._add_requests(prompts, params), use_tqdm), prompts)
+        return self._run(self._add_requests(prompts, params), use_tqdm)
 
     def _add_requests(self, prompts: Sequence[PromptInput], params: list) -> list[str]:
         ids = []
@@ -92,7 +91,10 @@ class LLM:
                                                  **(chat_template_kwargs or {}))
             prompts.append({"prompt": text,
                             "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
-        return self.generate(prompts, sampling_params, use_tqdm)
+        outputs = self.generate(prompts, sampling_params, use_tqdm)
+        for output, prompt in zip(outputs, prompts):
+            output.prompt = prompt["prompt"]  # the engine got ids; vLLM's chat outputs carry the text
+        return outputs
 
     @staticmethod
     def _params_per_prompt(params, count: int, kind: type = SamplingParams) -> list:
@@ -118,15 +120,6 @@ class LLM:
         if progress is not None:
             progress.close()
         return [finished[i] for i in request_ids]
-
-
-def _with_prompt_texts(outputs: list, prompts: Sequence[PromptInput]) -> list:
-    """Outputs whose prompt was given as token ids with its text beside them (a rendered chat) carry
-    that text as their `prompt`, as vLLM's do."""
-    for output, prompt in zip(outputs, prompts):
-        if output.prompt is None and isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
-            output.prompt = prompt["prompt"]
-    return outputs
 
 
 def _prompt_value(prompt: PromptInput) -> str | list[int]:

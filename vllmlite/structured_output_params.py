@@ -11,8 +11,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllmlite.structural_tag import structural_tag_grammar
-
 MAX_CHOICES = 1024
 MAX_SPEC_CHARS = 1 << 16  # a schema (as JSON text), regex, grammar or all choices: bounds compile time
 
@@ -112,6 +110,8 @@ class StructuredOutputsParams:
             except ValueError as error:
                 raise ValueError(f"structured_outputs.json is not a valid JSON schema: {error}") from None
         if kind == "structural_tag":
+            from vllmlite.structural_tag import structural_tag_grammar
+
             try:
                 return structural_tag_grammar(spec, flexible_whitespace=not no_whitespace)
             except ValueError as error:

@@ -208,7 +208,7 @@ def test_the_legacy_structural_tag_of_vllms_example_is_served(client):
      "response_format"),
     ({"type": "structural_tag", "format": {"type": "any_text"}, "triggers": ["<"]}, "response_format"),
     ({"type": "structural_tag"}, "response_format"),
-    ({"type": "json_object", "triggers": ["<"]}, "response_format.triggers"),
+    ({"type": "json_object", "triggers": ["<"]}, "response_format"),
 ])
 def test_a_bad_structural_tag_is_a_400_naming_the_field(client, response_format, param):
     with pytest.raises(openai.BadRequestError) as raised:

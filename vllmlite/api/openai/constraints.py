@@ -47,17 +47,11 @@ def request_constraint(req: SamplingFields) -> tuple[str, StructuredOutputsParam
 
 def _from_response_format(req: SamplingFields) -> StructuredOutputsParams:
     response_format = req.response_format
-    tag_fields = response_format.model_dump(include={"structures", "triggers", "format"}, exclude_none=True)
-    if response_format.type == "structural_tag":
-        if ("format" in tag_fields) == ("structures" in tag_fields or "triggers" in tag_fields):
-            raise bad_request("a structural_tag response_format takes `format`, or `structures` and `triggers`",
-                              "response_format")
-        return make_constraint("response_format", structural_tag=json.dumps({"type": "structural_tag", **tag_fields}))
-    if tag_fields:
-        raise bad_request(f"response_format.{next(iter(tag_fields))} belongs to type 'structural_tag'",
-                          f"response_format.{next(iter(tag_fields))}")
     if response_format.type == "json_object":
         return make_constraint("response_format", json_object=True)
+    if response_format.type == "structural_tag":  # vLLM's; its shape is checked by the request model
+        fields = response_format.model_dump(include={"structures", "triggers", "format"}, exclude_none=True)
+        return make_constraint("response_format", structural_tag=json.dumps({"type": "structural_tag", **fields}))
     if response_format.json_schema is None:
         raise bad_request("response_format.json_schema is required when response_format.type is 'json_schema'",
                           "response_format.json_schema")
