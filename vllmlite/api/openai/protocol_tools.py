@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from vllmlite.structured_output_params import MAX_CHOICES, MAX_SPEC_CHARS
 
@@ -78,15 +78,6 @@ class ResponseFormat(_Strict):
     structures: list[dict[str, Any]] | None = Field(None, max_length=MAX_TOOLS)
     triggers: list[str] | None = Field(None, max_length=MAX_TOOLS)
     format: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _structural_tag_fields(self) -> ResponseFormat:
-        has_legacy, has_format = self.structures is not None or self.triggers is not None, self.format is not None
-        if self.type != "structural_tag" and (has_legacy or has_format):
-            raise ValueError("structures, triggers and format belong to type 'structural_tag'")
-        if self.type == "structural_tag" and has_legacy == has_format:
-            raise ValueError("a structural_tag takes `format`, or `structures` and `triggers`")
-        return self
 
 
 class StructuredOutputs(_Strict):
