@@ -34,7 +34,7 @@ VALUES = {"model": "random", "tokenizer": "random", "dtype": "float64", "seed": 
           "kernels": "numpy", "quantization": "none", "tensor_parallel_size": 1, "kv_cache_dtype": "auto",
           "trust_remote_code": True, "enforce_eager": True, "disable_custom_all_reduce": True,
           "cpu_offload_gb": 2.0, "disable_log_stats": True, "pooling": "mean", "trace_ring_size": 10,
-          "trace_max_events": 5, "debug_store_prompts": True}
+          "trace_max_events": 5, "debug_store_prompts": True, "runner": "pooling"}
 NOT_IN_VALUES = {"gpu_memory_utilization",  # exclusive with kv_cache_memory; tested on its own
                  "device"}  # cuda needs a GPU to build an engine; tested below and in tests/models/test_torch_backend.py
 

@@ -8,6 +8,7 @@ Knows nothing of HTTP, requests or tensors.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -27,12 +28,14 @@ from vllmlite.config import (
     SpeculativeConfig,
     TraceConfig,
 )
+from vllmlite.utils.argparse_utils import ArgumentContainer, add_dataclass_args
 
 logger = logging.getLogger("vllmlite.engine_args")
 
 # Knobs that LLM() and the tests' engine factory also take from VLLMLITE_<NAME> when not given (the
 # server's CLI reads every knob's variable itself). The one place the engine's environment is read.
 ENV_KNOBS = ("kernels", "quantization")
+RUNNERS = ("auto", "generate", "pooling")  # vLLM's --runner; one engine here generates and embeds
 
 # dtype names vLLM users pass -> the dtype computed here; half precisions are computed in float32
 # (numpy has no bfloat16, and float16 matmuls on the CPU are slower than float32 ones).
@@ -155,6 +158,21 @@ class EngineArgs:
     cpu_offload_gb: float = knob(0.0, "GPU-only (weights already live in RAM); ignored", ignored="GPU-only")
     disable_log_stats: bool = knob(False, "accepted for vLLM's scripts; ignored",
                                    ignored="the engine logs no periodic stats")
+    runner: str = knob("auto", f"vLLM's model runner ({', '.join(RUNNERS)}): any engine here both generates "
+                               "and embeds, so the choice changes nothing",
+                       ignored="one engine serves LLM.generate and LLM.embed alike")
+
+    @staticmethod
+    def add_cli_args(parser: ArgumentContainer) -> ArgumentContainer:
+        """vLLM's `EngineArgs.add_cli_args`: a flag per knob (`--max-model-len`, `--no-enable-prefix-caching`)
+        on `parser` or an argument group of one, defaults the knobs' own; returns it. The flags' values,
+        `vars(parser.parse_args())`, are keywords `LLM(...)` takes (less the script's own flags)."""
+        return add_dataclass_args(parser, EngineArgs)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        """The EngineArgs in parsed flags (the script's own flags are left out)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
     def create_engine_config(self) -> EngineConfig:
         """The validated runtime config (a ValueError names the bad knob); logs what has no effect here."""
@@ -169,6 +187,7 @@ class EngineArgs:
         _require(self.kv_cache_dtype == "auto",
                  f"kv_cache_dtype must be 'auto' (the model's dtype), got {self.kv_cache_dtype!r}")
         _require(self.cpu_offload_gb >= 0, f"cpu_offload_gb must be >= 0, got {self.cpu_offload_gb!r}")
+        _require(self.runner in RUNNERS, f"runner must be one of {RUNNERS}, got {self.runner!r}")
         _require(self.tokenizer in (None, self.model) or Path(self.tokenizer).resolve() == Path(self.model).resolve(),
                  f"tokenizer must be unset or the model ({self.model!r}): a separate tokenizer is not "
                  f"supported, got {self.tokenizer!r}")

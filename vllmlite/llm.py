@@ -36,6 +36,11 @@ class LLM:
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: the sampling params a request gets when it gives none (a new object, free to change).
+        No model here carries generation defaults, so these are SamplingParams()'s."""
+        return SamplingParams()
+
     def generate(self, prompts: PromptInput | Sequence[PromptInput],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool | Callable[..., tqdm] = True) -> list[RequestOutput]:
@@ -108,18 +113,26 @@ class LLM:
 
     def chat(self, messages: list[dict] | Sequence[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             add_generation_prompt: bool = True,
-             use_tqdm: bool | Callable[..., tqdm] = True) -> list[RequestOutput]:
-        """Render each conversation through the model's chat template, then generate."""
+             use_tqdm: bool | Callable[..., tqdm] = True, *, chat_template: str | None = None,
+             add_generation_prompt: bool = True, tools: list[dict] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """vLLM's `LLM.chat`: render each conversation, then generate; each output's `prompt` is the
+        rendered text. `chat_template` replaces the model's template (rendered in the same jinja
+        sandbox), `tools` reach a template with a tools section, and `chat_template_kwargs` are
+        extra variables the template reads (Qwen3's `enable_thinking`)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.engine.tokenizer
         prompts = []
         for conversation in conversations:
-            text = tokenizer.apply_chat_template(conversation, tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt)
+            text = tokenizer.apply_chat_template(conversation, tokenize=False, chat_template=chat_template,
+                                                 add_generation_prompt=add_generation_prompt, tools=tools,
+                                                 **(chat_template_kwargs or {}))
             prompts.append({"prompt": text,
                             "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
-        return self.generate(prompts, sampling_params, use_tqdm)
+        outputs = self.generate(prompts, sampling_params, use_tqdm)
+        for output, prompt in zip(outputs, prompts):
+            output.prompt = prompt["prompt"]  # the engine got ids; vLLM's chat outputs carry the text
+        return outputs
 
     @staticmethod
     def _params_per_prompt(params, count: int, kind: type = SamplingParams) -> list:

@@ -1,7 +1,8 @@
 """StructuredOutputsParams: a constraint on a request's output (vLLM's names), and its grammar text.
 
-Owns the fields, their validation and the translation into an llguidance grammar; knows nothing of
-tokenizers, models or requests. Compiling a grammar against a vocabulary is structured_output.py's.
+Owns the fields, their validation and the translation into an llguidance grammar (a structural tag's
+is structural_tag.py's); knows nothing of tokenizers, models or requests. Compiling a grammar against
+a vocabulary is structured_output.py's.
 """
 
 from __future__ import annotations
@@ -14,21 +15,23 @@ MAX_CHOICES = 1024
 MAX_SPEC_CHARS = 1 << 16  # a schema (as JSON text), regex, grammar or all choices: bounds compile time
 
 # vLLM fields this implementation refuses when set (they name other backends' features).
-_UNSUPPORTED = ("disable_additional_properties", "whitespace_pattern", "structural_tag")
+_UNSUPPORTED = ("disable_additional_properties", "whitespace_pattern")
+KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 @dataclass
 class StructuredOutputsParams:
     """Exactly one constraint: `json` (a JSON schema, as a dict or its JSON text), `regex`, `choice`
-    (the output is one of these strings), `grammar` (Lark, or GBNF/EBNF as llama.cpp writes it) or
-    `json_object=True` (any JSON object).
+    (the output is one of these strings), `grammar` (Lark, or GBNF/EBNF as llama.cpp writes it),
+    `json_object=True` (any JSON object) or `structural_tag` (vLLM's JSON text: free text with
+    tags that trigger constrained parts, or xgrammar's format objects; see structural_tag.py).
 
     >>> StructuredOutputsParams(choice=["yes", "no"]).kind
     'choice'
     >>> StructuredOutputsParams(regex="a", choice=["a"])
     Traceback (most recent call last):
     ...
-    ValueError: structured_outputs takes exactly one of json, regex, choice, grammar, json_object; got regex, choice
+    ValueError: structured_outputs takes exactly one of json, regex, choice, grammar, json_object, structural_tag; got regex, choice
     """
 
     json: str | dict | None = None
@@ -51,10 +54,9 @@ class StructuredOutputsParams:
         for name in ("disable_fallback", "disable_any_whitespace"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"structured_outputs.{name} must be a boolean")
-        set_kinds = [k for k in ("json", "regex", "choice", "grammar", "json_object")
-                     if getattr(self, k) not in (None, False)]
+        set_kinds = [k for k in KINDS if getattr(self, k) not in (None, False)]
         if len(set_kinds) != 1:
-            raise ValueError("structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
+            raise ValueError(f"structured_outputs takes exactly one of {', '.join(KINDS)}; "
                              f"got {', '.join(set_kinds) or 'none'}")
         self._check_types()
         spec = getattr(self, self.kind)
@@ -66,7 +68,7 @@ class StructuredOutputsParams:
     def _check_types(self) -> None:
         if self.json is not None and not isinstance(self.json, (str, dict)):
             raise ValueError("structured_outputs.json must be a JSON schema (a dict or its JSON text)")
-        for name in ("regex", "grammar"):
+        for name in ("regex", "grammar", "structural_tag"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"structured_outputs.{name} must be a non-empty string")
@@ -80,9 +82,8 @@ class StructuredOutputsParams:
 
     @property
     def kind(self) -> str:
-        """Which constraint is set: "json", "regex", "choice", "grammar" or "json_object"."""
-        return next(k for k in ("json", "regex", "choice", "grammar", "json_object")
-                    if getattr(self, k) not in (None, False))
+        """Which constraint is set: one of KINDS."""
+        return next(k for k in KINDS if getattr(self, k) not in (None, False))
 
     @property
     def key(self) -> tuple[str, str, bool]:
@@ -108,6 +109,13 @@ class StructuredOutputsParams:
                 return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
             except ValueError as error:
                 raise ValueError(f"structured_outputs.json is not a valid JSON schema: {error}") from None
+        if kind == "structural_tag":
+            from vllmlite.structural_tag import structural_tag_grammar
+
+            try:
+                return structural_tag_grammar(spec, flexible_whitespace=not no_whitespace)
+            except ValueError as error:
+                raise ValueError(f"structured_outputs.structural_tag is invalid: {error}") from None
         fmt = {"regex": "regex", "choice": "choice", "grammar": "grammar"}[kind]
         try:
             return llguidance.grammar_from(fmt, spec)

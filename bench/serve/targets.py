@@ -74,8 +74,9 @@ def launch_command(target: Target, model: str, gguf_path: str | None, ctx_per_sl
     parallel slots x `ctx_per_slot` (its KV is split evenly across slots): `-np 8` -> `-c 8 * 448`.
     """
     if target.kind == OURS:
+        # --enable-prompt-tokens-details: the usage then reports the prefix cache's tokens (cached_tokens)
         argv = [sys.executable, "-m", "vllmlite.api.server", "--port", str(port), "--model", model,
-                "--log-level", "warning", *target.args]
+                "--log-level", "warning", "--enable-prompt-tokens-details", *target.args]
         return argv, dict(OURS_ENV)
     if not LLAMA_SERVER_BIN.exists():
         raise FileNotFoundError(f"{LLAMA_SERVER_BIN} not built: run bash bench/build_llama_server.sh")

@@ -60,7 +60,6 @@ def test_max_completion_tokens_wins_over_max_tokens(client, stream):
 
 
 @pytest.mark.parametrize(("name", "value"), [
-    ("chat_template_kwargs", {"enable_thinking": False}),
     ("continue_final_message", True),
     ("documents", [{"title": "t", "text": "d"}]),
     ("echo", True),

@@ -143,11 +143,12 @@ def test_best_of_returns_n_choices(client):
     assert len(result.choices) == 1 and result.choices[0].index == 0
 
 
-def test_prefix_cache_reports_cached_tokens(client):
+def test_prompt_tokens_details_are_null_without_the_flag(client):
+    """As vLLM without --enable-prompt-tokens-details (tests/api/test_server_dropin.py has the flag)."""
     prompt = "a shared system prompt that spans several blocks of sixteen tokens each, " * 2
     client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, **GREEDY)
     again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, **GREEDY)
-    assert again.usage.prompt_tokens_details.cached_tokens >= 16
+    assert again.usage.prompt_tokens_details is None
 
 
 def test_models_version_tokenize_detokenize(server, client):

@@ -159,36 +159,40 @@ def test_echo_and_prompt_logprobs_keep_their_own_sizes(client):
 
 # --- stream_options.continuous_usage_stats ---------------------------------------------------------------
 
-def test_continuous_usage_counts_each_chunks_tokens_and_ends_at_the_total(client):
+def test_continuous_usage_counts_each_choices_tokens_and_ends_at_the_total(client):
+    """As vLLM counts it: a chunk (one choice) carries its own prompt's tokens and its own choice's
+    tokens so far; the final usage chunk is the whole response's."""
     kwargs = dict(model=MODEL, prompt=["usage one", "usage two!"], max_tokens=6, n=2, logprobs=0, **GREEDY)
     whole = client.completions.create(**kwargs)
     chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True,
                                                                          "continuous_usage_stats": True}, **kwargs))
     *content, final = chunks
     assert final.choices == [] and final.usage == whole.usage
-    previous = 0
+    previous = dict.fromkeys(range(4), 0)
     for chunk in content:
-        num_tokens = sum(len(choice.logprobs.tokens) for choice in chunk.choices)
-        assert num_tokens >= 1 and chunk.usage.completion_tokens == previous + num_tokens
-        assert chunk.usage.prompt_tokens == whole.usage.prompt_tokens
+        (choice,) = chunk.choices
+        num_tokens = len(choice.logprobs.tokens)
+        assert num_tokens >= 1 and chunk.usage.completion_tokens == previous[choice.index] + num_tokens
+        assert chunk.usage.prompt_tokens == 1 + len(kwargs["prompt"][choice.index // 2])  # BOS + bytes
         assert chunk.usage.total_tokens == chunk.usage.prompt_tokens + chunk.usage.completion_tokens
-        previous = chunk.usage.completion_tokens
-    assert content[-1].usage == whole.usage and previous == 4 * 6
+        previous[choice.index] = chunk.usage.completion_tokens
+    assert previous == dict.fromkeys(range(4), 6) and whole.usage.completion_tokens == 4 * 6
 
 
 def test_continuous_usage_in_chat_starts_at_zero_with_the_role(client):
     kwargs = dict(model=MODEL, messages=USER, max_tokens=5, logprobs=True, **GREEDY)
     whole = client.chat.completions.create(**kwargs)
-    chunks = list(client.chat.completions.create(stream=True, stream_options={"continuous_usage_stats": True},
-                                                 **kwargs))
-    role, *content = chunks
+    chunks = list(client.chat.completions.create(
+        stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}, **kwargs))
+    role, *content, final = chunks
     assert role.choices[0].delta.role == "assistant"
     assert role.usage.completion_tokens == 0 and role.usage.prompt_tokens == whole.usage.prompt_tokens
     previous = 0
-    for chunk in content:  # no include_usage: no usage-only chunk at the end
+    for chunk in content:
         assert chunk.choices and chunk.usage.completion_tokens == previous + len(chunk.choices[0].logprobs.content)
         previous = chunk.usage.completion_tokens
     assert content[-1].usage.completion_tokens == whole.usage.completion_tokens == 5
+    assert final.choices == [] and final.usage == whole.usage
 
 
 def test_without_continuous_usage_chunks_carry_no_usage(client):
@@ -335,7 +339,7 @@ def test_tokenize_messages_honours_add_special_tokens(server):
 
 
 UNUSED_VLLM_FIELDS = [
-    ("logits_processors", ["my.module:proc"]), ("return_token_ids", True), ("spaces_between_special_tokens", False),
+    ("logits_processors", ["my.module:proc"]), ("spaces_between_special_tokens", False),
 ]
 UNUSED_CHAT_FIELDS = [("echo", True), ("continue_final_message", True), ("documents", [{"text": "d"}]),
                       ("use_beam_search", True)]  # completions has it (test_server_beam_search.py)

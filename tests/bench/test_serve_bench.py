@@ -158,6 +158,8 @@ def test_target_specs_and_llama_context_per_slot(monkeypatch, tmp_path):
     monkeypatch.setattr("bench.serve.targets.LLAMA_SERVER_BIN", binary)
     argv, _ = launch_command(Target.parse(LLAMA, "-np 8"), "default", "m.gguf", 448, 1234)
     assert argv[argv.index("-c") + 1] == str(8 * 448) and argv[argv.index("-t") + 1] == "2"
+    ours, _ = launch_command(Target.parse(OURS, ""), "random", None, 448, 1234)
+    assert "--enable-prompt-tokens-details" in ours  # else the usage reports no cached tokens
 
 
 def test_workloads_share_a_prefix_or_mix_in_long_prompts():

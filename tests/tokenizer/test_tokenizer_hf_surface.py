@@ -92,9 +92,16 @@ def test_caller_chat_template_renders_in_the_sandbox(tok):
         tok.apply_chat_template(CONVERSATION, tokenize=False, chat_template=escape)
 
 
+def test_extra_keywords_are_template_variables_as_in_hf(tok):
+    template = "{% if enable_thinking is defined and not enable_thinking %}no thinking{% endif %}"
+    assert tok.apply_chat_template(CONVERSATION, tokenize=False, chat_template=template,
+                                   enable_thinking=False) == "no thinking"
+    assert tok.apply_chat_template(CONVERSATION, tokenize=False, chat_template=template) == ""
+    with pytest.raises(ValueError, match="'messages'"):  # what the renderer sets cannot be replaced
+        tok.apply_chat_template(CONVERSATION, tokenize=False, messages=[])
+
+
 def test_unsupported_chat_template_arguments_raise(tok):
-    with pytest.raises(TypeError, match="enable_thinking"):
-        tok.apply_chat_template(CONVERSATION, enable_thinking=False)
     with pytest.raises(TypeError):  # HF's second positional argument is `tools`, not a flag
         tok.apply_chat_template(CONVERSATION, True)
     with pytest.raises(ValueError, match="return_tensors"):

@@ -96,7 +96,8 @@ def build_app(engine: EngineClient, config: ServerArgs) -> FastAPI:
     app.state.engine = engine
     app.state.config = config
     _add_error_handlers(app)
-    ctx = ServingContext(engine, config.model_name, config.special_tokens_in_messages)
+    ctx = ServingContext(engine, config.model_name, config.special_tokens_in_messages,
+                         config.enable_prompt_tokens_details)
     _add_info_routes(app, ctx)
     _add_token_routes(app, ctx)
     _add_generate_routes(app, ctx, config)

@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import re
-import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -21,19 +20,11 @@ from vllmlite.api.routing_policy import RoutingPolicy
 from vllmlite.engine.metrics import DEFAULT_PREFIX
 from vllmlite.engine_args import EngineArgs, knob, parse_bytes
 from vllmlite.models.model_source import DEFAULT_ALIASES, RANDOM_MODEL
+from vllmlite.utils.argparse_utils import FlexibleArgumentParser, argparse_type, field_parsers, parse_bool
 
 ENV_PREFIX = "VLLMLITE_"
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-
-
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{text!r} is not a boolean (true/false)")
 
 
 def parse_json_list(text: str) -> tuple[str, ...]:
@@ -94,6 +85,9 @@ class ServerArgs(EngineArgs):
     special_tokens_in_messages: bool = knob(False, "read special-token text in chat messages (e.g. "
                                                    "<|im_start|>) as the special tokens: only for trusted "
                                                    "callers, since it lets a message forge a system turn")
+    enable_prompt_tokens_details: bool = knob(False, "show usage.prompt_tokens_details.cached_tokens (the prompt "
+                                                     "tokens the prefix cache served) on chat and completions, "
+                                                     "as vLLM's flag does (off: the field is null)")
     enable_debug_endpoints: bool = knob(False, "serve GET /debug/requests, /debug/requests/{id} and /debug/engine "
                                                "(request traces, KV block states, recent steps, the config; "
                                                "behind the API key when there is one)")
@@ -169,19 +163,9 @@ class Option:
         return ENV_PREFIX + self.field.upper()
 
 
-def _parser_for(hint: Any) -> Callable[[str], Any]:
-    """int, float, str or bool from a field's type (`X | None` counts as X)."""
-    kinds = [arg for arg in typing.get_args(hint) if arg is not type(None)] or [hint]
-    kind = kinds[0]
-    if len(kinds) != 1 or kind not in (int, float, str, bool):
-        raise TypeError(f"no text parser for {hint}: give the knob a parse=")
-    return parse_bool if kind is bool else kind
-
-
 def options_of(args_class: type) -> tuple[Option, ...]:
-    hints = typing.get_type_hints(args_class)
-    return tuple(Option(f.name, f.metadata["parse"] or _parser_for(hints[f.name]), f.metadata["help"], f.default)
-                 for f in fields(args_class))
+    parsers = field_parsers(args_class)
+    return tuple(Option(f.name, parsers[f.name], f.metadata["help"], f.default) for f in fields(args_class))
 
 
 OPTIONS = options_of(ServerArgs)
@@ -193,18 +177,8 @@ def _shown(default: Any) -> str:
     return json.dumps(list(default)) if isinstance(default, tuple) else str(default)
 
 
-def _argparse_type(option: Option) -> Callable[[str], Any]:
-    """`option.parse` with argparse's error type, so a bad flag says why it is bad."""
-    def convert(text: str) -> Any:
-        try:
-            return option.parse(text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from error
-    return convert
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FlexibleArgumentParser(  # vLLM's: --max_model_len is --max-model-len
         prog="python -m vllmlite.api.server",
         description="An OpenAI-compatible LLM server (vllmlite). Every option is also an environment "
                     f"variable {ENV_PREFIX}<NAME>; a flag wins over its variable.")
@@ -214,9 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(f"--{option.name}", action=argparse.BooleanOptionalAction, default=None,
                                 help=text)
         else:
-            kind = option.parse if option.parse in (int, float, str) else _argparse_type(option)
-            parser.add_argument(f"--{option.name}", type=kind, default=None, metavar=option.field.upper(),
-                                help=text)
+            parser.add_argument(f"--{option.name}", type=argparse_type(option.parse), default=None,
+                                metavar=option.field.upper(), help=text)
     return parser
 
 

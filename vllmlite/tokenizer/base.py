@@ -77,19 +77,22 @@ class Tokenizer(ABC):
         return_dict: bool = False,
         return_tensors: None = None,
         tools: list[dict] | None = None,
+        **template_kwargs: Any,
     ) -> str | list[int] | BatchEncoding:
         """The prompt text for `conversation` under the model's template (ChatML when it has none),
         as the server renders it; with `tokenize` (HF's default) its ids, encoded without adding
         special tokens, since the template already writes BOS where the model wants it.
 
         `chat_template` renders the caller's own template instead, in the same jinja sandbox. `tools`
-        reach a template that has a tools section (HF's convention). Arguments are keyword-only.
+        reach a template that has a tools section (HF's convention); other keywords are variables the
+        template may read (e.g. `enable_thinking=False`), as in HF. Arguments are keyword-only.
         """
         if return_tensors is not None:
             raise ValueError(f"return_tensors={return_tensors!r} is not supported: token ids are python lists")
         text = render_chat_template(
             chat_template if chat_template is not None else self.chat_template,
             conversation, add_generation_prompt, bos_token=self.bos_token, eos_token=self.eos_token, tools=tools,
+            variables=template_kwargs,
         )
         if not tokenize:
             return text

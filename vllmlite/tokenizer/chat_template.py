@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -29,6 +30,10 @@ CHATML_TEMPLATE = (
 )
 
 VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# What the renderer itself gives every template: extra variables (a request's chat_template_kwargs,
+# HF's **kwargs) may not replace them.
+RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                                "chat_template", "tokenize"})
 
 
 def normalize_messages(messages: Any) -> list[dict]:
@@ -83,16 +88,23 @@ def render_chat_template(
     bos_token: str | None,
     eos_token: str | None,
     tools: list[dict] | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
     """The prompt text for `messages` (and `tools`, for a template with a tools section) under
-    `template` (ChatML when None).
+    `template` (ChatML when None); `variables` are extra ones the template may read (Qwen3's
+    `enable_thinking`), never one of RESERVED_VARIABLES.
 
     Messages are normalized first (see `normalize_messages`). Raises ValueError when the template
     is not valid jinja, calls `raise_exception`, or is stopped by the sandbox.
     """
+    variables = dict(variables or {})
+    reserved = sorted(RESERVED_VARIABLES & variables.keys())
+    if reserved:
+        raise ValueError(f"the chat template variable {reserved[0]!r} is set by the renderer; it cannot be given")
     compiled = _compile(template if template is not None else CHATML_TEMPLATE)
     try:
         return compiled.render(
+            **variables,
             messages=normalize_messages(messages),
             tools=tools,
             add_generation_prompt=add_generation_prompt,
@@ -116,6 +128,7 @@ def render_with_caller_spans(
     bos_token: str | None,
     eos_token: str | None,
     tools: list[dict] | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> tuple[str, list[tuple[int, int]] | None]:
     """The prompt text, as `render_chat_template` gives it, and the (start, end) spans in it of every
     caller-written field (`CALLER_TEXT_FIELDS`), so a tokenizer can read them as plain text.
@@ -124,7 +137,7 @@ def render_with_caller_spans(
     exact when putting the fields back into that rendering gives the prompt itself. A template that
     changes what it writes (trims it, splits it, branches on it) gives None: the spans are unknown.
     """
-    text = render_chat_template(template, messages, add_generation_prompt, bos_token, eos_token, tools)
+    text = render_chat_template(template, messages, add_generation_prompt, bos_token, eos_token, tools, variables)
     nonce = uuid.uuid4().hex
     marked, values = [], {}
     for index, message in enumerate(normalize_messages(messages)):
@@ -137,7 +150,7 @@ def render_with_caller_spans(
         marked.append(copy)
     if not values:
         return text, []
-    skeleton = render_chat_template(template, marked, add_generation_prompt, bos_token, eos_token, tools)
+    skeleton = render_chat_template(template, marked, add_generation_prompt, bos_token, eos_token, tools, variables)
     pattern = "|".join(re.escape(marker) for marker in values)
     pieces, spans, position, last = [], [], 0, 0
     for match in re.finditer(pattern, skeleton):
@@ -152,13 +165,21 @@ def render_with_caller_spans(
     return text, (spans if "".join(pieces) == text else None)
 
 
-@lru_cache(maxsize=32)
 def template_uses_tools(template: str | None) -> bool:
     """Whether `template` reads a `tools` variable (it has a tools section of its own)."""
-    if template is None:
-        return False
-    env = _compile(template).environment
-    return "tools" in jinja2.meta.find_undeclared_variables(env.parse(template))
+    return "tools" in template_variables(template)
+
+
+@lru_cache(maxsize=32)
+def template_variables(template: str | None) -> frozenset[str]:
+    """The variables `template` (ChatML when None) reads from its caller.
+
+    >>> sorted(template_variables("{{ bos_token }}{% if enable_thinking %}<think>{% endif %}"))
+    ['bos_token', 'enable_thinking']
+    """
+    text = template if template is not None else CHATML_TEMPLATE
+    env = _compile(text).environment
+    return frozenset(jinja2.meta.find_undeclared_variables(env.parse(text)))
 
 
 @lru_cache(maxsize=32)

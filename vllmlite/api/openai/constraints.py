@@ -7,10 +7,12 @@ constraint. Knows nothing of tools (api/tool_calls.py adds their grammar) or of 
 
 from __future__ import annotations
 
+import json
 import re
 
 from vllmlite.api.errors import APIError, bad_request
 from vllmlite.api.openai.protocol_fields import SamplingFields
+from vllmlite.api.openai.protocol_tools import ResponseFormat
 from vllmlite.structured_output_params import StructuredOutputsParams
 
 # vLLM's older names and llama-server's -> the StructuredOutputsParams field each sets
@@ -29,6 +31,7 @@ def request_constraint(req: SamplingFields) -> tuple[str, StructuredOutputsParam
     """(the field that set it, the constraint), or None for free text. 400 when the constraint is
     invalid (llguidance's message) or when two fields each set one."""
     found: list[tuple[str, StructuredOutputsParams]] = []
+    _check_structural_tag_shape(req.response_format)
     if req.response_format is not None and req.response_format.type != "text":
         found.append(("response_format", _from_response_format(req)))
     if req.structured_outputs is not None:
@@ -53,6 +56,9 @@ def _from_response_format(req: SamplingFields) -> StructuredOutputsParams:
         return make_constraint("response_format.schema", json=response_format.schema_)
     if response_format.type == "json_object":
         return make_constraint("response_format", json_object=True)
+    if response_format.type == "structural_tag":  # vLLM's
+        fields = response_format.model_dump(include={"structures", "triggers", "format"}, exclude_none=True)
+        return make_constraint("response_format", structural_tag=json.dumps({"type": "structural_tag", **fields}))
     if response_format.json_schema is None:
         raise bad_request("response_format.json_schema is required when response_format.type is 'json_schema'",
                           "response_format.json_schema")
@@ -60,6 +66,21 @@ def _from_response_format(req: SamplingFields) -> StructuredOutputsParams:
     if schema is None:  # OpenAI's schema is optional: any JSON object then
         return make_constraint("response_format", json_object=True)
     return make_constraint("response_format.json_schema.schema", json=schema)
+
+
+def _check_structural_tag_shape(response_format: ResponseFormat | None) -> None:
+    """A 400 unless a structural_tag response_format has `format`, or `structures` and `triggers` (vLLM's
+    two shapes), and another type has none of them."""
+    if response_format is None:
+        return
+    has_legacy = response_format.structures is not None or response_format.triggers is not None
+    has_format = response_format.format is not None
+    if response_format.type != "structural_tag" and (has_legacy or has_format):
+        raise bad_request("response_format's structures, triggers and format belong to type 'structural_tag'",
+                          "response_format")
+    if response_format.type == "structural_tag" and has_legacy == has_format:
+        raise bad_request("a structural_tag response_format takes `format`, or `structures` and `triggers`",
+                          "response_format")
 
 
 def make_constraint(param: str, **fields) -> StructuredOutputsParams:

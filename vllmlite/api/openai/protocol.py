@@ -150,8 +150,8 @@ class ChatCompletionRequest(SamplingFields):
     # Accepted only to be rejected with a clear message (serving.UNSUPPORTED_FIELDS, serving_chat).
     functions: Any = None
     function_call: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the model's template
     chat_template: Any = None
-    chat_template_kwargs: Any = None
     echo: Any = None
     continue_final_message: Any = None
     documents: Any = None
@@ -208,7 +208,7 @@ class Usage(_Response):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
-    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+    prompt_tokens_details: PromptTokensDetails | None = None  # with --enable-prompt-tokens-details
 
 
 class CompletionLogprobs(_Response):
@@ -236,6 +236,8 @@ class CompletionChoice(_Response):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids (a stream's first chunk of the choice)
+    token_ids: list[int] | None = None         # with return_token_ids: the generated ids (a chunk's new ones)
 
 
 class CompletionResponse(_Response):
@@ -265,6 +267,7 @@ class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = ""  # None when the answer is only tool calls
     tool_calls: list[ToolCallOut] = Field(default_factory=list)
+    reasoning: str | None = None  # vLLM's field, always sent: null, since no reasoning parser runs here
 
 
 class ChatChoice(_Response):
@@ -273,6 +276,7 @@ class ChatChoice(_Response):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids
 
 
 class ChatCompletionResponse(_Response):
@@ -283,11 +287,13 @@ class ChatCompletionResponse(_Response):
     choices: list[ChatChoice]
     usage: Usage | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids
 
 
 class DeltaMessage(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning: str | None = None  # vLLM's field; sent only when set, as every delta field
     tool_calls: list[ToolCallDelta] | None = None
 
 
@@ -297,6 +303,7 @@ class ChatStreamChoice(_Response):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids: this chunk's new ids
 
     @field_serializer("delta")
     def _delta_without_nulls(self, delta: DeltaMessage) -> dict:
@@ -310,6 +317,7 @@ class ChatCompletionChunk(_Response):
     model: str
     choices: list[ChatStreamChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids, on each choice's first (role) chunk
 
 
 class ModelCard(_Response):

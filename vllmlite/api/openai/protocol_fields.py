@@ -144,6 +144,7 @@ class SamplingFields(RequestModel):
     cache_salt: str | None = name_field()
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     return_tokens_as_token_ids: bool = False  # logprob tokens read "token_id:123"
+    return_token_ids: bool | None = None      # each choice's token ids (and the prompt's) beside its text
     add_special_tokens: bool | None = None    # None: vLLM's default, True for a prompt, False for messages
     # Structured output (api/constraints.py): at most one of these
     response_format: ResponseFormat | None = None
@@ -161,7 +162,6 @@ class SamplingFields(RequestModel):
     # vLLM extensions not implemented here: declared only to be rejected (serving.UNSUPPORTED_FIELDS).
     use_beam_search: Any = None
     logits_processors: Any = None
-    return_token_ids: Any = None
     spaces_between_special_tokens: Any = None
 
     @field_validator("stop")
@@ -220,6 +220,6 @@ class SamplingFields(RequestModel):
 
     @property
     def continuous_usage(self) -> bool:
-        """Whether every chunk of a stream carries the usage so far (vLLM asks include_usage too;
-        we do not, so the flag is never silently ignored)."""
-        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+        """Whether every chunk of a stream carries its choice's usage so far: as in vLLM, only
+        together with include_usage."""
+        return self.include_usage and self.stream_options.continuous_usage_stats

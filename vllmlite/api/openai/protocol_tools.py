@@ -72,7 +72,11 @@ class JsonSchemaFormat(_Strict):
 
 
 class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    # vLLM's type "structural_tag": `structures` and `triggers` (its legacy shape), or xgrammar's `format`
+    structures: list[dict[str, Any]] | None = Field(None, max_length=MAX_TOOLS)
+    triggers: list[str] | None = Field(None, max_length=MAX_TOOLS)
+    format: dict[str, Any] | None = None
     json_schema: JsonSchemaFormat | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")  # llama-server's: the schema at this level
 

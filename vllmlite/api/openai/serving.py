@@ -12,7 +12,7 @@ import json
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -32,12 +32,14 @@ LOGPROB_FLOOR = -9999.0   # JSON has no -inf; vLLM clamps the same way
 
 @dataclass(frozen=True)
 class ServingContext:
-    """What a handler needs: the engine, the name clients must use for the model, and whether chat
-    messages may carry special tokens (trusted callers only)."""
+    """What a handler needs: the engine, the name clients must use for the model, whether chat
+    messages may carry special tokens (trusted callers only), and whether usage shows the cached
+    prompt tokens (vLLM's --enable-prompt-tokens-details)."""
 
     engine: EngineClient
     model_name: str
     special_tokens_in_messages: bool
+    with_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,6 @@ _LEADING_NAME = re.compile(r"^([a-z_]+)\b")
 # values that mean "not used", why). Any other value is a 400 naming the field, never ignored.
 UNSUPPORTED_FIELDS = (
     ("logits_processors", (None, []), "no custom logits processors"),
-    ("return_token_ids", (None, False), "logprobs with return_tokens_as_token_ids give the ids"),
     ("spaces_between_special_tokens", (None, True), "detokenization is the tokenizer's own"),
 )
 
@@ -234,36 +235,21 @@ def num_prompt_tokens(token_ids: Sequence[int], params: SamplingParams) -> int:
     return len(token_ids) if k is None else min(k, len(token_ids))
 
 
-@dataclass
-class StreamUsage:
-    """The counts so far in one stream (`stream_options.continuous_usage_stats`): all prompts'
-    tokens from the start, each choice's tokens as its outputs arrive. Once every output has
-    finished, `usage()` equals `make_usage` of the final outputs."""
-
-    num_prompt_tokens: int
-    num_output_tokens: dict[int, int] = field(default_factory=dict)  # choice index -> tokens so far
-    num_cached_tokens: dict[int, int] = field(default_factory=dict)  # prompt index -> cached tokens
-
-    def update(self, prompt_index: int, output: RequestOutput, first_choice: int) -> None:
-        """Take `output`'s counts; its samples are choices `first_choice + completion.index`."""
-        self.num_cached_tokens[prompt_index] = output.num_cached_tokens
-        for completion in output.outputs:
-            self.num_output_tokens[first_choice + completion.index] = len(completion.token_ids)
-
-    def usage(self) -> Usage:
-        completion = sum(self.num_output_tokens.values())
-        return Usage(prompt_tokens=self.num_prompt_tokens, completion_tokens=completion,
-                     total_tokens=self.num_prompt_tokens + completion,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(self.num_cached_tokens.values())))
+def running_usage(num_prompt_tokens: int, num_output_tokens: int) -> Usage:
+    """One chunk's usage under `stream_options.continuous_usage_stats`, as vLLM counts it: its own
+    prompt's tokens and its own choice's tokens so far (never the cached-token details)."""
+    return Usage(prompt_tokens=num_prompt_tokens, completion_tokens=num_output_tokens,
+                 total_tokens=num_prompt_tokens + num_output_tokens)
 
 
-def make_usage(outputs: Sequence[RequestOutput]) -> Usage:
-    """Prompt tokens count once per prompt; completion tokens once per returned choice."""
+def make_usage(outputs: Sequence[RequestOutput], with_details: bool = False) -> Usage:
+    """Prompt tokens count once per prompt; completion tokens once per returned choice. The prompt
+    tokens the prefix cache served are shown `with_details` (--enable-prompt-tokens-details)."""
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
     completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    cached = sum(o.num_cached_tokens for o in outputs)
+    details = PromptTokensDetails(cached_tokens=sum(o.num_cached_tokens for o in outputs)) if with_details else None
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+                 prompt_tokens_details=details)
 
 
 def sse_event(payload: Any) -> str:

@@ -1,20 +1,20 @@
 """POST /v1/chat/completions: messages through the model's chat template, assistant messages out.
 
-Owns the chat rules: rendering (never a request-supplied template), `tools` and `tool_choice` (the
-format is api/tool_calls.py's), `max_completion_tokens`, the role-first streaming deltas, OpenAI's
-chat logprobs format and vLLM's response-level `prompt_logprobs`. Knows nothing of routes or
-middleware.
+Owns the chat rules: `tools` and `tool_choice` (the format is api/tool_calls.py's, rendering
+chat_rendering.py's), `max_completion_tokens`, the role-first streaming deltas (one choice per
+chunk), OpenAI's chat logprobs format and vLLM's `prompt_logprobs` and `return_token_ids`. Knows
+nothing of routes or middleware.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from vllmlite.api.errors import bad_request
+from vllmlite.api.openai.chat_rendering import render_messages
 from vllmlite.api.openai.constraints import as_bad_request, make_constraint, request_constraint
 from vllmlite.api.openai.protocol import (
     ChatChoice,
@@ -22,19 +22,17 @@ from vllmlite.api.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatLogprobs,
-    ChatMessage,
     ChatResponseMessage,
     ChatStreamChoice,
     ChatTokenLogprob,
     DeltaMessage,
     TopLogprob,
+    Usage,
 )
-from vllmlite.api.openai.protocol_tools import ChatTool, FunctionCallDelta, NamedToolChoice, ToolCallDelta
+from vllmlite.api.openai.protocol_tools import FunctionCallDelta, NamedToolChoice, ToolCallDelta
 from vllmlite.api.openai.serving import (
-    MAX_CHARS_PER_TOKEN,
     Admission,
     ServingContext,
-    StreamUsage,
     admit,
     check_model,
     check_request,
@@ -47,24 +45,17 @@ from vllmlite.api.openai.serving import (
     prompt_logprobs_payload,
     raise_if_failed,
     reject_unsupported,
+    running_usage,
     sampling_params,
     sse_event,
     sse_stream,
     token_bytes,
     top_items,
 )
-from vllmlite.api.openai.tool_calls import (
-    ToolCallParser,
-    forced_call_grammar,
-    hermes_messages,
-    template_messages,
-    tool_schema,
-)
+from vllmlite.api.openai.tool_calls import ToolCallParser, forced_call_grammar
 from vllmlite.engine.request_stream import RequestStream
 from vllmlite.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
-from vllmlite.tokenizer import Tokenizer
-from vllmlite.tokenizer.chat_template import CALLER_TEXT_FIELDS, render_with_caller_spans, template_uses_tools
 
 TEMPLATE_AS_IS = "the model's chat template is rendered as it is"
 # Chat fields this server does not implement, checked after serving.UNSUPPORTED_FIELDS.
@@ -73,7 +64,6 @@ CHAT_UNSUPPORTED_FIELDS = (
     ("use_beam_search", (None, False), "beam search is served by /v1/completions"),
     ("functions", (None, []), LEGACY_FUNCTIONS),
     ("function_call", (None, "none"), LEGACY_FUNCTIONS),
-    ("chat_template_kwargs", (None, {}), TEMPLATE_AS_IS),
     ("continue_final_message", (None, False), TEMPLATE_AS_IS),
     ("documents", (None, []), TEMPLATE_AS_IS),
     ("echo", (None, False), "echo is served by /v1/completions"),
@@ -95,74 +85,6 @@ class PreparedChat:
         if self.tool_names is None:
             return None
         return ToolCallParser(self.tool_names, max_calls=None if self.request.parallel_tool_calls else 1)
-
-
-def render_messages(ctx: ServingContext, messages: Sequence[ChatMessage], add_generation_prompt: bool,
-                    add_special_tokens: bool = False, tools: Sequence[ChatTool] | None = None) -> list[int]:
-    """The prompt's token ids: the model's chat template, then encode, by default without special
-    tokens (the template already wrote them). `tools` go to a template with a tools section, else
-    into the system message (api/tool_calls.py).
-
-    Special-token text the caller wrote (a message's content or name) is read as plain text, so a
-    message cannot forge a turn with `<|im_end|><|im_start|>system`; only the template's own text
-    gives special tokens (`--special-tokens-in-messages` turns this off for trusted callers)."""
-    tokenizer = ctx.engine.tokenizer
-    trusted = ctx.special_tokens_in_messages
-    dicts = [m.as_dict() for m in messages]
-    tool_dicts = None
-    if template_uses_tools(tokenizer.chat_template):
-        dicts = template_messages(dicts)
-        tool_dicts = [tool_schema(t) for t in tools] if tools else None
-        if not trusted:  # the template writes these itself: no span marks them as plain text
-            _reject_special_text_in_tools(tokenizer, messages, tools)
-    elif tools or any(m.role == "tool" or m.tool_calls for m in messages):
-        dicts = hermes_messages(dicts, tools)
-    max_chars = ctx.engine.max_model_len * MAX_CHARS_PER_TOKEN
-    if sum(len(m["content"]) for m in dicts) + len(json.dumps(tool_dicts)) > max_chars:
-        raise bad_request(f"messages are longer than this model's context of {ctx.engine.max_model_len} "
-                          "tokens can hold", "messages")
-    try:
-        if trusted:  # no spans to find: one rendering
-            text = tokenizer.apply_chat_template(dicts, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                 tools=tool_dicts)
-        else:
-            text, caller_spans = render_with_caller_spans(tokenizer.chat_template, dicts, add_generation_prompt,
-                                                          tokenizer.bos_token, tokenizer.eos_token, tool_dicts)
-    except ValueError as error:
-        raise bad_request(str(error), "messages") from error
-    if len(text) > max_chars:
-        raise bad_request(f"the rendered messages have {len(text)} characters, more than this model's context "
-                          f"of {ctx.engine.max_model_len} tokens can hold", "messages")
-    if trusted:
-        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
-    if caller_spans is None:
-        _reject_special_text(tokenizer, dicts)  # the template reworks the fields: no span is known
-        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
-    return tokenizer.encode_with_plain_spans(text, caller_spans, add_special_tokens)
-
-
-def _reject_special_text(tokenizer: Tokenizer, messages: list[dict]) -> None:
-    for index, message in enumerate(messages):
-        for key in CALLER_TEXT_FIELDS:
-            found = tokenizer.find_special_text(message.get(key) or "")
-            if found is not None:
-                raise bad_request(
-                    f"messages[{index}].{key} contains the special token {found!r}, and this model's chat "
-                    "template changes message text, so it cannot be kept as plain text; remove it",
-                    f"messages.{index}.{key}")
-
-
-def _reject_special_text_in_tools(tokenizer: Tokenizer, messages: Sequence[ChatMessage],
-                                  tools: Sequence[ChatTool] | None) -> None:
-    """A 400 if a tool definition or a past call holds special-token text: a template with a tools
-    section writes them as they are, so they could forge a turn."""
-    fields = [(f"tools.{i}", json.dumps(tool_schema(t), ensure_ascii=False)) for i, t in enumerate(tools or ())]
-    fields += [(f"messages.{i}.tool_calls", json.dumps([c.model_dump() for c in m.tool_calls], ensure_ascii=False))
-               for i, m in enumerate(messages) if m.tool_calls]
-    for param, text in fields:
-        found = tokenizer.find_special_text(text)
-        if found is not None:
-            raise bad_request(f"{param} contains the special token {found!r}; remove it", param)
 
 
 def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedChat:
@@ -187,7 +109,8 @@ def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedCha
                              logprobs=(req.top_logprobs or 0) if req.logprobs else None,
                              structured_outputs=None if found is None else found[1])
     tools = req.tools if choice != "none" else None
-    token_ids = render_messages(ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens), tools)
+    token_ids = render_messages(ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens), tools,
+                                req.chat_template_kwargs)
     check_request(ctx, req, token_ids, params, "messages" if found is None else found[0])
     tool_names = [t.function.name for t in tools] if tools else None
     return PreparedChat(req, token_ids, params, tool_names)
@@ -247,10 +170,12 @@ def chat_response(ctx: ServingContext, prepared: PreparedChat, output: RequestOu
         choices.append(ChatChoice(index=completion.index, message=message,
                                   logprobs=_logprobs(req, completion.token_ids, completion.logprobs)
                                   if req.logprobs else None,
-                                  finish_reason=finish_reason, stop_reason=completion.stop_reason))
+                                  finish_reason=finish_reason, stop_reason=completion.stop_reason,
+                                  token_ids=list(completion.token_ids) if req.return_token_ids else None))
     return ChatCompletionResponse(id=request_id, model=ctx.model_name, choices=choices,
-                                  usage=make_usage([output]),
-                                  prompt_logprobs=prompt_logprobs_payload(output, req.prompt_logprobs))
+                                  usage=make_usage([output], ctx.with_prompt_tokens_details),
+                                  prompt_logprobs=prompt_logprobs_payload(output, req.prompt_logprobs),
+                                  prompt_token_ids=list(output.prompt_token_ids) if req.return_token_ids else None)
 
 
 def _message(prepared: PreparedChat, completion: CompletionOutput) -> tuple[ChatResponseMessage, str | None]:
@@ -279,29 +204,33 @@ class _ChoiceStream:
 
 async def chat_chunks(ctx: ServingContext, prepared: PreparedChat, stream: RequestStream,
                       request_id: str) -> AsyncIterator[ChatCompletionChunk]:
-    """The stream's chunks: each choice's role first, then its deltas, then the usage if asked."""
+    """The stream's chunks, one choice in each (as OpenAI and vLLM send them): each choice's role
+    first (with the prompt's token ids under return_token_ids), then its deltas, then the usage if
+    asked. Under continuous_usage_stats a chunk carries its choice's usage so far."""
     req = prepared.request
     created = int(time.time())
-    counts = StreamUsage(num_prompt_tokens(prepared.prompt_token_ids, prepared.params))
 
-    def chunk(choices: list[ChatStreamChoice], **extra: Any) -> ChatCompletionChunk:
-        usage = counts.usage() if req.continuous_usage else None
+    def chunk(choice: ChatStreamChoice | None, usage: Usage | None = None, **extra: Any) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=request_id, created=created, model=ctx.model_name,
-                                   choices=choices, **{"usage": usage, **extra})
+                                   choices=[] if choice is None else [choice], usage=usage, **extra)
 
+    num_prompt = num_prompt_tokens(prepared.prompt_token_ids, prepared.params)
+    prompt_ids = prepared.prompt_token_ids[len(prepared.prompt_token_ids) - num_prompt:]
     for index in range(req.n):
-        yield chunk([ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+        yield chunk(ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")),
+                    running_usage(num_prompt, 0) if req.continuous_usage else None,
+                    prompt_token_ids=prompt_ids if req.return_token_ids else None)
     states = [_ChoiceStream(prepared.new_parser()) for _ in range(req.n)]
     last: RequestOutput | None = None
     async for last in stream:
         raise_if_failed(last)
-        counts.update(0, last, first_choice=0)
-        choices = [choice for completion in last.outputs
-                   if (choice := _delta_choice(req, completion, states[completion.index])) is not None]
-        if choices:
-            yield chunk(choices)
+        for completion in last.outputs:
+            choice = _delta_choice(req, completion, states[completion.index])
+            if choice is not None:
+                yield chunk(choice, running_usage(len(last.prompt_token_ids), len(completion.token_ids))
+                            if req.continuous_usage else None)
     if req.include_usage and last is not None:
-        yield chunk([], usage=make_usage([last]))
+        yield chunk(None, make_usage([last], ctx.with_prompt_tokens_details))
 
 
 def _delta_choice(req: ChatCompletionRequest, completion: CompletionOutput,
@@ -316,8 +245,8 @@ def _delta_choice(req: ChatCompletionRequest, completion: CompletionOutput,
             rest = state.parser.finish()
             parsed.content, parsed.calls = parsed.content + rest.content, parsed.calls + rest.calls
         text, calls = parsed.content, parsed.calls
-    has_logprobs = req.logprobs and bool(completion.delta_token_ids)
-    if not text and not calls and not has_logprobs and completion.finish_reason is None:
+    has_tokens = (req.logprobs or bool(req.return_token_ids)) and bool(completion.delta_token_ids)
+    if not text and not calls and not has_tokens and completion.finish_reason is None:
         return None  # e.g. a token holding half a UTF-8 character: its text comes with the next one
     state.is_finished = completion.finish_reason is not None
     tool_deltas = [ToolCallDelta(index=state.num_calls + i, id=call.id, type="function",
@@ -329,7 +258,8 @@ def _delta_choice(req: ChatCompletionRequest, completion: CompletionOutput,
     delta = DeltaMessage(content=text or None, tool_calls=tool_deltas or None)
     return ChatStreamChoice(index=completion.index, delta=delta, logprobs=logprobs,
                             finish_reason=_finish_reason(completion.finish_reason, state.num_calls),
-                            stop_reason=completion.stop_reason)
+                            stop_reason=completion.stop_reason,
+                            token_ids=list(completion.delta_token_ids) if req.return_token_ids else None)
 
 
 def _logprobs(req: ChatCompletionRequest, token_ids: Sequence[int],

@@ -21,7 +21,6 @@ from vllmlite.api.openai.protocol import CompletionChoice, CompletionLogprobs, C
 from vllmlite.api.openai.serving import (
     Admission,
     ServingContext,
-    StreamUsage,
     admit,
     check_model,
     check_request,
@@ -32,10 +31,10 @@ from vllmlite.api.openai.serving import (
     logprob_token,
     make_usage,
     merged,
-    num_prompt_tokens,
     prompt_logprobs_payload,
     raise_if_failed,
     reject_unsupported,
+    running_usage,
     sampling_params,
     sse_event,
     sse_stream,
@@ -111,7 +110,6 @@ class TextOffsets:
 
 @dataclass
 class _StreamState:
-    usage: StreamUsage
     num_chars_sent: dict[int, int] = field(default_factory=dict)   # choice index -> text offset
     finished_choices: set[int] = field(default_factory=set)
     finished_outputs: dict[int, RequestOutput] = field(default_factory=dict)
@@ -163,7 +161,10 @@ def _decode_for_echo(ctx: ServingContext, token_ids: list[int], echo: bool) -> s
 
 def _echo(ctx: ServingContext, prepared: PreparedCompletion, prompt_index: int, output: RequestOutput) -> Echo:
     """A text prompt echoes as sent (without the BOS its tokenizer added); token ids, or a prompt
-    that truncate_prompt_tokens shortened, echo as the kept tokens decoded, special tokens spelled."""
+    that truncate_prompt_tokens shortened, echo as the kept tokens decoded, special tokens spelled.
+    Under return_token_ids the prompt comes back as ids, and its text as "" (as vLLM echoes it)."""
+    if prepared.request.return_token_ids:
+        return Echo("", False)
     if output.prompt_token_ids != prepared.prompt_token_ids[prompt_index]:
         return Echo(ctx.engine.tokenizer.decode(output.prompt_token_ids, skip_special_tokens=False), True)
     is_text = isinstance(prepared.request.prompt[prompt_index], str)
@@ -200,29 +201,41 @@ def _response(ctx: ServingContext, prepared: PreparedCompletion, outputs: Sequen
             choices.append(CompletionChoice(
                 index=prompt_index * req.n + completion.index, text=prefix + completion.text,
                 logprobs=_joined(echoed_logprobs, logprobs), finish_reason=completion.finish_reason,
-                stop_reason=completion.stop_reason, prompt_logprobs=prompt_logprobs))
+                stop_reason=completion.stop_reason, prompt_logprobs=prompt_logprobs,
+                **_token_ids(req, output.prompt_token_ids, completion.token_ids)))
     choices.sort(key=lambda c: c.index)
-    return CompletionResponse(id=request_id, model=ctx.model_name, choices=choices, usage=make_usage(outputs))
+    return CompletionResponse(id=request_id, model=ctx.model_name, choices=choices,
+                              usage=make_usage(outputs, ctx.with_prompt_tokens_details))
+
+
+def _token_ids(req: CompletionRequest, prompt_ids: Sequence[int] | None, token_ids: Sequence[int]) -> dict:
+    """A choice's vLLM `return_token_ids` fields: the prompt's ids (None where already sent) and
+    the generated ones; nothing without return_token_ids."""
+    if not req.return_token_ids:
+        return {}
+    return {"prompt_token_ids": None if prompt_ids is None else list(prompt_ids), "token_ids": list(token_ids)}
 
 
 async def _chunks(ctx: ServingContext, prepared: PreparedCompletion, streams, request_id: str) -> AsyncIterator[str]:
+    """The stream's chunks, one choice in each (as OpenAI and vLLM send them), then the usage if
+    asked; under continuous_usage_stats a chunk carries its own prompt's and choice's usage so far."""
     req = prepared.request
     created = int(time.time())
-    state = _StreamState(StreamUsage(sum(num_prompt_tokens(ids, prepared.params)
-                                         for ids in prepared.prompt_token_ids)))
+    state = _StreamState()
     async for prompt_index, output in merged(streams):
         raise_if_failed(output)
-        state.usage.update(prompt_index, output, first_choice=prompt_index * req.n)
-        choices = [choice for completion in output.outputs
-                   if (choice := _delta_choice(ctx, prepared, prompt_index, output, completion, state)) is not None]
-        if choices:
-            usage = state.usage.usage() if req.continuous_usage else None
-            yield sse_event(CompletionResponse(id=request_id, created=created, model=ctx.model_name,
-                                               choices=choices, usage=usage))
+        for completion in output.outputs:
+            choice = _delta_choice(ctx, prepared, prompt_index, output, completion, state)
+            if choice is not None:
+                usage = (running_usage(len(output.prompt_token_ids), len(completion.token_ids))
+                         if req.continuous_usage else None)
+                yield sse_event(CompletionResponse(id=request_id, created=created, model=ctx.model_name,
+                                                   choices=[choice], usage=usage))
         if output.finished:
             state.finished_outputs[prompt_index] = output
     if req.include_usage:
-        usage = make_usage([state.finished_outputs[i] for i in sorted(state.finished_outputs)])
+        usage = make_usage([state.finished_outputs[i] for i in sorted(state.finished_outputs)],
+                           ctx.with_prompt_tokens_details)
         yield sse_event(CompletionResponse(id=request_id, created=created, model=ctx.model_name,
                                            choices=[], usage=usage))
 
@@ -240,8 +253,8 @@ def _delta_choice(ctx: ServingContext, prepared: PreparedCompletion, prompt_inde
     echo = _echo(ctx, prepared, prompt_index, output) if req.echo and is_first else None
     prefix = echo.text if echo is not None else ""
     text = prefix + completion.delta_text
-    has_logprobs = req.logprobs is not None and bool(completion.delta_token_ids)
-    if not text and not has_logprobs and completion.finish_reason is None:
+    has_tokens = (req.logprobs is not None or bool(req.return_token_ids)) and bool(completion.delta_token_ids)
+    if not text and not has_tokens and completion.finish_reason is None:
         return None  # e.g. a token holding half a UTF-8 character: its text comes with the next one
     state.num_chars_sent[index] = offset + len(text)
     if completion.finish_reason is not None:
@@ -251,7 +264,9 @@ def _delta_choice(ctx: ServingContext, prepared: PreparedCompletion, prompt_inde
     logprobs = _logprobs(tokenizer, req, completion.delta_token_ids, completion.delta_logprobs,
                          state.offsets[index], state.num_chars_sent[index])
     return CompletionChoice(index=index, text=text, logprobs=_joined(_prompt_part(tokenizer, req, output, echo), logprobs),
-                            finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
+                            finish_reason=completion.finish_reason, stop_reason=completion.stop_reason,
+                            **_token_ids(req, output.prompt_token_ids if is_first else None,
+                                         completion.delta_token_ids))
 
 
 def _logprobs(tokenizer: Tokenizer, req: CompletionRequest, token_ids: Sequence[int],

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -179,7 +180,7 @@ async def create_response(ctx: ServingContext, req: ResponsesRequest, prepared: 
         writer = _EventWriter(ctx, req, admission.request_id)
         return sse_stream(writer.events(prepared, streams[0]), streams, error_event=writer.error, done_event=None)
     (output,) = await final_outputs(streams)
-    chat = chat_response(ctx, prepared, output, admission.request_id)
+    chat = chat_response(_with_cached_tokens(ctx), prepared, output, admission.request_id)
     (choice,) = chat.choices
     message = choice.message
     status = _item_status(choice.finish_reason)
@@ -205,6 +206,12 @@ def response_object(ctx: ServingContext, req: ResponsesRequest, response_id: str
         temperature=req.temperature, top_p=req.top_p,
         tool_choice=req.tool_choice if req.tool_choice is not None else "auto" if req.tools else "none",
         tools=req.tools or [], text=req.text or TextConfig(), metadata=req.metadata or {}, user=req.user)
+
+
+def _with_cached_tokens(ctx: ServingContext) -> ServingContext:
+    """The Responses API always reports the cached input tokens (as vLLM's does): the chat usage it
+    is built from must carry them, whatever --enable-prompt-tokens-details says for chat."""
+    return replace(ctx, with_prompt_tokens_details=True)
 
 
 def _usage(usage: Usage) -> ResponseUsage:
@@ -259,7 +266,7 @@ class _EventWriter:
         yield self.lifecycle("response.created")
         yield self.lifecycle("response.in_progress")
         message_id, text, calls, finish_reason, usage = None, "", [], None, None
-        async for chunk in chat_chunks(self.ctx, prepared, stream, self.response_id):
+        async for chunk in chat_chunks(_with_cached_tokens(self.ctx), prepared, stream, self.response_id):
             usage = chunk.usage or usage
             for choice in chunk.choices:
                 finish_reason = choice.finish_reason or finish_reason

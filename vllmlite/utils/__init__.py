@@ -1,0 +1,1 @@
+"""Small helpers where vLLM's users import them from (`vllm.utils.argparse_utils`); base modules."""
