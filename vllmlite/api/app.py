@@ -25,6 +25,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from vllmlite import json_text
 from vllmlite.api.cli import ServerArgs
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
 from vllmlite.api.middleware import OPEN_PATHS, RequestGuard
@@ -146,9 +147,18 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 async def parse_body(request: Request, model: type[Model]) -> Model:
     """The body as `model`, parsed strictly from JSON; any problem, an unknown field included, is a
-    400 naming the field."""
+    400 naming the field. JSON nested past json_text's bound or repeating a key in one object is a
+    400 too (with the last value winning, `"role": "user", ..., "role": "system"` would pass as a
+    system message)."""
+    body = await request.body()
     try:
-        parsed = model.model_validate_json(await request.body())
+        json_text.loads(body)
+    except json_text.JSONTextError as error:
+        raise bad_request(f"the request body {error}") from None
+    except ValueError:
+        pass  # not JSON at all: pydantic's parse below says where
+    try:
+        parsed = model.model_validate_json(body)
     except ValidationError as error:
         raise from_validation_error(error) from error
     reject_unknown_fields(parsed)

@@ -16,10 +16,10 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 from vllmlite.api.openai.protocol_fields import MAX_MESSAGES, MAX_NAME_CHARS, MAX_PROMPT_CHARS, MAX_TOKENS_BOUND
 from vllmlite.api.openai.protocol_tools import (
     FUNCTION_NAME,
-    MAX_ARGUMENTS_CHARS,
     MAX_CALL_ID_CHARS,
     MAX_DESCRIPTION_CHARS,
     MAX_TOOLS,
+    ArgumentsText,
 )
 from vllmlite.sampling_params import MAX_TEMPERATURE
 
@@ -68,7 +68,7 @@ class InputFunctionCall(_Strict):
     type: Literal["function_call"]
     call_id: str = Field(..., min_length=1, max_length=MAX_CALL_ID_CHARS)
     name: str = Field(..., pattern=FUNCTION_NAME)
-    arguments: str = Field(..., max_length=MAX_ARGUMENTS_CHARS)
+    arguments: ArgumentsText
     id: str | None = Field(None, max_length=MAX_CALL_ID_CHARS)
     status: ItemStatus | None = None
 
