@@ -84,3 +84,86 @@ def test_json_text_within_the_bounds_still_works(live):
     assert post(live, "/v1/chat/completions", chat_with_past_call(call_args)).status_code == 200
     schema = json.dumps({"type": "array", "items": {"type": "array", "items": {"type": "integer"}}})
     assert post(live, "/v1/completions", {"prompt": "hi", "max_tokens": 4, "guided_json": schema}).status_code == 200
+
+
+# --- grammars -------------------------------------------------------------------------------------
+
+EXPLODING_REGEX = "a{1000}{1000}"  # passes validation; its lexer has too many states once 'a' comes
+WIDE_LARK = "start: " + " | ".join(f'"w{i}"' for i in range(6000))  # a row of 6,001 items; llguidance's max is 2,000
+HUGE_REGEX = "a" * 70_000  # past the 65,536-character bound on a spec
+DEEP_SCHEMA = {"type": "array", "items": {}}
+for _ in range(120):
+    DEEP_SCHEMA = {"type": "array", "items": DEEP_SCHEMA}
+HOSTILE_GRAMMARS = {"exploding-regex": ("regex", EXPLODING_REGEX), "wide-lark": ("grammar", WIDE_LARK),
+                    "huge-regex": ("regex", HUGE_REGEX), "bad-regex": ("regex", "a(b"),
+                    "bad-lark": ("grammar", "start: ???"), "deep-schema": ("json", DEEP_SCHEMA),
+                    "huge-schema": ("json", {"enum": ["x" * 70_000]}),
+                    "bad-schema": ("json", {"type": "object", "required": 3})}
+USER = [{"role": "user", "content": "hi"}]
+
+
+def grammar_fields(kind: str, spec) -> list[tuple[str, dict, str]]:
+    """(route, body, the param the 400 names) for every field that takes a constraint of `kind`."""
+    fields = []
+    if kind != "json":
+        guided = {"regex": "guided_regex", "grammar": "guided_grammar"}[kind]
+        for route, base in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": USER})):
+            fields += [(route, {**base, guided: spec}, guided),
+                       (route, {**base, "structured_outputs": {kind: spec}}, "structured_outputs")]
+        return fields
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": spec}}}}
+    for route, base in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": USER})):
+        fields += [(route, {**base, "guided_json": spec}, "guided_json"),
+                   (route, {**base, "structured_outputs": {"json": json.dumps(spec)}}, "structured_outputs"),
+                   (route, {**base, "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": spec}}},
+                    "response_format.json_schema.schema")]
+    # a tool's schema is checked where it is declared (tools.0...) and again as the forced call's grammar
+    fields += [("/v1/chat/completions", {"messages": USER, "tools": [tool], "tool_choice": "required"}, "tool"),
+               ("/v1/responses", {"input": "hi", "text": {"format": {"type": "json_schema", "name": "r", "schema": spec}}},
+                "text.format.schema"),
+               ("/v1/responses", {"input": "hi", "tools": [{"type": "function", "name": "f", **tool["function"]}],
+                                  "tool_choice": "required"}, "tool")]
+    return fields
+
+
+GRAMMAR_CASES = [pytest.param(kind, spec, i, id=f"{name}-{i}") for name, (kind, spec) in HOSTILE_GRAMMARS.items()
+                 for i in range(len(grammar_fields(kind, spec)))]
+
+
+@pytest.mark.parametrize("kind, spec, index", GRAMMAR_CASES)
+@pytest.mark.parametrize("stream", [False, True])
+def test_hostile_grammars_in_any_field_are_a_400_before_queueing(live, kind, spec, index, stream):
+    """Including grammars that pass llguidance's validation and break a limit only once tokens
+    arrive: the first tokens are walked at admission, so nothing is queued and nothing streams."""
+    route, body, param = grammar_fields(kind, spec)[index]
+    tokens_field = "max_output_tokens" if route == "/v1/responses" else "max_tokens"
+    error = assert_4xx(post(live, route, {**body, tokens_field: 8, "stream": stream}))
+    if spec is DEEP_SCHEMA:  # a schema in the body makes the body too deep; as JSON text, the text
+        assert "levels deep; at most 100 are accepted" in error["message"], error
+    else:
+        assert (error["param"] or "").startswith(param), error
+    assert live.engine.get_stats().scheduler.num_waiting == 0
+    assert wait_until(live.is_idle, 10) and not live.engine.is_dead
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_grammar_breaking_a_limit_while_running_ends_its_request_as_a_400(live, monkeypatch, stream):
+    """Past the tokens walked at admission (none here), a limit broken mid-generation ends that
+    request alone: a 400 in one line (no llguidance state dump), or an error event with code 400."""
+    from vllmlite.worker import structured_output
+
+    monkeypatch.setattr(structured_output, "NUM_PROBE_TOKENS", 0, raising=False)
+    body = {"prompt": "hi", "max_tokens": 8, "guided_regex": f"{'cd'[stream]}{{1000}}{{1000}}", "stream": stream}
+    response = post(live, "/v1/completions", body)
+    if stream:
+        assert response.status_code == 200
+        events = [line[len("data: "):] for line in response.text.splitlines() if line.startswith("data: ")]
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == 400 and events[-1] == "[DONE]"
+    else:
+        error = assert_4xx(response)
+    assert error["message"] == (f"the output constraint failed at token {ord('cd'[stream])}: lexer error: too many "
+                                "expressions constructed")
+    assert wait_until(live.is_idle, 10) and not live.engine.is_dead
+    ok = post(live, "/v1/completions", {"prompt": "hi", "max_tokens": 4, "guided_regex": "[ab]{4}"})
+    assert ok.status_code == 200 and len(ok.json()["choices"][0]["text"]) == 4

@@ -36,6 +36,7 @@ from vllmlite.api.openai.serving import (
     ServingContext,
     StreamUsage,
     admit,
+    check_grammar,
     check_model,
     check_request,
     check_stream_fields,
@@ -185,6 +186,7 @@ def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedCha
     params = sampling_params(req, max_tokens=max_tokens, prompt_logprobs=req.prompt_logprobs,
                              logprobs=(req.top_logprobs or 0) if req.logprobs else None,
                              structured_outputs=None if found is None else found[1])
+    check_grammar(ctx, found)
     tools = req.tools if choice != "none" else None
     token_ids = render_messages(ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens), tools)
     check_request(ctx, req, token_ids, params, "messages" if found is None else found[0])
