@@ -1,11 +1,12 @@
-"""The request guard, a pure ASGI middleware: API key first, then the body size limit, then the app;
-and the header deadline, at the connection (uvicorn's protocol), before there is a request at all.
+"""The request guard, a pure ASGI middleware: the message framing first, then the API key, then the
+body size limit, then the app. What happens before there is a request (the header deadline) is the
+connection's: http_protocol.py.
 
-Owns authentication (a constant-time comparison of `Authorization: Bearer <key>`), reading the
-body within `max_body_bytes` (Content-Length checked first, then the bytes actually received,
-all before any JSON parsing) and `body_timeout` seconds, and the time a connection may take to send
-a request's headers. Knows nothing of routes beyond the paths that stay open (/health and the web
-page's files, which hold no data).
+Owns refusing ambiguous framing (Content-Length with Transfer-Encoding), authentication (a
+constant-time comparison of `Authorization: Bearer <key>`), and reading the body within
+`max_body_bytes` (Content-Length checked first, then the bytes actually received, all before any
+JSON parsing) and `body_timeout` seconds. Knows nothing of routes beyond the paths that stay open
+(/health and the web page's files, which hold no data).
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 
-import h11
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from vllmlite.api.errors import APIError
 from vllmlite.api.ops.web import is_page_path
@@ -43,7 +42,7 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        error = self._check_authorization(scope) or self._check_declared_length(scope)
+        error = _check_framing(scope) or self._check_authorization(scope) or self._check_declared_length(scope)
         if error is None:
             try:
                 body = await self._read_body(receive)
@@ -104,6 +103,17 @@ class RequestGuard:
         return APIError(413, f"the request body is larger than the server's limit of {self.max_body_bytes} bytes")
 
 
+def _check_framing(scope: Scope) -> APIError | None:
+    """A request with both Content-Length and Transfer-Encoding is framed two ways (h11 reads the
+    chunks, a proxy in front may have read the length): answered 400 and its connection closed, so
+    no byte after it is read as another request (RFC 9112, section 6.1: request smuggling). h11
+    itself refuses a Transfer-Encoding other than `chunked`, two of them, and conflicting lengths."""
+    if _header(scope, b"transfer-encoding") is not None and _header(scope, b"content-length") is not None:
+        return APIError(400, "the request has both Content-Length and Transfer-Encoding; send one of them",
+                        headers={"Connection": "close"})
+    return None
+
+
 def _header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope["headers"]:
         if key == name:
@@ -123,46 +133,3 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
-
-
-def header_timeout_protocol(header_timeout: float) -> type[H11Protocol]:
-    """uvicorn's HTTP/1.1 protocol, closing a connection that has not sent a whole request's headers
-    within `header_timeout` seconds of opening or of its previous response (uvicorn has no such
-    limit: a client sending a header line now and then would hold its connection forever)."""
-
-    class HeaderTimeoutProtocol(H11Protocol):
-        _header_timer: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm_header_timer()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            if self.conn.their_state is not h11.IDLE:  # the headers are in
-                self._disarm_header_timer()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if self.conn.their_state is h11.IDLE:  # waiting for the next request's headers
-                self._arm_header_timer()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm_header_timer()
-            super().connection_lost(exc)
-
-        def _arm_header_timer(self) -> None:
-            self._disarm_header_timer()
-            self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
-
-        def _disarm_header_timer(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _headers_too_slow(self) -> None:
-            self._header_timer = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                self.transport.close()
-
-    return HeaderTimeoutProtocol

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from vllmlite.api.app import build_app
 from vllmlite.api.cli import ServerArgs, parse_config
-from vllmlite.api.middleware import header_timeout_protocol
+from vllmlite.api.http_protocol import guarded_protocol
 from vllmlite.engine.client import EngineClient
 from vllmlite.engine.factory import make_async_engine
 
@@ -78,10 +78,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def uvicorn_config(app: FastAPI, config: ServerArgs) -> uvicorn.Config:
-    """uvicorn for `app`, with the header timeout uvicorn itself lacks."""
+    """uvicorn for `app`, with what its HTTP/1.1 protocol lacks (http_protocol.py)."""
     return uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                           timeout_graceful_shutdown=5, lifespan="on",
-                          http=header_timeout_protocol(config.header_timeout))
+                          http=guarded_protocol(config.header_timeout))
 
 
 if __name__ == "__main__":
