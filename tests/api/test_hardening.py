@@ -192,7 +192,7 @@ def _stalled_stream(url: str, body: dict) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect((host, int(port)))
     payload = json.dumps(body).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
     return sock
 
@@ -250,7 +250,7 @@ def test_connections_that_never_finish_their_headers_are_closed(tiny_model):
     with running_server(tiny_model, header_timeout=0.5) as live:
         idle, trickle = _connect(live.url), _connect(live.url)
         start = time.monotonic()
-        trickle.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        trickle.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         for i in range(3):  # a header line now and then, never the blank line
             time.sleep(0.2)
             try:
@@ -268,7 +268,7 @@ def test_connections_that_never_finish_their_headers_are_closed(tiny_model):
 def test_a_body_that_never_arrives_gets_408(tiny_model):
     with running_server(tiny_model, body_timeout=0.5) as live:
         sock = _connect(live.url)
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 100\r\n\r\n{\"prompt\":")
         response = b""
         while chunk := sock.recv(65536):  # the head and the body may arrive apart; the server then closes

@@ -28,7 +28,8 @@ from starlette.types import Receive, Scope, Send
 from vllmlite import json_text
 from vllmlite.api.cli import ServerArgs
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
-from vllmlite.api.middleware import OPEN_PATHS, RequestGuard
+from vllmlite.api.hosts import HostPolicy
+from vllmlite.api.middleware import OPEN_PATHS, GuardPolicy, RequestGuard
 from vllmlite.api.openai.constraints import is_constrained
 from vllmlite.api.openai.protocol import (
     ChatCompletionChunk,
@@ -96,11 +97,12 @@ def build_app(engine: EngineClient, config: ServerArgs) -> FastAPI:
     add_web_routes(app)
     install_openapi(app)
     open_paths = frozenset({"/health"}) if config.api_key_on_metrics else OPEN_PATHS
-    app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                       body_timeout=config.body_timeout, open_paths=open_paths)
+    app.add_middleware(RequestGuard, policy=GuardPolicy(
+        config.api_key, config.max_body_bytes, config.body_timeout, open_paths,
+        HostPolicy(config.host, config.allowed_hosts)))
     # Added last, so outermost: a browser's preflight (which carries no API key) is answered before
     # the guard, and the guard's errors carry the CORS headers a page needs to read them.
-    app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+    app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
                        allow_methods=list(config.allowed_methods), allow_headers=list(config.allowed_headers),
                        allow_credentials=config.allow_credentials)
     return app
@@ -146,10 +148,14 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 async def parse_body(request: Request, model: type[Model]) -> Model:
-    """The body as `model`, parsed strictly from JSON; any problem, an unknown field included, is a
-    400 naming the field. JSON nested past json_text's bound or repeating a key in one object is a
+    """The body as `model`, parsed strictly from JSON sent as JSON (415 otherwise); any problem, an
+    unknown field included, is a 400 naming the field. JSON nested past json_text's bound or repeating a key in one object is a
     400 too (with the last value winning, `"role": "user", ..., "role": "system"` would pass as a
     system message)."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":  # as vLLM: else a page's form or text/plain POST needs no preflight
+        raise APIError(415, f"the request body must be JSON sent as Content-Type: application/json, not "
+                            f"{media_type or 'without a Content-Type'}")
     body = await request.body()
     try:
         json_text.loads(body)

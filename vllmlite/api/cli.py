@@ -98,8 +98,12 @@ class ServerArgs(EngineArgs):
                                                "(request traces, KV block states, recent steps, the config; "
                                                "behind the API key when there is one)")
     log_level: str = knob("info", f"one of {', '.join(LOG_LEVELS)}")
-    allowed_origins: tuple[str, ...] = knob(("*",), "CORS: origins browsers may call from, a JSON list",
-                                            parse=parse_json_list)
+    allowed_origins: tuple[str, ...] | None = knob(None, "CORS: origins browsers may call from, a JSON list "
+                                                         "(default: none without --api-key, the web page at / "
+                                                         "being same-origin; any with it)", parse=parse_json_list)
+    allowed_hosts: tuple[str, ...] = knob((), "Host header values accepted besides loopback names and the address "
+                                              "listened on (any IP address when that is 0.0.0.0 or ::), a JSON "
+                                              "list; '*' accepts any (DNS rebinding defence)", parse=parse_json_list)
     allowed_methods: tuple[str, ...] = knob(("*",), "CORS: allowed methods, a JSON list", parse=parse_json_list)
     allowed_headers: tuple[str, ...] = knob(("*",), "CORS: allowed request headers, a JSON list",
                                             parse=parse_json_list)
@@ -141,6 +145,15 @@ class ServerArgs(EngineArgs):
     @property
     def model_name(self) -> str:
         return self.served_model_name or default_served_model_name(self.model)
+
+    @property
+    def cors_origins(self) -> tuple[str, ...]:
+        """The origins CORS lets read responses: --allowed-origins, else none without an API key (any
+        page could otherwise drive a keyless server from a visitor's browser), any with one (the key
+        is the guard, as in vLLM)."""
+        if self.allowed_origins is not None:
+            return self.allowed_origins
+        return ("*",) if self.api_key else ()
 
     @property
     def uses_ray(self) -> bool:

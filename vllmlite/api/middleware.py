@@ -1,8 +1,8 @@
-"""The request guard, a pure ASGI middleware: the message framing first, then the API key, then the
-body size limit, then the app. What happens before there is a request (the header deadline) is the
+"""The request guard, a pure ASGI middleware: the message framing first, then the Host header, then
+the API key, then the body size limit, then the app. What happens before there is a request (the header deadline) is the
 connection's: http_protocol.py.
 
-Owns refusing ambiguous framing (Content-Length with Transfer-Encoding), authentication (a
+Owns refusing ambiguous framing (Content-Length with Transfer-Encoding) and unknown hosts, authentication (a
 constant-time comparison of `Authorization: Bearer <key>`), and reading the body within
 `max_body_bytes` (Content-Length checked first, then the bytes actually received, all before any
 JSON parsing) and `body_timeout` seconds. Knows nothing of routes beyond the paths that stay open
@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from dataclasses import dataclass
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vllmlite.api.errors import APIError
+from vllmlite.api.hosts import HostPolicy
 from vllmlite.api.ops.web import is_page_path
 
 # Open without the API key, as in vLLM (whose key guards /v1/*): probes, scrapers and the version.
@@ -29,20 +31,32 @@ class _ClientGone(Exception):
     """The client disconnected while sending its body."""
 
 
+@dataclass(frozen=True)
+class GuardPolicy:
+    """What the guard enforces, from the server's knobs."""
+
+    api_key: str | None
+    max_body_bytes: int
+    body_timeout: float | None = None
+    open_paths: frozenset[str] = OPEN_PATHS     # answered without the API key
+    hosts: HostPolicy | None = None             # None: any Host header
+
+
 class RequestGuard:
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int, body_timeout: float | None = None,
-                 open_paths: frozenset[str] = OPEN_PATHS) -> None:
+    def __init__(self, app: ASGIApp, policy: GuardPolicy) -> None:
         self.app = app
-        self.api_key = None if api_key is None else api_key.encode()
-        self.max_body_bytes = max_body_bytes
-        self.body_timeout = body_timeout
-        self.open_paths = open_paths
+        self.api_key = None if policy.api_key is None else policy.api_key.encode()
+        self.max_body_bytes = policy.max_body_bytes
+        self.body_timeout = policy.body_timeout
+        self.open_paths = policy.open_paths
+        self.hosts = policy.hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        error = _check_framing(scope) or self._check_authorization(scope) or self._check_declared_length(scope)
+        error = (_check_framing(scope) or self._check_host(scope) or self._check_authorization(scope)
+                 or self._check_declared_length(scope))
         if error is None:
             try:
                 body = await self._read_body(receive)
@@ -55,6 +69,17 @@ class RequestGuard:
             await response(scope, receive, send)
             return
         await self.app(scope, _replay(body, receive), send)
+
+    def _check_host(self, scope: Scope) -> APIError | None:
+        """DNS rebinding: a page that points its own name at this server sends that name as Host."""
+        if self.hosts is None:
+            return None
+        header = _header(scope, b"host")
+        text = None if header is None else header.decode("latin-1")
+        if self.hosts.allows(text):
+            return None
+        return APIError(400, f"the Host header {text!r} names none of the hosts this server answers to (loopback "
+                             "names and the address it listens on); add it with --allowed-hosts")
 
     def _check_authorization(self, scope: Scope) -> APIError | None:
         if self.api_key is None or scope["path"] in self.open_paths or is_page_path(scope["path"]):
