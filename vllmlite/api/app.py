@@ -99,7 +99,7 @@ def build_app(engine: EngineClient, config: ServerArgs) -> FastAPI:
     open_paths = frozenset({"/health"}) if config.api_key_on_metrics else OPEN_PATHS
     app.add_middleware(RequestGuard, policy=GuardPolicy(
         config.api_key, config.max_body_bytes, config.body_timeout, open_paths,
-        HostPolicy(config.host, config.allowed_hosts)))
+        HostPolicy(config.host, config.allowed_hosts), lambda: engine.is_draining))
     # Added last, so outermost: a browser's preflight (which carries no API key) is answered before
     # the guard, and the guard's errors carry the CORS headers a page needs to read them.
     app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),

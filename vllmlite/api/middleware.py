@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vllmlite.api.errors import APIError
+from vllmlite.api.errors import RETRY_AFTER_SECONDS, APIError
 from vllmlite.api.hosts import HostPolicy
 from vllmlite.api.ops.web import is_page_path
 
 # Open without the API key, as in vLLM (whose key guards /v1/*): probes, scrapers and the version.
 # `--api-key-on-metrics` keeps only /health open.
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
+DRAIN_POLL_SECONDS = 0.1  # how often a body still arriving checks whether the server drains
 
 
 class _ClientGone(Exception):
@@ -40,6 +42,7 @@ class GuardPolicy:
     body_timeout: float | None = None
     open_paths: frozenset[str] = OPEN_PATHS     # answered without the API key
     hosts: HostPolicy | None = None             # None: any Host header
+    is_draining: Callable[[], bool] = lambda: False  # the server is shutting down
 
 
 class RequestGuard:
@@ -50,6 +53,7 @@ class RequestGuard:
         self.body_timeout = policy.body_timeout
         self.open_paths = policy.open_paths
         self.hosts = policy.hosts
+        self.is_draining = policy.is_draining
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -103,17 +107,13 @@ class RequestGuard:
 
     async def _read_body(self, receive: Receive) -> bytes:
         """The whole body, counted as it arrives (a chunked body has no Content-Length), within
-        `body_timeout` seconds in all."""
+        `body_timeout` seconds in all, and only until the server starts draining."""
         loop = asyncio.get_running_loop()
         deadline = None if self.body_timeout is None else loop.time() + self.body_timeout
         chunks: list[bytes] = []
         size = 0
         while True:
-            try:
-                message = await asyncio.wait_for(receive(), None if deadline is None else deadline - loop.time())
-            except asyncio.TimeoutError:
-                raise APIError(408, f"the request body did not arrive within the server's {self.body_timeout:g} s",
-                               headers={"Connection": "close"}) from None
+            message = await self._next_message(receive, deadline)
             if message["type"] == "http.disconnect":
                 raise _ClientGone()
             chunk = message.get("body", b"")
@@ -123,6 +123,26 @@ class RequestGuard:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+    async def _next_message(self, receive: Receive, deadline: float | None) -> Message:
+        """The next message of the body: 408 past `deadline`; 503 (and the connection closed) once the
+        server drains, so a half-sent body holds neither the drain nor uvicorn's grace period."""
+        loop = asyncio.get_running_loop()
+        receiving = asyncio.ensure_future(receive())
+        try:
+            while True:
+                wait = DRAIN_POLL_SECONDS if deadline is None else min(DRAIN_POLL_SECONDS, deadline - loop.time())
+                done, _ = await asyncio.wait({receiving}, timeout=max(wait, 0.0))
+                if done:
+                    return receiving.result()
+                if self.is_draining():
+                    raise APIError(503, "the server is shutting down; send the request again",
+                                   headers={"Retry-After": str(RETRY_AFTER_SECONDS), "Connection": "close"})
+                if deadline is not None and loop.time() >= deadline:
+                    raise APIError(408, f"the request body did not arrive within the server's {self.body_timeout:g} s",
+                                   headers={"Connection": "close"})
+        finally:
+            receiving.cancel()
 
     def _too_large(self) -> APIError:
         return APIError(413, f"the request body is larger than the server's limit of {self.max_body_bytes} bytes")

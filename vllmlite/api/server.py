@@ -8,6 +8,7 @@ start-up log and the signal handling. The app and its routes are app.py's.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
@@ -26,7 +27,8 @@ logger = logging.getLogger("vllmlite.api.server")
 class GracefulServer(uvicorn.Server):
     """uvicorn whose SIGINT/SIGTERM first drains the engine: new requests get 503, in-flight ones
     have `shutdown_timeout` seconds to finish, the rest are aborted; then the process exits 0.
-    A second signal exits at once."""
+    A second signal exits at once, with status 128 + the signal's number (as a shell reports a
+    process the signal killed)."""
 
     def __init__(self, config: uvicorn.Config, engine: EngineClient, shutdown_timeout: float) -> None:
         super().__init__(config)
@@ -36,8 +38,10 @@ class GracefulServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self._drain_started:
-            self.should_exit = self.force_exit = True
-            return
+            # Out now: letting uvicorn cancel the tasks in flight would log each one's traceback.
+            logger.warning("signal %d again: exiting at once, without draining", sig)
+            logging.shutdown()
+            os._exit(128 + sig)
         self._drain_started = True
         logger.info("signal %d: draining (up to %.1f s for in-flight requests)", sig, self.shutdown_timeout)
         self.engine.begin_draining()
