@@ -87,6 +87,9 @@ class ServerArgs(EngineArgs):
     header_timeout: float = knob(10.0, "seconds a client has to send a request's headers (the connection is "
                                        "closed beyond it: half-sent requests hold nothing)")
     body_timeout: float = knob(30.0, "seconds a client has to send a request's body (408 beyond it)")
+    limit_concurrency: int = knob(1024, "most open connections served; a request on a connection past it gets "
+                                        "503 (but /health), and at most 64 such connections are held, the "
+                                        "oldest closed first: file descriptors stay bounded")
     stream_send_timeout: float = knob(30.0, "seconds a streaming client may stop reading before its request "
                                             "is aborted and its KV cache freed")
     stream_ping_interval: float = knob(15.0, "seconds between keep-alive comments on a quiet event stream "
@@ -126,6 +129,7 @@ class ServerArgs(EngineArgs):
             (self.shutdown_timeout >= 0, f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}"),
             (self.header_timeout > 0, f"header_timeout must be > 0 seconds, got {self.header_timeout}"),
             (self.body_timeout > 0, f"body_timeout must be > 0 seconds, got {self.body_timeout}"),
+            (self.limit_concurrency >= 1, f"limit_concurrency must be >= 1, got {self.limit_concurrency}"),
             (self.stream_send_timeout > 0, f"stream_send_timeout must be > 0 seconds, got {self.stream_send_timeout}"),
             (self.stream_ping_interval >= 0, f"stream_ping_interval must be >= 0, got {self.stream_ping_interval}"),
             (self.log_level in LOG_LEVELS, f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}"),

@@ -1,34 +1,78 @@
 """The connection, below any request: uvicorn's HTTP/1.1 protocol (h11) with what uvicorn lacks. A
-deadline for each request's headers and OpenAI-shaped answers to malformed HTTP.
+deadline for each request's headers, a bound on open connections (so on the file descriptors they
+hold) and OpenAI-shaped answers to malformed HTTP.
 
-Owns the per-connection timers. Knows nothing of routes.
+Owns the per-connection timers and the server's connection slots. Knows nothing of routes, except
+that `/health` is answered on a refused connection (a probe must see a live server).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 
 import h11
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from vllmlite.api.errors import error_body
+from vllmlite.api.errors import error_body, unavailable
+
+# Connections past the limit are kept this long at most: the oldest of them is closed when one more
+# comes, so file descriptors stay bounded (limit + REFUSAL_SLOTS) however many clients connect.
+REFUSAL_SLOTS = 64
+ALWAYS_ANSWERED = frozenset({"/health"})
 
 
-def guarded_protocol(header_timeout: float) -> type[H11Protocol]:
+class ConnectionSlots:
+    """The server's open connections: up to `limit` served; past it, up to REFUSAL_SLOTS kept only to
+    answer each request 503 (or `/health`) and close, the oldest evicted when another comes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.served: set[H11Protocol] = set()
+        self.refused: deque[H11Protocol] = deque()
+
+    def admit(self, connection: H11Protocol) -> bool:
+        """Take a new connection; False if it is past the limit (then it is one of the refused)."""
+        if len(self.served) < self.limit:
+            self.served.add(connection)
+            return True
+        self.refused.append(connection)
+        if len(self.refused) > REFUSAL_SLOTS:
+            self.refused.popleft().transport.abort()  # its connection_lost releases it
+        return False
+
+    def release(self, connection: H11Protocol) -> None:
+        self.served.discard(connection)
+        if connection in self.refused:
+            self.refused.remove(connection)
+
+    @property
+    def num_open(self) -> int:
+        return len(self.served) + len(self.refused)
+
+
+def guarded_protocol(header_timeout: float, limit_concurrency: int) -> type[H11Protocol]:
     """uvicorn's HTTP/1.1 protocol, with:
     - a header deadline: a connection that has not sent a whole request's headers within
       `header_timeout` seconds of opening or of its previous response is closed (uvicorn has no such
       limit: a client sending a header line now and then would hold its connection forever);
+    - at most `limit_concurrency` connections served; each request on one past it is answered 503
+      with Retry-After and the connection closed, `/health` excepted;
     - malformed HTTP (h11's refusals: a bad Transfer-Encoding, conflicting lengths) answered with an
       OpenAI-shaped 400, then the connection closed (uvicorn's own answer is plain text).
     """
+    slots = ConnectionSlots(limit_concurrency)
 
     class GuardedProtocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        connection_slots = slots  # the server's, for tests and logs
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            if not slots.admit(self):
+                self.app = _refusing(self.app, slots)
             self._arm_header_timer()
 
         def data_received(self, data: bytes) -> None:
@@ -42,6 +86,7 @@ def guarded_protocol(header_timeout: float) -> type[H11Protocol]:
                 self._arm_header_timer()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            slots.release(self)
             self._disarm_header_timer()
             super().connection_lost(exc)
 
@@ -72,3 +117,19 @@ def guarded_protocol(header_timeout: float) -> type[H11Protocol]:
                 self.transport.close()
 
     return GuardedProtocol
+
+
+def _refusing(app: ASGIApp, slots: ConnectionSlots) -> ASGIApp:
+    """`app` for ALWAYS_ANSWERED paths; for any other request, a 503 that closes the connection."""
+    async def refusing(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] in ALWAYS_ANSWERED:
+            await app(scope, receive, send)
+            return
+        error = unavailable(f"the server has {slots.num_open} connections open, more than its limit of "
+                            f"{slots.limit} (--limit-concurrency); retry later")
+        body = json.dumps(error.body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                   (b"connection", b"close"), *((k.lower().encode(), v.encode()) for k, v in error.headers.items())]
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    return refusing

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import threading
 from typing import Any
 
@@ -17,11 +18,12 @@ from fastapi import FastAPI
 
 from vllmlite.api.app import build_app
 from vllmlite.api.cli import ServerArgs, parse_config
-from vllmlite.api.http_protocol import guarded_protocol
+from vllmlite.api.http_protocol import REFUSAL_SLOTS, guarded_protocol
 from vllmlite.engine.client import EngineClient
 from vllmlite.engine.factory import make_async_engine
 
 logger = logging.getLogger("vllmlite.api.server")
+FD_HEADROOM = 256  # files besides connections: the listening socket, model files, pipes, the engine's
 
 
 class GracefulServer(uvicorn.Server):
@@ -65,9 +67,22 @@ def _log_startup(engine: EngineClient, config: ServerArgs) -> None:
                 " (API key required)" if config.api_key else "")
 
 
+def _reserve_file_descriptors(needed: int) -> None:
+    """Raise the soft limit on open files to `needed` if the hard limit allows (a default of 1,024 is
+    common): at the connection limit, accepting would otherwise fail with EMFILE and stall."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        if raised < needed:
+            logger.warning("open files are limited to %d (ulimit -n), fewer than the %d that --limit-concurrency "
+                           "needs: lower --limit-concurrency or raise the limit", raised, needed)
+
+
 def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _reserve_file_descriptors(config.limit_concurrency + REFUSAL_SLOTS + FD_HEADROOM)
     if config.uses_ray:  # Ray is an optional extra: imported only here
         from vllmlite.api.ray.serving import add_replica_routes, launch_replicas
         engine = launch_replicas(config)
@@ -85,7 +100,7 @@ def uvicorn_config(app: FastAPI, config: ServerArgs) -> uvicorn.Config:
     """uvicorn for `app`, with what its HTTP/1.1 protocol lacks (http_protocol.py)."""
     return uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                           timeout_graceful_shutdown=5, lifespan="on",
-                          http=guarded_protocol(config.header_timeout))
+                          http=guarded_protocol(config.header_timeout, config.limit_concurrency))
 
 
 if __name__ == "__main__":
