@@ -29,6 +29,7 @@ from vllmlite import json_text
 from vllmlite.api.cli import ServerArgs
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
 from vllmlite.api.hosts import HostPolicy
+from vllmlite.api.http_protocol import CLOSE_NOW
 from vllmlite.api.middleware import OPEN_PATHS, GuardPolicy, RequestGuard
 from vllmlite.api.openai.constraints import is_constrained
 from vllmlite.api.openai.protocol import (
@@ -277,15 +278,18 @@ def _add_generate_routes(app: FastAPI, ctx: ServingContext, config: ServerArgs) 
 
 
 class _EventStream(EventSourceResponse):
-    """sse-starlette's response, logging a stalled reader in one line instead of a traceback (uvicorn
-    then closes the connection, the response being unfinished)."""
+    """sse-starlette's response; a stalled reader is logged in one line and its connection dropped at
+    once (uvicorn would log the unfinished response as an error, then wait to flush it)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         except SendTimeoutError:
-            logger.warning("%s %s: the client took no data for %g s; its stream is closed and its request aborted",
+            logger.warning("%s %s: a send to the client waited %g s; its stream is closed and its request aborted",
                            scope["method"], scope["path"], self.send_timeout)
+            close_now = scope.get("extensions", {}).get(CLOSE_NOW)
+            if close_now is not None:  # uvicorn through http_protocol.py
+                close_now()
 
 
 async def _prepare(prepare: Callable[[ServingContext, Req], Prepared], ctx: ServingContext, req: Req) -> Prepared:

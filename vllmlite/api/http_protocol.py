@@ -1,6 +1,7 @@
 """The connection, below any request: uvicorn's HTTP/1.1 protocol (h11) with what uvicorn lacks. A
 deadline for each request's headers, a bound on open connections (so on the file descriptors they
-hold) and OpenAI-shaped answers to malformed HTTP.
+hold), OpenAI-shaped answers to malformed HTTP, and a way for the app to drop a connection whose
+reader stalled.
 
 Owns the per-connection timers and the server's connection slots. Knows nothing of routes, except
 that `/health` is answered on a refused connection (a probe must see a live server).
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
+from collections.abc import Callable
 
 import h11
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -22,6 +24,7 @@ from vllmlite.api.errors import error_body, unavailable
 # comes, so file descriptors stay bounded (limit + REFUSAL_SLOTS) however many clients connect.
 REFUSAL_SLOTS = 64
 ALWAYS_ANSWERED = frozenset({"/health"})
+CLOSE_NOW = "vllmlite.close_now"  # the scope extension: a callable that drops the connection at once
 
 
 class ConnectionSlots:
@@ -61,7 +64,8 @@ def guarded_protocol(header_timeout: float, limit_concurrency: int) -> type[H11P
     - at most `limit_concurrency` connections served; each request on one past it is answered 503
       with Retry-After and the connection closed, `/health` excepted;
     - malformed HTTP (h11's refusals: a bad Transfer-Encoding, conflicting lengths) answered with an
-      OpenAI-shaped 400, then the connection closed (uvicorn's own answer is plain text).
+      OpenAI-shaped 400, then the connection closed (uvicorn's own answer is plain text);
+    - CLOSE_NOW in each request's scope extensions, for the app to drop the connection at once.
     """
     slots = ConnectionSlots(limit_concurrency)
 
@@ -71,8 +75,8 @@ def guarded_protocol(header_timeout: float, limit_concurrency: int) -> type[H11P
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            if not slots.admit(self):
-                self.app = _refusing(self.app, slots)
+            app = _with_close_now(self.app, self._close_now)
+            self.app = app if slots.admit(self) else _refusing(app, slots)
             self._arm_header_timer()
 
         def data_received(self, data: bytes) -> None:
@@ -102,6 +106,14 @@ def guarded_protocol(header_timeout: float, limit_concurrency: int) -> type[H11P
                 pass  # a response had already begun: closing is all that is left
             self.transport.close()
 
+        def _close_now(self) -> None:
+            """Drop the connection without flushing what it has not sent (its reader takes nothing:
+            closing would wait for that, holding the descriptor), the response unfinished but not
+            an error to log."""
+            if self.cycle is not None:
+                self.cycle.disconnected = True
+            self.transport.abort()
+
         def _arm_header_timer(self) -> None:
             self._disarm_header_timer()
             self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
@@ -117,6 +129,13 @@ def guarded_protocol(header_timeout: float, limit_concurrency: int) -> type[H11P
                 self.transport.close()
 
     return GuardedProtocol
+
+
+def _with_close_now(app: ASGIApp, close_now: Callable[[], None]) -> ASGIApp:
+    async def with_close_now(scope: Scope, receive: Receive, send: Send) -> None:
+        scope.setdefault("extensions", {})[CLOSE_NOW] = close_now
+        await app(scope, receive, send)
+    return with_close_now
 
 
 def _refusing(app: ASGIApp, slots: ConnectionSlots) -> ASGIApp:
