@@ -90,6 +90,10 @@ BAD_CHATS = [
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user"}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages.0.tool_calls"),
+    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "c1", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages.0.tool_calls"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages.0.content"),
     ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
      "tools.0.function.parameters"),
@@ -207,9 +211,12 @@ def test_api_key_on_metrics_leaves_only_health_open(tiny_model):
             assert httpx.get(live.url + path, headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
-def test_health_answers_head_and_models_reveal_no_file_path(server):
+def test_health_and_metrics_answer_head_and_models_reveal_no_file_path(server):
     head = httpx.head(server.url + "/health")
     assert head.status_code == 200 and head.content == b""
+    head = httpx.head(server.url + "/metrics")  # scrapers' probes
+    get = httpx.get(server.url + "/metrics")
+    assert head.status_code == 200 and head.content == b"" and head.headers["content-type"] == get.headers["content-type"]
     card = httpx.get(server.base_url + "/models").json()["data"][0]
     assert card["root"] == card["id"] == MODEL
 

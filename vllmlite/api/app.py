@@ -30,7 +30,7 @@ from vllmlite.api.cli import ServerArgs
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
 from vllmlite.api.hosts import HostPolicy
 from vllmlite.api.http_protocol import CLOSE_NOW
-from vllmlite.api.middleware import OPEN_PATHS, GuardPolicy, RequestGuard
+from vllmlite.api.middleware import OPEN_PATHS, GuardPolicy, RequestGuard, bearer_token
 from vllmlite.api.openai.constraints import is_constrained
 from vllmlite.api.openai.protocol import (
     ChatCompletionChunk,
@@ -200,6 +200,8 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
 
     @app.get("/metrics", response_class=PlainTextResponse,
              **route_doc({"type": "string"}, media_type="text/plain"))
+    @app.head("/metrics", response_class=PlainTextResponse,  # scrapers' and probes' HEAD
+              **route_doc({"type": "string"}, media_type="text/plain"))
     async def metrics() -> Response:
         text = engine.metrics.render() if engine.metrics is not None else ""
         return PlainTextResponse(text, media_type=METRICS_CONTENT_TYPE)
@@ -314,9 +316,9 @@ def _client_id(request: Request, user: str | None) -> str | None:
         return client_id
     if user:
         return "user-" + user
-    authorization = request.headers.get("authorization", "")
-    if authorization.startswith("Bearer ") and len(authorization) > len("Bearer "):
-        return "key-" + hashlib.sha256(authorization.encode()).hexdigest()[:16]
+    token = bearer_token(request.headers.get("authorization", "").encode("latin-1"))
+    if token is not None:  # the same key in any spelling of the scheme is the same client
+        return "key-" + hashlib.sha256(token).hexdigest()[:16]
     return None
 
 

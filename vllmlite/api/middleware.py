@@ -88,9 +88,8 @@ class RequestGuard:
     def _check_authorization(self, scope: Scope) -> APIError | None:
         if self.api_key is None or scope["path"] in self.open_paths or is_page_path(scope["path"]):
             return None
-        # The scheme is case-insensitive (RFC 9110: "bearer", "BEARER" are "Bearer"); the key is not.
-        scheme, _, key = (_header(scope, b"authorization") or b"").partition(b" ")
-        if scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(b" "), self.api_key):
+        key = bearer_token(_header(scope, b"authorization"))
+        if key is not None and hmac.compare_digest(key, self.api_key):
             return None
         return APIError(401, "a valid API key is required: send `Authorization: Bearer <key>`",
                         headers={"WWW-Authenticate": "Bearer"})
@@ -146,6 +145,18 @@ class RequestGuard:
 
     def _too_large(self) -> APIError:
         return APIError(413, f"the request body is larger than the server's limit of {self.max_body_bytes} bytes")
+
+
+def bearer_token(authorization: bytes | None) -> bytes | None:
+    """The token of an `Authorization: Bearer <token>` header; None for another scheme or no token.
+    The scheme is case-insensitive (RFC 9110: "bearer", "BEARER" are "Bearer"); the token is not.
+
+    >>> bearer_token(b"bearer  abc "), bearer_token(b"Basic abc"), bearer_token(b"Bearer"), bearer_token(None)
+    (b'abc', None, None, None)
+    """
+    scheme, _, token = (authorization or b"").strip(b" ").partition(b" ")
+    token = token.strip(b" ")
+    return token if scheme.lower() == b"bearer" and token else None
 
 
 def _check_framing(scope: Scope) -> APIError | None:
