@@ -9,6 +9,9 @@ import json
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from property_util import examples
 from server_util import running_server, wait_until
 
 DEEP = "[" * 5000 + "]" * 5000          # deep enough to overflow a recursive parser
@@ -167,3 +170,53 @@ def test_a_grammar_breaking_a_limit_while_running_ends_its_request_as_a_400(live
     assert wait_until(live.is_idle, 10) and not live.engine.is_dead
     ok = post(live, "/v1/completions", {"prompt": "hi", "max_tokens": 4, "guided_regex": "[ab]{4}"})
     assert ok.status_code == 200 and len(ok.json()["choices"][0]["text"]) == 4
+
+
+# --- random hostile input -------------------------------------------------------------------------
+
+def nested_text(depth: int, opener: str) -> str:
+    """JSON text `depth` levels deep, by arrays, objects or both in turn."""
+    openers = {"[": ("[", "]"), "{": ('{"k": ', "}")}
+    if opener == "mixed":
+        parts = [openers["[" if i % 2 else "{"] for i in range(depth)]
+    else:
+        parts = [openers[opener]] * depth
+    return "".join(o for o, _ in parts) + "1" + "".join(c for _, c in reversed(parts))
+
+
+JSON_TEXT = st.one_of(
+    st.builds(nested_text, st.integers(0, 6000), st.sampled_from(["[", "{", "mixed"])),
+    st.builds(lambda key, n: "{" + ", ".join(f'"{key}": {i}' for i in range(n)) + "}", st.text(max_size=3), st.integers(2, 4)),
+    st.text(alphabet='[]{}":,\\ 0a', max_size=200),  # mostly not JSON
+    st.builds(lambda n: json.dumps({"type": "string", "enum": ["x" * n]}), st.integers(60_000, 70_000)),
+)
+REGEX_ATOM = st.sampled_from(["a", "[ab]", "(a|b)", ".", "\\d", "(a+)+", "x?"])
+REGEX = st.one_of(
+    st.builds(lambda atom, counts: atom + "".join(f"{{{n}}}" for n in counts), REGEX_ATOM,
+              st.lists(st.integers(1, 1200), min_size=1, max_size=3)),
+    st.builds(lambda atom, n: "(" * n + atom + ")*" * n, REGEX_ATOM, st.integers(1, 300)),
+    st.builds(lambda n: "a" * n, st.integers(60_000, 70_000)),
+)
+LARK = st.builds(lambda n, prefix: f'start: "{prefix}" (' + " | ".join(f'"w{i}"' for i in range(n)) + ")",
+                 st.integers(1, 7000), st.text(alphabet="bc", min_size=1, max_size=12))
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(st.tuples(st.just("json"), JSON_TEXT), st.tuples(st.just("regex"), REGEX),
+                 st.tuples(st.just("grammar"), LARK)), st.data())
+def test_random_hostile_specs_in_any_field_never_get_a_5xx(live, kind_and_spec, data):
+    """Nested, huge, ambiguous or limit-breaking input, in a field drawn from every one that takes
+    it: any 4xx is fine, a 2xx too (llguidance may accept it), a 5xx never, and the engine stays up."""
+    kind, spec = kind_and_spec
+    fields = json_text_fields(spec) if kind == "json" else grammar_fields(kind, spec)
+    route, body, _ = data.draw(st.sampled_from(fields))
+    tokens_field = "max_output_tokens" if route == "/v1/responses" else "max_tokens"
+    body = {**body, "stream": data.draw(st.booleans())} if route != "/tokenize" else body
+    response = post(live, route, {**body, tokens_field: 4} if route != "/tokenize" else body)
+    event(f"{kind} -> {response.status_code}")
+    assert response.status_code < 500, response.text[:500]
+    if response.status_code >= 400:
+        assert_4xx(response, response.status_code)
+    elif body.get("stream"):
+        assert '"code": 5' not in response.text and '"code":5' not in response.text, response.text[-500:]
+    assert wait_until(live.is_idle, 30) and not live.engine.is_dead
