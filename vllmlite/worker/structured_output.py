@@ -90,8 +90,8 @@ class GrammarCompiler:
         stop_token_ids = list(self._tokenizer.stop_token_ids)
         for _ in range(NUM_PROBE_TOKENS):
             llguidance.numpy.fill_next_token_bitmask(state.matcher, bitmask, 0)
-            allowed = np.unpackbits(bitmask.view(np.uint8), bitorder="little")[:state.vocab_size]  # [vocab]
-            allowed[[t for t in stop_token_ids if t < state.vocab_size]] = 0
+            allowed = unpack_bitmask(bitmask, state.vocab_size)[0]  # [vocab] bool
+            allowed[[t for t in stop_token_ids if t < state.vocab_size]] = False
             if state.matcher.is_error() or state.is_terminated or not allowed.any():
                 break
             state.accept(int(allowed.argmax()))
