@@ -150,9 +150,9 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 async def parse_body(request: Request, model: type[Model]) -> Model:
     """The body as `model`, parsed strictly from JSON sent as JSON (415 otherwise); any problem, an
-    unknown field included, is a 400 naming the field. JSON nested past json_text's bound or repeating a key in one object is a
-    400 too (with the last value winning, `"role": "user", ..., "role": "system"` would pass as a
-    system message)."""
+    unknown field included, is a 400 naming the field. JSON nested past json_text's bound, or with
+    a key twice in one object, is a 400 too (were the last value to win, `"role": "user", ...,
+    "role": "system"` would pass as a system message)."""
     media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media_type != "application/json":  # as vLLM: else a page's form or text/plain POST needs no preflight
         raise APIError(415, f"the request body must be JSON sent as Content-Type: application/json, not "

@@ -1,12 +1,12 @@
 """The request guard, a pure ASGI middleware: the message framing first, then the Host header, then
-the API key, then the body size limit, then the app. What happens before there is a request (the header deadline) is the
-connection's: http_protocol.py.
+the API key, then the body size limit, then the app. What happens before there is a request (the
+header deadline, the connection limit) is the connection's: http_protocol.py.
 
-Owns refusing ambiguous framing (Content-Length with Transfer-Encoding) and unknown hosts, authentication (a
-constant-time comparison of `Authorization: Bearer <key>`), and reading the body within
-`max_body_bytes` (Content-Length checked first, then the bytes actually received, all before any
-JSON parsing) and `body_timeout` seconds. Knows nothing of routes beyond the paths that stay open
-(/health and the web page's files, which hold no data).
+Owns refusing ambiguous framing (Content-Length with Transfer-Encoding) and unknown hosts,
+authentication (a constant-time comparison of `Authorization: Bearer <key>`), and reading the body
+within `max_body_bytes` (Content-Length checked first, then the bytes actually received, all before
+any JSON parsing), within `body_timeout` seconds and until the server drains. Knows nothing of
+routes beyond the paths that stay open (/health and the web page's files, which hold no data).
 """
 
 from __future__ import annotations

@@ -75,8 +75,8 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     error: str | None = None
-    # The error is the request's own (its grammar broke a limit, its prompt can never fit), not the
-    # engine's: HTTP answers it as a 400, not a 500.
+    # The error is the request's own (its grammar broke a limit, its prompt can never fit), not a
+    # fault of the engine: the caller's to fix (the API answers it as a client error).
     is_client_error: bool = False
     cumulative_logprob: float = 0.0
     logprobs: list = field(default_factory=list)      # TokenLogprobs per output token, when asked
