@@ -12,7 +12,7 @@ from paths import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "vllmlite"
 BASE = {"config", "engine_args", "sampling_params", "pooling_params", "structured_output_params", "outputs",
-        "beam_search", "stats", "threads", "progress", "version"}
+        "beam_search", "json_text", "stats", "threads", "progress", "version"}
 # room -> the rooms it may import from (besides itself). "base" is the top-level modules above; "entry" the
 # public entry points (vllmlite/__init__.py, llm.py), which sit on everything but the API.
 ALLOWED = {

@@ -63,6 +63,7 @@ class RequestOutput:
     error: str | None = None
     metrics: RequestMetrics | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = None  # [None, dict, ...] when asked for
+    is_client_error: bool = False  # `error` is the request's own (its grammar, its size), not the engine's
 
 
 @dataclass

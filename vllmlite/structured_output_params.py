@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllmlite import json_text
+
 MAX_CHOICES = 1024
 MAX_SPEC_CHARS = 1 << 16  # a schema (as JSON text), regex, grammar or all choices: bounds compile time
 
@@ -138,6 +140,8 @@ class StructuredOutputsParams:
 
 def _parse_json(text: str) -> Any:
     try:
-        return json.loads(text)
+        return json_text.loads(text)
+    except json_text.JSONTextError as error:
+        raise ValueError(f"structured_outputs.json {error}") from None
     except json.JSONDecodeError as error:
         raise ValueError(f"structured_outputs.json is not valid JSON: {error}") from None

@@ -1,5 +1,6 @@
 """CORS as vLLM's server flags set it (--allowed-origins, --allowed-methods, --allowed-headers,
---allow-credentials), against a live server: preflights, simple requests, a disallowed origin."""
+--allow-credentials), against a live server: preflights, simple requests, a disallowed origin, and
+the defaults (no other origin without an API key, any with one)."""
 
 from __future__ import annotations
 
@@ -53,11 +54,29 @@ def test_simple_requests_carry_the_origin_only_when_it_is_allowed(strict):
     assert unauthorized.status_code == 401 and unauthorized.headers["access-control-allow-origin"] == ALLOWED
 
 
-def test_the_defaults_allow_any_origin_without_credentials(tiny_model):
+def test_by_default_a_keyless_server_answers_no_other_origin(tiny_model):
+    """Without an API key nothing guards a server but the browser's same-origin rule, so by default
+    CORS opens nothing: a preflight is refused and no response carries Allow-Origin (the web page at
+    / is same-origin and needs none)."""
     with running_server(tiny_model) as live:
+        response = preflight(live.base_url + "/completions", DENIED)
+        assert response.status_code == 400 and "access-control-allow-origin" not in response.headers
+        simple = httpx.get(live.url + "/health", headers={"Origin": DENIED}, timeout=30)
+        assert simple.status_code == 200 and "access-control-allow-origin" not in simple.headers
+
+
+def test_by_default_a_keyed_server_allows_any_origin_without_credentials(tiny_model):
+    """With a key, the key is the guard (as in vLLM): any origin, no cookies."""
+    with running_server(tiny_model, api_key="k") as live:
         response = preflight(live.base_url + "/completions", DENIED, "PUT", "x-anything")
         assert response.status_code == 200 and response.headers["access-control-allow-origin"] == "*"
         assert "access-control-allow-credentials" not in response.headers
         simple = httpx.get(live.url + "/health", headers={"Origin": DENIED}, timeout=30)
         assert simple.status_code == 200 and simple.headers["access-control-allow-origin"] == "*"
         assert httpx.get(live.url + "/health", timeout=30).headers.get("access-control-allow-origin") is None
+
+
+def test_allowed_origins_open_a_keyless_server_to_those_origins(tiny_model):
+    with running_server(tiny_model, allowed_origins=(ALLOWED,)) as live:
+        assert preflight(live.base_url + "/completions", ALLOWED).headers["access-control-allow-origin"] == ALLOWED
+        assert preflight(live.base_url + "/completions", DENIED).status_code == 400

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 from types import SimpleNamespace
@@ -192,7 +193,7 @@ def _stalled_stream(url: str, body: dict) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect((host, int(port)))
     payload = json.dumps(body).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
     return sock
 
@@ -212,6 +213,29 @@ def test_a_reader_that_stops_reading_is_aborted_and_its_blocks_freed(tiny_model)
         finally:
             sock.close()
         assert httpx.get(live.url + "/health").status_code == 200
+
+
+def test_a_stalled_reader_is_dropped_at_once_and_quietly(tiny_model, caplog):
+    """Its connection is gone as soon as the send times out (closing would wait for its unread
+    bytes, holding the descriptor), with one warning and no error logged (uvicorn's "returned
+    without completing response")."""
+    uvicorn_errors = logging.getLogger("uvicorn.error")  # uvicorn's loggers do not propagate to the root
+    uvicorn_errors.addHandler(caplog.handler)
+    caplog.set_level(logging.WARNING)
+    try:
+        with running_server(tiny_model, stream_send_timeout=0.5, max_model_len=4096) as live:
+            sock = _stalled_stream(live.url, {"prompt": "hello", "stream": True, "n": 4, "logprobs": 5,
+                                              "max_tokens": 4000, "ignore_eos": True})
+            try:
+                assert wait_until(lambda: live.engine.num_unfinished_requests == 1, 10)
+                assert wait_until(live.is_idle, 30), "the stalled stream's request was never aborted"
+                assert wait_until(lambda: not live.server.server_state.connections, 5), "its connection is held"
+            finally:
+                sock.close()
+    finally:
+        uvicorn_errors.removeHandler(caplog.handler)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert any("a send to the client waited 0.5 s" in r.getMessage() for r in caplog.records)
 
 
 def test_a_quiet_stream_gets_keep_alive_pings(tiny_model):
@@ -250,7 +274,7 @@ def test_connections_that_never_finish_their_headers_are_closed(tiny_model):
     with running_server(tiny_model, header_timeout=0.5) as live:
         idle, trickle = _connect(live.url), _connect(live.url)
         start = time.monotonic()
-        trickle.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        trickle.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         for i in range(3):  # a header line now and then, never the blank line
             time.sleep(0.2)
             try:
@@ -268,7 +292,7 @@ def test_connections_that_never_finish_their_headers_are_closed(tiny_model):
 def test_a_body_that_never_arrives_gets_408(tiny_model):
     with running_server(tiny_model, body_timeout=0.5) as live:
         sock = _connect(live.url)
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 100\r\n\r\n{\"prompt\":")
         response = b""
         while chunk := sock.recv(65536):  # the head and the body may arrive apart; the server then closes

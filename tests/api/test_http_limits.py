@@ -76,7 +76,7 @@ def test_a_body_trickled_past_the_body_timeout_in_total_gets_408(live):
     """Each piece arrives well within the body timeout, but the whole body does not: 408."""
     body = body_of_size(200)
     sock = connect(live.url)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n" % len(body))
     # 10 bytes every 0.15 s, stopping short of the end: 3 s in all if nothing stops it
     elapsed = trickle(sock, [body[i:i + 10] for i in range(0, len(body) - 10, 10)], 0.15)
@@ -90,12 +90,12 @@ def test_the_header_deadline_rearms_for_the_next_request_on_a_keep_alive_connect
     """After a response, a keep-alive connection has the header timeout again to send its next
     request's headers: trickling them one line at a time does not hold it open."""
     sock = connect(live.url)
-    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     first = b""
     while b"\r\n\r\n" not in first:
         first += sock.recv(65536)
     assert first.startswith(b"HTTP/1.1 200")
-    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     # a header line every 0.2 s, never the blank line: 4 s if nothing closes the connection
     elapsed = trickle(sock, [b"X-Slow-%d: 1\r\n" % i for i in range(20)], 0.2)
     assert elapsed < 2.0, f"held {elapsed:.1f} s against a header timeout of 0.6 s"

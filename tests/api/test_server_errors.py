@@ -90,6 +90,10 @@ BAD_CHATS = [
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user"}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages.0.tool_calls"),
+    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "c1", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages.0.tool_calls"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages.0.content"),
     ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
      "tools.0.function.parameters"),
@@ -127,10 +131,9 @@ def test_bad_chat_fields_are_400_naming_the_param(server, body, param):
 
 def test_malformed_bodies_are_400(server):
     url = server.base_url + "/completions"
-    assert_openai_error(httpx.post(url, content=b"{not json"), 400)
-    assert_openai_error(httpx.post(url, content=b"[1, 2]"), 400)
-    assert_openai_error(httpx.post(url, content=b"[" * 1000 + b"]" * 1000), 400)
-    assert_openai_error(httpx.post(url, content=b""), 400)
+    as_json = {"Content-Type": "application/json"}  # without it every body is a 415 (test_safe_defaults.py)
+    for body in (b"{not json", b"[1, 2]", b"[" * 1000 + b"]" * 1000, b""):
+        assert_openai_error(httpx.post(url, content=body, headers=as_json), 400)
 
 
 def test_openai_client_raises_bad_request_and_the_server_keeps_serving(client):
@@ -208,9 +211,12 @@ def test_api_key_on_metrics_leaves_only_health_open(tiny_model):
             assert httpx.get(live.url + path, headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
-def test_health_answers_head_and_models_reveal_no_file_path(server):
+def test_health_and_metrics_answer_head_and_models_reveal_no_file_path(server):
     head = httpx.head(server.url + "/health")
     assert head.status_code == 200 and head.content == b""
+    head = httpx.head(server.url + "/metrics")  # scrapers' probes
+    get = httpx.get(server.url + "/metrics")
+    assert head.status_code == 200 and head.content == b"" and head.headers["content-type"] == get.headers["content-type"]
     card = httpx.get(server.base_url + "/models").json()["data"][0]
     assert card["root"] == card["id"] == MODEL
 

@@ -15,6 +15,8 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from server_util import fault_on, running_server, wait_until
 
+from vllmlite.api.openai.protocol_fields import MAX_PROMPT_CHARS
+
 MODEL = "random"
 MARKER = "@@FAULT@@"
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
@@ -188,6 +190,7 @@ BAD_REQUESTS = [
     ({"input": "x", "metadata": {str(i): "v" for i in range(17)}}, "metadata"),
     ({"input": "x", "temperature": 3}, "temperature"),
     ({"input": "x", "model": "gpt-5"}, "model"),
+    ({"input": "x" * (MAX_PROMPT_CHARS + 1)}, "input"),
 ]
 
 
@@ -198,6 +201,13 @@ def test_bad_requests_are_openai_errors_naming_the_responses_field(server, body,
     error = response.json()["error"]
     assert error["param"] == param and error["message"]
     assert "messages" not in error["message"] and "max_completion_tokens" not in error["message"]
+
+
+def test_an_input_string_past_the_bound_is_a_length_error(server):
+    """Not the list form's "Input should be a valid array" (pydantic reports a union's last failure)."""
+    error = post(server, {"input": "x" * (MAX_PROMPT_CHARS + 1)}).json()["error"]
+    assert error["message"] == f"input: input has {MAX_PROMPT_CHARS + 1} characters; at most {MAX_PROMPT_CHARS} " \
+                               "are accepted"
 
 
 def test_the_openapi_document_declares_the_route_and_its_events_without_done(server):

@@ -332,6 +332,27 @@ def test_user_is_the_fairness_key_after_the_client_id_header(server, client):
     assert seen == ["user-alice", "user-bob", "tenant-7"]
 
 
+def test_a_bearer_key_is_one_fairness_key_in_any_spelling_of_the_scheme(server):
+    seen = []
+    engine = server.engine.engine
+    original = engine.add_request
+
+    def spy(request_id, prompt, params, **kwargs):
+        seen.append(kwargs["client_id"])
+        return original(request_id, prompt, params, **kwargs)
+
+    engine.add_request = spy
+    try:
+        for authorization in ("Bearer k1", "bearer k1", "BEARER  k1", "Bearer k2", "Basic k1", "Bearer"):
+            response = httpx.post(server.base_url + "/completions", json={"prompt": "hi", "max_tokens": 1},
+                                  headers={"Authorization": authorization})
+            assert response.status_code == 200
+    finally:
+        del engine.add_request
+    assert seen[0] == seen[1] == seen[2] and seen[0].startswith("key-")
+    assert seen[3] != seen[0] and seen[3].startswith("key-") and seen[4:] == [None, None]
+
+
 def test_tokenize_messages_honours_add_special_tokens(server):
     plain = httpx.post(server.url + "/tokenize", json={"messages": USER}).json()["tokens"]
     special = httpx.post(server.url + "/tokenize", json={"messages": USER, "add_special_tokens": True}).json()["tokens"]

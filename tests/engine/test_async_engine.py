@@ -183,7 +183,7 @@ def test_shutdown_past_its_timeout_aborts_the_rest(make_async):
 # What the API calls on an engine (engine/client.py); the Ray ingress's RemoteEngine is checked
 # against the same list in tests/api/ray/test_remote_engine.py.
 ENGINE_CLIENT_MEMBERS = {"max_queue", "metrics", "is_draining", "tokenizer", "max_model_len", "hidden_size",
-                         "request_limits", "health_error", "summary", "check_request", "add_request", "abort",
+                         "request_limits", "health_error", "summary", "check_request", "check_grammar", "add_request", "abort",
                          "inspect", "start", "begin_draining", "shutdown"}
 
 

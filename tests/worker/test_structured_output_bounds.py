@@ -1,5 +1,6 @@
-"""Structured output at its edges: a grammar that is complete but may go on, empty constraints, and
-the masks along speculative guesses when the model's vocabulary is larger than the grammar's."""
+"""Structured output at its edges: a grammar that is complete but may go on, empty constraints, the
+masks along speculative guesses when the model's vocabulary is larger than the grammar's, and
+grammars that break one of llguidance's limits only once tokens arrive."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from conftest import run_to_completion
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.tokenizer import ByteTokenizer
-from vllmlite.worker.structured_output import GrammarMasker, GrammarState, make_llg_tokenizer, unpack_bitmask
+from vllmlite.worker.structured_output import (
+    GrammarCompiler,
+    GrammarMasker,
+    GrammarState,
+    make_llg_tokenizer,
+    unpack_bitmask,
+)
 
 EOS = 257  # the byte tokenizer's <|eos|>
 
@@ -64,3 +71,41 @@ def test_masks_along_guesses_never_allow_tokens_past_the_grammars_vocabulary():
         assert row[:grammar_vocab_size].all()
     assert not masks[1:, grammar_vocab_size:].any()
     assert matcher.get_error() == "" and not matcher.is_stopped()  # the guesses were rolled back
+
+
+# --- llguidance's limits, met once tokens arrive ----------------------------------------------------
+
+EXPLODING = {"regex": "a{1000}{1000}", "grammar": "start: " + " | ".join(f'"w{i}"' for i in range(6000))}
+
+
+@pytest.mark.parametrize("kind", sorted(EXPLODING))
+def test_check_walks_the_first_tokens_and_refuses_a_grammar_past_a_limit_in_one_line(kind):
+    """Both pass llguidance's validation; the lexer (too many states) or the parser (a row of 6,001
+    items) fails at the first token."""
+    params = StructuredOutputsParams(**{kind: EXPLODING[kind]})
+    params.verify()
+    compiler = GrammarCompiler(ByteTokenizer(), 258)
+    with pytest.raises(ValueError, match=f"^structured_outputs.{kind} breaks a limit of the grammar engine within "
+                                         r"its first tokens: [^\n]+$"):
+        compiler.check(params)
+    compiler.check(StructuredOutputsParams(regex="[ab]{1000}"))  # long, within the limits
+    compiler.check(StructuredOutputsParams(json_object=True))
+
+
+def test_a_state_whose_grammar_broke_a_limit_accepts_nothing_not_even_eos():
+    """Every state compiled from one spec shares its lexer: once one breaks it, the others start failed,
+    their mask allows only EOS, and taking it must not pass for the grammar's end."""
+    tokenizer = ByteTokenizer()
+    llg_tokenizer = make_llg_tokenizer(tokenizer, tokenizer.vocab_size)
+    compiled = llguidance.LLMatcher(llg_tokenizer, StructuredOutputsParams(regex="q{1000}{1000}").grammar_text())
+    masker = GrammarMasker(tokenizer.vocab_size)
+
+    def allowed(state: GrammarState) -> list[int]:  # as the engine does: the mask, then the sampled token
+        return np.flatnonzero(unpack_bitmask(masker.masks([(state, [])]), tokenizer.vocab_size)[0]).tolist()
+
+    first = GrammarState(compiled.deep_copy(), llg_tokenizer.vocab_size)
+    assert allowed(first) == [ord("q")]
+    assert not first.accept(ord("q")) and first.error == "lexer error: too many expressions constructed"
+    second = GrammarState(compiled.deep_copy(), llg_tokenizer.vocab_size)
+    assert allowed(second) == [EOS]
+    assert not second.accept(EOS)

@@ -25,8 +25,11 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from vllmlite import json_text
 from vllmlite.api.cli import ServerArgs
 from vllmlite.api.errors import APIError, bad_request, error_body, from_validation_error, param_path, unavailable
+from vllmlite.api.hosts import HostPolicy
+from vllmlite.api.http_protocol import CLOSE_NOW
 from vllmlite.api.llamacpp.protocol import (
     COMPLETION_ANSWER_SCHEMA,
     LlamaCompletionRequest,
@@ -36,7 +39,7 @@ from vllmlite.api.llamacpp.protocol import (
 from vllmlite.api.llamacpp.routes import add_llama_routes
 from vllmlite.api.llamacpp.serving_completion import create_llama_completion, prepare_llama_completion
 from vllmlite.api.llamacpp.serving_tokenize import is_llama_tokenize, llama_tokenize
-from vllmlite.api.middleware import OPEN_PATHS, RequestGuard
+from vllmlite.api.middleware import OPEN_PATHS, GuardPolicy, RequestGuard, bearer_token
 from vllmlite.api.openai.constraints import is_constrained
 from vllmlite.api.openai.protocol import (
     ChatCompletionChunk,
@@ -106,11 +109,12 @@ def build_app(engine: EngineClient, config: ServerArgs) -> FastAPI:
     add_web_routes(app)
     install_openapi(app)
     open_paths = frozenset({"/health"}) if config.api_key_on_metrics else OPEN_PATHS
-    app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                       body_timeout=config.body_timeout, open_paths=open_paths)
+    app.add_middleware(RequestGuard, policy=GuardPolicy(
+        config.api_key, config.max_body_bytes, config.body_timeout, open_paths,
+        HostPolicy(config.host, config.allowed_hosts), lambda: engine.is_draining))
     # Added last, so outermost: a browser's preflight (which carries no API key) is answered before
     # the guard, and the guard's errors carry the CORS headers a page needs to read them.
-    app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+    app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
                        allow_methods=list(config.allowed_methods), allow_headers=list(config.allowed_headers),
                        allow_credentials=config.allow_credentials)
     return app
@@ -156,10 +160,23 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 async def parse_body(request: Request, model: type[Model]) -> Model:
-    """The body as `model`, parsed strictly from JSON; any problem, an unknown field included, is a
-    400 naming the field."""
+    """The body as `model`, parsed strictly from JSON sent as JSON (415 otherwise); any problem, an
+    unknown field included, is a 400 naming the field. JSON nested past json_text's bound, or with
+    a key twice in one object, is a 400 too (were the last value to win, `"role": "user", ...,
+    "role": "system"` would pass as a system message)."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":  # as vLLM: else a page's form or text/plain POST needs no preflight
+        raise APIError(415, f"the request body must be JSON sent as Content-Type: application/json, not "
+                            f"{media_type or 'without a Content-Type'}")
+    body = await request.body()
     try:
-        parsed = model.model_validate_json(await request.body())
+        json_text.loads(body)
+    except json_text.JSONTextError as error:
+        raise bad_request(f"the request body {error}") from None
+    except ValueError:
+        pass  # not JSON at all: pydantic's parse below says where
+    try:
+        parsed = model.model_validate_json(body)
     except ValidationError as error:
         raise from_validation_error(error) from error
     reject_unknown_fields(parsed)
@@ -195,6 +212,8 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
 
     @app.get("/metrics", response_class=PlainTextResponse,
              **route_doc({"type": "string"}, media_type="text/plain"))
+    @app.head("/metrics", response_class=PlainTextResponse,  # scrapers' and probes' HEAD
+              **route_doc({"type": "string"}, media_type="text/plain"))
     async def metrics() -> Response:
         text = engine.metrics.render() if engine.metrics is not None else ""
         return PlainTextResponse(text, media_type=METRICS_CONTENT_TYPE)
@@ -288,15 +307,18 @@ def _add_generate_routes(app: FastAPI, ctx: ServingContext, config: ServerArgs) 
 
 
 class _EventStream(EventSourceResponse):
-    """sse-starlette's response, logging a stalled reader in one line instead of a traceback (uvicorn
-    then closes the connection, the response being unfinished)."""
+    """sse-starlette's response; a stalled reader is logged in one line and its connection dropped at
+    once (uvicorn would log the unfinished response as an error, then wait to flush it)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         except SendTimeoutError:
-            logger.warning("%s %s: the client took no data for %g s; its stream is closed and its request aborted",
+            logger.warning("%s %s: a send to the client waited %g s; its stream is closed and its request aborted",
                            scope["method"], scope["path"], self.send_timeout)
+            close_now = scope.get("extensions", {}).get(CLOSE_NOW)
+            if close_now is not None:  # uvicorn through http_protocol.py
+                close_now()
 
 
 async def _prepare(prepare: Callable[[ServingContext, Req], Prepared], ctx: ServingContext, req: Req) -> Prepared:
@@ -321,9 +343,9 @@ def _client_id(request: Request, user: str | None) -> str | None:
         return client_id
     if user:
         return "user-" + user
-    authorization = request.headers.get("authorization", "")
-    if authorization.startswith("Bearer ") and len(authorization) > len("Bearer "):
-        return "key-" + hashlib.sha256(authorization.encode()).hexdigest()[:16]
+    token = bearer_token(request.headers.get("authorization", "").encode("latin-1"))
+    if token is not None:  # the same key in any spelling of the scheme is the same client
+        return "key-" + hashlib.sha256(token).hexdigest()[:16]
     return None
 
 

@@ -78,6 +78,9 @@ class ServerArgs(EngineArgs):
     header_timeout: float = knob(10.0, "seconds a client has to send a request's headers (the connection is "
                                        "closed beyond it: half-sent requests hold nothing)")
     body_timeout: float = knob(30.0, "seconds a client has to send a request's body (408 beyond it)")
+    limit_concurrency: int = knob(1024, "most open connections served; a request on a connection past it gets "
+                                        "503 (but /health), and at most 64 such connections are held, the "
+                                        "oldest closed first: file descriptors stay bounded")
     stream_send_timeout: float = knob(30.0, "seconds a streaming client may stop reading before its request "
                                             "is aborted and its KV cache freed")
     stream_ping_interval: float = knob(15.0, "seconds between keep-alive comments on a quiet event stream "
@@ -92,8 +95,12 @@ class ServerArgs(EngineArgs):
                                                "(request traces, KV block states, recent steps, the config; "
                                                "behind the API key when there is one)")
     log_level: str = knob("info", f"one of {', '.join(LOG_LEVELS)}")
-    allowed_origins: tuple[str, ...] = knob(("*",), "CORS: origins browsers may call from, a JSON list",
-                                            parse=parse_json_list)
+    allowed_origins: tuple[str, ...] | None = knob(None, "CORS: origins browsers may call from, a JSON list "
+                                                         "(default: none without --api-key, the web page at / "
+                                                         "being same-origin; any with it)", parse=parse_json_list)
+    allowed_hosts: tuple[str, ...] = knob((), "Host header values accepted besides loopback names and the address "
+                                              "listened on (any IP address when that is 0.0.0.0 or ::), a JSON "
+                                              "list; '*' accepts any (DNS rebinding defence)", parse=parse_json_list)
     allowed_methods: tuple[str, ...] = knob(("*",), "CORS: allowed methods, a JSON list", parse=parse_json_list)
     allowed_headers: tuple[str, ...] = knob(("*",), "CORS: allowed request headers, a JSON list",
                                             parse=parse_json_list)
@@ -116,6 +123,7 @@ class ServerArgs(EngineArgs):
             (self.shutdown_timeout >= 0, f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}"),
             (self.header_timeout > 0, f"header_timeout must be > 0 seconds, got {self.header_timeout}"),
             (self.body_timeout > 0, f"body_timeout must be > 0 seconds, got {self.body_timeout}"),
+            (self.limit_concurrency >= 1, f"limit_concurrency must be >= 1, got {self.limit_concurrency}"),
             (self.stream_send_timeout > 0, f"stream_send_timeout must be > 0 seconds, got {self.stream_send_timeout}"),
             (self.stream_ping_interval >= 0, f"stream_ping_interval must be >= 0, got {self.stream_ping_interval}"),
             (self.log_level in LOG_LEVELS, f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}"),
@@ -135,6 +143,15 @@ class ServerArgs(EngineArgs):
     @property
     def model_name(self) -> str:
         return self.served_model_name or default_served_model_name(self.model)
+
+    @property
+    def cors_origins(self) -> tuple[str, ...]:
+        """The origins CORS lets read responses: --allowed-origins, else none without an API key (any
+        page could otherwise drive a keyless server from a visitor's browser), any with one (the key
+        is the guard, as in vLLM)."""
+        if self.allowed_origins is not None:
+            return self.allowed_origins
+        return ("*",) if self.api_key else ()
 
     @property
     def uses_ray(self) -> bool:

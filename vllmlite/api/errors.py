@@ -1,8 +1,9 @@
 """API errors in OpenAI's shape `{"error": {"message", "type", "param", "code"}}` and the status map.
 
 Owns which failure becomes which HTTP status (docs/architecture.md): validation 400, bad key 401, unknown
-model or route 404, body too large 413, engine error for one request 500, overloaded or draining
-503 with Retry-After, request timeout 504. Knows nothing of routes or of the engine's internals.
+model or route 404, body too large 413, a body not sent as JSON 415, engine error for one request 500,
+overloaded or draining 503 with Retry-After, request timeout 504. Knows nothing of routes or of the
+engine's internals.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     408: "timeout_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     500: "internal_server_error",
     503: "service_unavailable",
     504: "timeout_error",

@@ -1,49 +1,66 @@
-"""The request guard, a pure ASGI middleware: API key first, then the body size limit, then the app;
-and the header deadline, at the connection (uvicorn's protocol), before there is a request at all.
+"""The request guard, a pure ASGI middleware: the message framing first, then the Host header, then
+the API key, then the body size limit, then the app. What happens before there is a request (the
+header deadline, the connection limit) is the connection's: http_protocol.py.
 
-Owns authentication (a constant-time comparison of `Authorization: Bearer <key>`), reading the
-body within `max_body_bytes` (Content-Length checked first, then the bytes actually received,
-all before any JSON parsing) and `body_timeout` seconds, and the time a connection may take to send
-a request's headers. Knows nothing of routes beyond the paths that stay open (/health and the web
-page's files, which hold no data).
+Owns refusing ambiguous framing (Content-Length with Transfer-Encoding) and unknown hosts,
+authentication (a constant-time comparison of `Authorization: Bearer <key>`), and reading the body
+within `max_body_bytes` (Content-Length checked first, then the bytes actually received, all before
+any JSON parsing), within `body_timeout` seconds and until the server drains. Knows nothing of
+routes beyond the paths that stay open (/health and the web page's files, which hold no data).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+from collections.abc import Callable
+from dataclasses import dataclass
 
-import h11
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from vllmlite.api.errors import APIError
+from vllmlite.api.errors import RETRY_AFTER_SECONDS, APIError
+from vllmlite.api.hosts import HostPolicy
 from vllmlite.api.ops.web import is_page_path
 
 # Open without the API key, as in vLLM (whose key guards /v1/*): probes, scrapers and the version.
 # `--api-key-on-metrics` keeps only /health open.
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
+DRAIN_POLL_SECONDS = 0.1  # how often a body still arriving checks whether the server drains
 
 
 class _ClientGone(Exception):
     """The client disconnected while sending its body."""
 
 
+@dataclass(frozen=True)
+class GuardPolicy:
+    """What the guard enforces, from the server's knobs."""
+
+    api_key: str | None
+    max_body_bytes: int
+    body_timeout: float | None = None
+    open_paths: frozenset[str] = OPEN_PATHS     # answered without the API key
+    hosts: HostPolicy | None = None             # None: any Host header
+    is_draining: Callable[[], bool] = lambda: False  # the server is shutting down
+
+
 class RequestGuard:
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int, body_timeout: float | None = None,
-                 open_paths: frozenset[str] = OPEN_PATHS) -> None:
+    def __init__(self, app: ASGIApp, policy: GuardPolicy) -> None:
         self.app = app
-        self.api_key = None if api_key is None else api_key.encode()
-        self.max_body_bytes = max_body_bytes
-        self.body_timeout = body_timeout
-        self.open_paths = open_paths
+        self.api_key = None if policy.api_key is None else policy.api_key.encode()
+        self.max_body_bytes = policy.max_body_bytes
+        self.body_timeout = policy.body_timeout
+        self.open_paths = policy.open_paths
+        self.hosts = policy.hosts
+        self.is_draining = policy.is_draining
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        error = self._check_authorization(scope) or self._check_declared_length(scope)
+        error = (_check_framing(scope) or self._check_host(scope) or self._check_authorization(scope)
+                 or self._check_declared_length(scope))
         if error is None:
             try:
                 body = await self._read_body(receive)
@@ -57,12 +74,22 @@ class RequestGuard:
             return
         await self.app(scope, _replay(body, receive), send)
 
+    def _check_host(self, scope: Scope) -> APIError | None:
+        """DNS rebinding: a page that points its own name at this server sends that name as Host."""
+        if self.hosts is None:
+            return None
+        header = _header(scope, b"host")
+        text = None if header is None else header.decode("latin-1")
+        if self.hosts.allows(text):
+            return None
+        return APIError(400, f"the Host header {text!r} names none of the hosts this server answers to (loopback "
+                             "names and the address it listens on); add it with --allowed-hosts")
+
     def _check_authorization(self, scope: Scope) -> APIError | None:
         if self.api_key is None or scope["path"] in self.open_paths or is_page_path(scope["path"]):
             return None
-        # The scheme is case-insensitive (RFC 9110: "bearer", "BEARER" are "Bearer"); the key is not.
-        scheme, _, key = (_header(scope, b"authorization") or b"").partition(b" ")
-        if scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(b" "), self.api_key):
+        key = bearer_token(_header(scope, b"authorization"))
+        if key is not None and hmac.compare_digest(key, self.api_key):
             return None
         return APIError(401, "a valid API key is required: send `Authorization: Bearer <key>`",
                         headers={"WWW-Authenticate": "Bearer"})
@@ -79,17 +106,13 @@ class RequestGuard:
 
     async def _read_body(self, receive: Receive) -> bytes:
         """The whole body, counted as it arrives (a chunked body has no Content-Length), within
-        `body_timeout` seconds in all."""
+        `body_timeout` seconds in all, and only until the server starts draining."""
         loop = asyncio.get_running_loop()
         deadline = None if self.body_timeout is None else loop.time() + self.body_timeout
         chunks: list[bytes] = []
         size = 0
         while True:
-            try:
-                message = await asyncio.wait_for(receive(), None if deadline is None else deadline - loop.time())
-            except asyncio.TimeoutError:
-                raise APIError(408, f"the request body did not arrive within the server's {self.body_timeout:g} s",
-                               headers={"Connection": "close"}) from None
+            message = await self._next_message(receive, deadline)
             if message["type"] == "http.disconnect":
                 raise _ClientGone()
             chunk = message.get("body", b"")
@@ -100,8 +123,51 @@ class RequestGuard:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
+    async def _next_message(self, receive: Receive, deadline: float | None) -> Message:
+        """The next message of the body: 408 past `deadline`; 503 (and the connection closed) once the
+        server drains, so a half-sent body holds neither the drain nor uvicorn's grace period."""
+        loop = asyncio.get_running_loop()
+        receiving = asyncio.ensure_future(receive())
+        try:
+            while True:
+                wait = DRAIN_POLL_SECONDS if deadline is None else min(DRAIN_POLL_SECONDS, deadline - loop.time())
+                done, _ = await asyncio.wait({receiving}, timeout=max(wait, 0.0))
+                if done:
+                    return receiving.result()
+                if self.is_draining():
+                    raise APIError(503, "the server is shutting down; send the request again",
+                                   headers={"Retry-After": str(RETRY_AFTER_SECONDS), "Connection": "close"})
+                if deadline is not None and loop.time() >= deadline:
+                    raise APIError(408, f"the request body did not arrive within the server's {self.body_timeout:g} s",
+                                   headers={"Connection": "close"})
+        finally:
+            receiving.cancel()
+
     def _too_large(self) -> APIError:
         return APIError(413, f"the request body is larger than the server's limit of {self.max_body_bytes} bytes")
+
+
+def bearer_token(authorization: bytes | None) -> bytes | None:
+    """The token of an `Authorization: Bearer <token>` header; None for another scheme or no token.
+    The scheme is case-insensitive (RFC 9110: "bearer", "BEARER" are "Bearer"); the token is not.
+
+    >>> bearer_token(b"bearer  abc "), bearer_token(b"Basic abc"), bearer_token(b"Bearer"), bearer_token(None)
+    (b'abc', None, None, None)
+    """
+    scheme, _, token = (authorization or b"").strip(b" ").partition(b" ")
+    token = token.strip(b" ")
+    return token if scheme.lower() == b"bearer" and token else None
+
+
+def _check_framing(scope: Scope) -> APIError | None:
+    """A request with both Content-Length and Transfer-Encoding is framed two ways (h11 reads the
+    chunks, a proxy in front may have read the length): answered 400 and its connection closed, so
+    no byte after it is read as another request (RFC 9112, section 6.1: request smuggling). h11
+    itself refuses a Transfer-Encoding other than `chunked`, two of them, and conflicting lengths."""
+    if _header(scope, b"transfer-encoding") is not None and _header(scope, b"content-length") is not None:
+        return APIError(400, "the request has both Content-Length and Transfer-Encoding; send one of them",
+                        headers={"Connection": "close"})
+    return None
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -123,46 +189,3 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
-
-
-def header_timeout_protocol(header_timeout: float) -> type[H11Protocol]:
-    """uvicorn's HTTP/1.1 protocol, closing a connection that has not sent a whole request's headers
-    within `header_timeout` seconds of opening or of its previous response (uvicorn has no such
-    limit: a client sending a header line now and then would hold its connection forever)."""
-
-    class HeaderTimeoutProtocol(H11Protocol):
-        _header_timer: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm_header_timer()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            if self.conn.their_state is not h11.IDLE:  # the headers are in
-                self._disarm_header_timer()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if self.conn.their_state is h11.IDLE:  # waiting for the next request's headers
-                self._arm_header_timer()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm_header_timer()
-            super().connection_lost(exc)
-
-        def _arm_header_timer(self) -> None:
-            self._disarm_header_timer()
-            self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
-
-        def _disarm_header_timer(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _headers_too_slow(self) -> None:
-            self._header_timer = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                self.transport.close()
-
-    return HeaderTimeoutProtocol

@@ -60,10 +60,11 @@ ERROR_DESCRIPTIONS = {
     404: "The `model` field names a model this server does not serve (debug routes: an unknown request id)",
     408: "The body did not arrive within the server's body timeout",
     413: "The body is larger than the server's limit",
+    415: "The body was not sent as `Content-Type: application/json`",
     503: "Overloaded, shutting down or the engine has failed; retry after `Retry-After` seconds",
     504: "The request ran longer than the server's request timeout",
 }
-GUARDED = (400, 401, 408, 413)       # every guarded route: bad Content-Length, API key, body time and size
+GUARDED = (400, 401, 408, 413)       # every guarded route: framing, Host, API key, body time and size
 GENERATE = (*GUARDED, 404, 503, 504)  # routes that run the engine
 # Fields declared only to be rejected: the schema lists the values that mean "not used".
 ACCEPTED_ONLY_UNUSED = {
@@ -106,7 +107,7 @@ def route_doc(ok: type[BaseModel] | dict[str, Any], *, body: type[BaseModel] | N
     if stream is not None:
         content["text/event-stream"] = {"itemSchema": sse_item_schema(stream)}
     responses: dict[int | str, Any] = {200: {"description": "Success", "content": content}}
-    for status in errors:
+    for status in (*errors, 415) if body is not None else errors:
         responses[status] = {"description": ERROR_DESCRIPTIONS[status],
                              "content": {"application/json": {"schema": ref(ErrorResponse)}}}
     extra = {} if body is None else {

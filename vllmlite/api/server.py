@@ -8,6 +8,8 @@ start-up log and the signal handling. The app and its routes are app.py's.
 from __future__ import annotations
 
 import logging
+import os
+import resource
 import threading
 from typing import Any
 
@@ -16,17 +18,19 @@ from fastapi import FastAPI
 
 from vllmlite.api.app import build_app
 from vllmlite.api.cli import ServerArgs, parse_config
-from vllmlite.api.middleware import header_timeout_protocol
+from vllmlite.api.http_protocol import REFUSAL_SLOTS, guarded_protocol
 from vllmlite.engine.client import EngineClient
 from vllmlite.engine.factory import make_async_engine
 
 logger = logging.getLogger("vllmlite.api.server")
+FD_HEADROOM = 256  # files besides connections: the listening socket, model files, pipes, the engine's
 
 
 class GracefulServer(uvicorn.Server):
     """uvicorn whose SIGINT/SIGTERM first drains the engine: new requests get 503, in-flight ones
     have `shutdown_timeout` seconds to finish, the rest are aborted; then the process exits 0.
-    A second signal exits at once."""
+    A second signal exits at once, with status 128 + the signal's number (as a shell reports a
+    process the signal killed)."""
 
     def __init__(self, config: uvicorn.Config, engine: EngineClient, shutdown_timeout: float) -> None:
         super().__init__(config)
@@ -36,8 +40,10 @@ class GracefulServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self._drain_started:
-            self.should_exit = self.force_exit = True
-            return
+            # Out now: letting uvicorn cancel the tasks in flight would log each one's traceback.
+            logger.warning("signal %d again: exiting at once, without draining", sig)
+            logging.shutdown()
+            os._exit(128 + sig)
         self._drain_started = True
         logger.info("signal %d: draining (up to %.1f s for in-flight requests)", sig, self.shutdown_timeout)
         self.engine.begin_draining()
@@ -61,9 +67,22 @@ def _log_startup(engine: EngineClient, config: ServerArgs) -> None:
                 " (API key required)" if config.api_key else "")
 
 
+def _reserve_file_descriptors(needed: int) -> None:
+    """Raise the soft limit on open files to `needed` if the hard limit allows (a default of 1,024 is
+    common): at the connection limit, accepting would otherwise fail with EMFILE and stall."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        if raised < needed:
+            logger.warning("open files are limited to %d (ulimit -n), fewer than the %d that --limit-concurrency "
+                           "needs: lower --limit-concurrency or raise the limit", raised, needed)
+
+
 def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _reserve_file_descriptors(config.limit_concurrency + REFUSAL_SLOTS + FD_HEADROOM)
     if config.uses_ray:  # Ray is an optional extra: imported only here
         from vllmlite.api.ray.serving import add_replica_routes, launch_replicas
         engine = launch_replicas(config)
@@ -78,10 +97,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def uvicorn_config(app: FastAPI, config: ServerArgs) -> uvicorn.Config:
-    """uvicorn for `app`, with the header timeout uvicorn itself lacks."""
+    """uvicorn for `app`, with what its HTTP/1.1 protocol lacks (http_protocol.py)."""
     return uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                           timeout_graceful_shutdown=5, lifespan="on",
-                          http=header_timeout_protocol(config.header_timeout))
+                          http=guarded_protocol(config.header_timeout, config.limit_concurrency))
 
 
 if __name__ == "__main__":

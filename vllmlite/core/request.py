@@ -75,6 +75,9 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     error: str | None = None
+    # The error is the request's own (its grammar broke a limit, its prompt can never fit), not a
+    # fault of the engine: the caller's to fix (the API answers it as a client error).
+    is_client_error: bool = False
     cumulative_logprob: float = 0.0
     logprobs: list = field(default_factory=list)      # TokenLogprobs per output token, when asked
     prompt_logprobs: list = field(default_factory=list)  # TokenLogprobs of prompt tokens 1.., when asked
@@ -140,11 +143,12 @@ class Request:
         del self.logprobs[num_output_tokens:]
 
     def finish(self, reason: FinishReason, stop_reason: int | str | None = None,
-               error: str | None = None) -> None:
+               error: str | None = None, is_client_error: bool = False) -> None:
         self.status = RequestStatus.FINISHED
         self.finish_reason = reason
         self.stop_reason = stop_reason
         self.error = error
+        self.is_client_error = is_client_error
 
 
 def internal_error(error: BaseException) -> str:

@@ -76,7 +76,8 @@ class Scheduler:
                 aborted.append(request)
         return aborted
 
-    def finish(self, request: Request, reason: FinishReason, stop_reason=None, error=None) -> None:
+    def finish(self, request: Request, reason: FinishReason, stop_reason=None, error=None,
+               is_client_error: bool = False) -> None:
         """End a request wherever it is and free its blocks. Forks not yet born (the parent's prompt is
         still being computed) share its fate; born forks are independent requests."""
         if request.status is RequestStatus.RUNNING:
@@ -85,12 +86,12 @@ class Scheduler:
             self.swapped.remove(request)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
-        request.finish(reason, stop_reason, error)
+        request.finish(reason, stop_reason, error, is_client_error)
         self.tracer.finished(request)
         self.block_manager.free(request.request_id)
         self.requests.pop(request.request_id, None)
         for fork in self.forks.pop(request.request_id, []):
-            fork.finish(reason, stop_reason, error)
+            fork.finish(reason, stop_reason, error, is_client_error)
             self.tracer.finished(fork)
             self.requests.pop(fork.request_id, None)
 
@@ -229,7 +230,7 @@ class Scheduler:
             if ceil_div(request.num_tokens + 1, bm.block_size) > bm.num_blocks:
                 self.finish(request, FinishReason.ERROR, error=(
                     f"the prompt needs {request.num_tokens} tokens of KV cache but the whole cache holds "
-                    f"{bm.num_blocks * bm.block_size}"))
+                    f"{bm.num_blocks * bm.block_size}"), is_client_error=True)
                 out.finished.append(request)
                 continue
             num_scheduled = self._guarded(out, request, self._admit, out, request, budget)

@@ -18,6 +18,7 @@ class Stop(NamedTuple):
     reason: FinishReason
     stop_reason: int | str | None = None
     error: str | None = None
+    is_client_error: bool = False
 
 
 def append_tokens(request: Request, token_ids: list[int], logprobs: list | None,
@@ -29,8 +30,10 @@ def append_tokens(request: Request, token_ids: list[int], logprobs: list | None,
     """
     for i, token_id in enumerate(token_ids):
         if request.grammar is not None and not request.grammar.accept(token_id):
-            # The sampler's mask makes this unreachable; were it reached, no invalid output.
-            return Stop(FinishReason.ERROR, error=f"the grammar rejected token {token_id}: {request.grammar.error}")
+            # The mask allowed the token, so the grammar broke one of llguidance's limits building
+            # what follows it (they are built lazily): the request's own grammar failed, no invalid output.
+            return Stop(FinishReason.ERROR, error=f"the output constraint failed at token {token_id}: "
+                                                  f"{request.grammar.error}", is_client_error=True)
         request.append_token(token_id)
         if logprobs is not None:
             request.logprobs.append(logprobs[i])

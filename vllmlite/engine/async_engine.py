@@ -35,6 +35,7 @@ from vllmlite.outputs import RequestOutput
 from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.stats import EngineStats
+from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -160,6 +161,11 @@ class AsyncLLMEngine:
     def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
         """The engine's pure validation (vocab, context length); raises ValueError for the client."""
         return self.engine.check_request(token_ids, params)
+
+    def check_grammar(self, structured_outputs: StructuredOutputsParams) -> None:
+        """The constraint compiled (into the cache its request will use) and walked a few tokens;
+        ValueError for the client. Blocks while it compiles: call it off the event loop."""
+        self.engine.check_grammar(structured_outputs)
 
     # --- lifecycle ------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from vllmlite.engine.request_limits import RequestLimits
 from vllmlite.engine.request_stream import GenerateRequest, RequestStream
 from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import SamplingParams
+from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.tokenizer import Tokenizer
 
 # The reads `inspect` answers, each the payload of one route: `stats` (/v1/stats), `requests`
@@ -94,6 +95,11 @@ class EngineClient(Protocol):
 
     def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
         """The pure validation (vocabulary, context length); raises ValueError for the client."""
+        ...
+
+    def check_grammar(self, structured_outputs: StructuredOutputsParams) -> None:
+        """Raises ValueError for the client unless the constraint compiles against the vocabulary and
+        takes its first tokens within the grammar engine's limits. May block while it compiles."""
         ...
 
     def add_request(self, request: GenerateRequest) -> RequestStream:

@@ -30,6 +30,7 @@ from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllmlite.pooling_params import PoolingParams, PoolingType
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.stats import EngineDebugSnapshot, EngineStats, KVOccupancy
+from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.threads import THREAD_ENV, THREAD_ENV_APPLIED
 from vllmlite.worker.runner import ModelRunner
 from vllmlite.worker.speculative import make_proposer
@@ -155,6 +156,12 @@ class LLMEngine:
         """`RequestLimits.check`: the prompt against the vocabulary, context length and KV cache; the
         resolved max_tokens. Pure, so the HTTP thread may call it to answer 400 before queueing."""
         return self.request_limits.check(token_ids, params)
+
+    def check_grammar(self, structured_outputs: StructuredOutputsParams) -> None:
+        """ValueError (the client's) unless the constraint compiles against this vocabulary and takes
+        its first tokens within llguidance's limits: a 400 before queueing instead of a failure once
+        it runs. Thread-safe (the grammar compiler's cache and thread), so the HTTP side may call it."""
+        self.input_processor.check_grammar(structured_outputs)
 
     def abort_request(self, request_id: str, why: str = "aborted by the caller") -> None:
         """Stop a request (all its samples) and free its blocks; unknown ids are ignored. `why` goes

@@ -236,7 +236,7 @@ class OutputProcessor:
             for i, c in enumerate(completions):
                 c.index = i
         first = group.samples[0].request
-        errors = [s.request.error for s in group.samples if s.request.error]
+        failed = [s.request for s in group.samples if s.request.error]
         metrics = RequestMetrics(first.arrival_time, first.first_token_time,
                                  time.monotonic() if group.finished else None, first.num_preemptions,
                                  sum(s.request.num_draft_tokens for s in group.samples),
@@ -247,8 +247,8 @@ class OutputProcessor:
             converted = _sync_logprobs(group.prompt_logprobs, first.prompt_logprobs, self.tokenizer.token_text)
             prompt_logprobs = [None, *converted]  # the first token has no context
         return RequestOutput(group.request_id, group.prompt, first.prompt_token_ids, completions,
-                             group.finished, first.num_cached_tokens, errors[0] if errors else None, metrics,
-                             prompt_logprobs)
+                             group.finished, first.num_cached_tokens, failed[0].error if failed else None, metrics,
+                             prompt_logprobs, bool(failed) and failed[0].is_client_error)
 
     def _completion(self, group: _Group, sample: _Sample) -> CompletionOutput:
         request = sample.request

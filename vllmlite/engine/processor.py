@@ -20,6 +20,7 @@ from vllmlite.engine.output_processor import OutputProcessor
 from vllmlite.engine.request_limits import RequestLimits, truncated_prompt
 from vllmlite.pooling_params import PoolingParams, PoolingType
 from vllmlite.sampling_params import SamplingParams
+from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.tokenizer import Tokenizer
 from vllmlite.worker.sampling import make_generator
 from vllmlite.worker.structured_output import GrammarCompiler
@@ -69,7 +70,8 @@ class InputProcessor:
         self.limits = limits
         self._pooling = pooling
         self._seed_rng = np.random.default_rng(seed)  # seeds of the requests that bring none
-        self._grammar_compiler: GrammarCompiler | None = None  # made by the first constrained request
+        # Its thread and llguidance's view of the vocabulary start with the first constrained request.
+        self._grammar_compiler = GrammarCompiler(tokenizer, limits.vocab_size)
         self._compiling: list[_Compiling] = []
 
     def process(self, request_id: str, prompt: Prompt, params: SamplingParams | PoolingParams, *,
@@ -106,10 +108,13 @@ class InputProcessor:
                 **common))
         return new
 
+    def check_grammar(self, structured_outputs: StructuredOutputsParams) -> None:
+        """`GrammarCompiler.check`: ValueError unless the grammar compiles and takes its first tokens
+        within llguidance's limits. Thread-safe; it compiles into the cache the request then uses."""
+        self._grammar_compiler.check(structured_outputs)
+
     def compile_grammar(self, new: NewRequest) -> None:
         """Hold a constrained request back until its grammar has compiled (off the step thread)."""
-        if self._grammar_compiler is None:
-            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.limits.vocab_size)
         structured_outputs = new.samples[0].sampling_params.structured_outputs
         self._compiling.append(_Compiling(self._grammar_compiler.submit(structured_outputs), new.samples))
 
@@ -125,8 +130,8 @@ class InputProcessor:
             self._compiling.remove(compiling)
             error = compiling.grammar.exception()
             if error is not None:
-                for request in compiling.samples:
-                    request.finish(FinishReason.ERROR, error=str(error))
+                for request in compiling.samples:  # a ValueError is the grammar's own fault
+                    request.finish(FinishReason.ERROR, error=str(error), is_client_error=isinstance(error, ValueError))
                 done.failed.extend(compiling.samples)
                 continue
             for request in compiling.samples:

@@ -22,6 +22,10 @@ from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 GRAMMAR_CACHE_SIZE = 64
+# Tokens `GrammarCompiler.check` walks: llguidance builds lexer states and parser rows lazily, so a
+# grammar past one of its limits (a regex of a million states, a row of 6,000 alternatives) passes
+# validation and fails only once tokens arrive, mostly at the first.
+NUM_PROBE_TOKENS = 8
 
 
 def make_llg_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
@@ -76,6 +80,25 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
             return future
 
+    def check(self, params: StructuredOutputsParams) -> None:
+        """Raise ValueError (the client's, a one-line message) unless the grammar compiles against
+        this vocabulary and takes its first NUM_PROBE_TOKENS tokens (each the lowest allowed one that
+        does not end it) within llguidance's limits. Compiles through the cache, walks a copy:
+        thread-safe, so the HTTP side may call it before the request is queued."""
+        state = self.new_state(self.submit(params).result())
+        bitmask = llguidance.numpy.allocate_token_bitmask(1, state.vocab_size)  # [1, words] int32
+        stop_token_ids = list(self._tokenizer.stop_token_ids)
+        for _ in range(NUM_PROBE_TOKENS):
+            llguidance.numpy.fill_next_token_bitmask(state.matcher, bitmask, 0)
+            allowed = unpack_bitmask(bitmask, state.vocab_size)[0]  # [vocab] bool
+            allowed[[t for t in stop_token_ids if t < state.vocab_size]] = False
+            if state.matcher.is_error() or state.is_terminated or not allowed.any():
+                break
+            state.accept(int(allowed.argmax()))
+        if state.matcher.is_error():
+            raise ValueError(f"structured_outputs.{params.kind} breaks a limit of the grammar engine within its "
+                             f"first tokens: {state.error}")
+
     def new_state(self, compiled: llguidance.LLMatcher) -> GrammarState:
         """A fresh grammar state for one sample, from a compiled matcher `submit` produced."""
         return GrammarState(compiled.deep_copy(), self._llg_tokenizer.vocab_size)
@@ -97,8 +120,11 @@ class GrammarState:
         self.vocab_size = vocab_size  # the grammar's vocabulary: tokens past it are never allowed
 
     def accept(self, token_id: int) -> bool:
-        """Advance over a kept token; False if the grammar forbids it (the state is then an error)."""
-        return self.matcher.consume_token(token_id)
+        """Advance over a kept token; False if the grammar forbids it or has failed (the state is then
+        an error). A grammar fails when it breaks one of llguidance's limits: every state compiled
+        from the same spec shares the lexer, so later ones start failed (and are refused at admission)
+        and allow only EOS, which they must not take as the grammar's end."""
+        return self.matcher.consume_token(token_id) and not self.matcher.is_error()
 
     @property
     def is_terminated(self) -> bool:
@@ -107,7 +133,8 @@ class GrammarState:
 
     @property
     def error(self) -> str:
-        return self.matcher.get_error()
+        """Why the grammar failed, in one line: llguidance's message without its state dump."""
+        return self.matcher.get_error().split("\n", 1)[0]
 
 
 class GrammarMasker:

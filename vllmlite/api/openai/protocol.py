@@ -115,6 +115,15 @@ class ChatMessage(RequestModel):
             raise ValueError("content must be a string or a list of text parts")
         return check_text(value, "content")
 
+    @field_validator("tool_calls")
+    @classmethod
+    def _only_the_assistant_calls(cls, value: list[ToolCall] | None, info: ValidationInfo) -> list[ToolCall] | None:
+        """Calls are the model's: on any other turn a template would render them as if it made them."""
+        role = info.data.get("role")  # absent when the role itself was invalid: that error is reported
+        if value and role not in (None, "assistant"):
+            raise ValueError(f"only an assistant message may carry tool_calls, not a {role} message")
+        return value
+
     def as_dict(self) -> dict:
         """The message as the chat template sees it."""
         message: dict[str, Any] = {"role": self.role, "content": self.content}

@@ -11,15 +11,21 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from vllmlite.api.openai.protocol_fields import MAX_MESSAGES, MAX_NAME_CHARS, MAX_PROMPT_CHARS, MAX_TOKENS_BOUND
+from vllmlite.api.openai.protocol_fields import (
+    MAX_MESSAGES,
+    MAX_NAME_CHARS,
+    MAX_PROMPT_CHARS,
+    MAX_TOKENS_BOUND,
+    check_text,
+)
 from vllmlite.api.openai.protocol_tools import (
     FUNCTION_NAME,
-    MAX_ARGUMENTS_CHARS,
     MAX_CALL_ID_CHARS,
     MAX_DESCRIPTION_CHARS,
     MAX_TOOLS,
+    ArgumentsText,
 )
 from vllmlite.sampling_params import MAX_TEMPERATURE
 
@@ -68,7 +74,7 @@ class InputFunctionCall(_Strict):
     type: Literal["function_call"]
     call_id: str = Field(..., min_length=1, max_length=MAX_CALL_ID_CHARS)
     name: str = Field(..., pattern=FUNCTION_NAME)
-    arguments: str = Field(..., max_length=MAX_ARGUMENTS_CHARS)
+    arguments: ArgumentsText
     id: str | None = Field(None, max_length=MAX_CALL_ID_CHARS)
     status: ItemStatus | None = None
 
@@ -183,6 +189,13 @@ class ResponsesRequest(BaseModel):
     truncation: Any = None
     conversation: Any = None
     prompt: Any = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _bound_text_input(cls, value: Any) -> Any:
+        """A string past the bound is a length error, not the list member's "Input should be a valid
+        array" (pydantic reports the union's last failure)."""
+        return check_text(value, "input") if isinstance(value, str) else value
 
 
 # --- responses ----------------------------------------------------------------------------------

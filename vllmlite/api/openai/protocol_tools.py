@@ -7,10 +7,11 @@ parsing tool calls is api/tool_calls.py's. Knows nothing of the engine.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from vllmlite import json_text
 from vllmlite.structured_output_params import MAX_CHOICES, MAX_SPEC_CHARS
 
 MAX_TOOLS = 128                  # OpenAI's bound
@@ -51,9 +52,29 @@ class NamedToolChoice(_Strict):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
+def check_arguments(text: str) -> str:
+    """A past call's arguments, as a client sends them back: JSON text is parsed to render it, so JSON
+    nested too deep or repeating a key is refused here (text that is not JSON renders as it is).
+
+    >>> check_arguments('{"city": "Paris"}'), check_arguments("not json")
+    ('{"city": "Paris"}', 'not json')
+    """
+    try:
+        json_text.loads(text)
+    except json_text.JSONTextError as error:
+        raise ValueError(f"the JSON text {error}") from None
+    except ValueError:
+        pass
+    return text
+
+
+# JSON text, as OpenAI sends it
+ArgumentsText = Annotated[str, Field(max_length=MAX_ARGUMENTS_CHARS), AfterValidator(check_arguments)]
+
+
 class FunctionCall(_Strict):
     name: str = Field(..., pattern=FUNCTION_NAME)
-    arguments: str = Field(..., max_length=MAX_ARGUMENTS_CHARS)  # JSON text, as OpenAI sends it
+    arguments: ArgumentsText
 
 
 class ToolCall(_Strict):

@@ -18,12 +18,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from vllmlite.api.errors import APIError, bad_request, from_engine_error
+from vllmlite.api.openai.constraints import as_bad_request
 from vllmlite.api.openai.protocol import PromptLogprob, PromptLogprobs, PromptTokensDetails, Usage
 from vllmlite.api.openai.protocol_fields import SamplingFields
 from vllmlite.engine.client import EngineClient
 from vllmlite.engine.request_stream import GenerateRequest, RequestStream
 from vllmlite.outputs import Logprob, PositionLogprobs, RequestOutput
 from vllmlite.sampling_params import SamplingParams
+from vllmlite.structured_output_params import StructuredOutputsParams
 
 MAX_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per context token cannot fit
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -156,6 +158,18 @@ def check_request(ctx: ServingContext, req: SamplingFields, token_ids: list[int]
         raise bad_request(str(error), _named_field(str(error), req, param)) from error
 
 
+def check_grammar(ctx: ServingContext, found: tuple[str, StructuredOutputsParams] | None) -> None:
+    """The engine's check of the request's constraint (compiled against the vocabulary, walked a few
+    tokens), as a 400 naming the field that set it. Off the event loop: it may compile."""
+    if found is None:
+        return
+    param, constraint = found
+    try:
+        ctx.engine.check_grammar(constraint)
+    except ValueError as error:
+        raise as_bad_request(error, param) from error
+
+
 def admit(ctx: ServingContext, prompts: Sequence[list[int]], params: SamplingParams,
           admission: Admission, param: str = "prompt") -> list[RequestStream]:
     """Queue one engine request per prompt; all or nothing (503 on queue full or draining, 400 when
@@ -183,9 +197,10 @@ def cancel_all(streams: Sequence[RequestStream]) -> None:
 
 
 def raise_if_failed(output: RequestOutput) -> None:
-    """A request that failed inside the engine is a 500 for this request only."""
+    """A request that failed inside the engine is a 500 for this request only; one that failed by
+    its own fault (its grammar broke a limit once tokens came) a 400."""
     if output.error is not None:
-        raise APIError(500, output.error)
+        raise APIError(400 if output.is_client_error else 500, output.error)
 
 
 async def final_outputs(streams: Sequence[RequestStream]) -> list[RequestOutput]:

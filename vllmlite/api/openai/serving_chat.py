@@ -34,6 +34,7 @@ from vllmlite.api.openai.serving import (
     Admission,
     ServingContext,
     admit,
+    check_grammar,
     check_model,
     check_request,
     check_stream_fields,
@@ -108,6 +109,7 @@ def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedCha
     params = sampling_params(req, max_tokens=max_tokens, prompt_logprobs=req.prompt_logprobs,
                              logprobs=(req.top_logprobs or 0) if req.logprobs else None,
                              structured_outputs=None if found is None else found[1])
+    check_grammar(ctx, found)
     tools = req.tools if choice != "none" else None
     token_ids = render_messages(ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens), tools,
                                 req.chat_template_kwargs)

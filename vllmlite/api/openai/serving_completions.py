@@ -22,6 +22,7 @@ from vllmlite.api.openai.serving import (
     Admission,
     ServingContext,
     admit,
+    check_grammar,
     check_model,
     check_request,
     check_stream_fields,
@@ -135,6 +136,7 @@ def prepare_completion(ctx: ServingContext, req: CompletionRequest) -> PreparedC
     params = sampling_params(req, max_tokens=16 if req.max_tokens is None else req.max_tokens,
                              logprobs=req.logprobs, best_of=req.best_of, prompt_logprobs=_engine_prompt_logprobs(req),
                              structured_outputs=None if constraint is None else constraint[1])
+    check_grammar(ctx, constraint)
     texts, token_lists = [], []
     for i, prompt in enumerate(req.prompt):
         param = "prompt" if len(req.prompt) == 1 else f"prompt.{i}"

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllmlite import json_text
 from vllmlite.api.openai.protocol_tools import ChatTool, FunctionCallOut, NamedToolChoice, ToolCallOut
 from vllmlite.structured_output_params import StructuredOutputsParams
 
@@ -57,9 +58,11 @@ def call_text(name: str, arguments: Any) -> str:
 
 
 def parse_arguments(arguments: str) -> Any:
-    """A call's JSON arguments as an object (what templates expect); the text itself if not JSON."""
+    """A call's JSON arguments as an object (what templates expect); the text itself if not JSON.
+    Arguments nested too deep or repeating a key never get here: the request models refuse them
+    (protocol_tools.check_arguments)."""
     try:
-        return json.loads(arguments)
+        return json_text.loads(arguments)
     except json.JSONDecodeError:
         return arguments
 
@@ -206,8 +209,8 @@ class ToolCallParser:
 
     def _parse_call(self, body: str) -> ToolCallOut | None:
         try:
-            value = json.loads(body)
-        except json.JSONDecodeError:
+            value = json_text.loads(body)
+        except ValueError:  # not JSON, nested too deep, a key twice: the model's text, not a call
             return None
         if not isinstance(value, dict) or value.get("name") not in self._names:
             return None

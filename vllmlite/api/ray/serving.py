@@ -37,6 +37,7 @@ from vllmlite.engine.request_limits import RequestLimits
 from vllmlite.engine.request_stream import GenerateRequest, RequestStream
 from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import SamplingParams
+from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,11 @@ class RemoteEngine:
 
     def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
         return self.facts.limits.check(token_ids, params)
+
+    def check_grammar(self, structured_outputs: StructuredOutputsParams) -> None:
+        """Only llguidance's own validation (the ingress compiles nothing against the vocabulary): a
+        grammar that breaks a limit once tokens come ends its request on a replica, as a 400."""
+        structured_outputs.verify()
 
     @property
     def health_error(self) -> str | None:
