@@ -5,8 +5,8 @@
 
 16 requests with the same JSON schema (sampled, temperature 0.7) decode together. Grammar work is
 what structured output adds to a step: computing the allowed-token masks (llguidance, into a
-bitmask, unpacked to [rows, vocab] bool), advancing each grammar by its kept token, and applying
-the masks in the sampler (timed afterwards: the same np.copyto on the masks the run produced).
+bitmask), advancing each grammar by its kept token, and applying the masks in the sampler (timed
+afterwards: the same unpacking and np.copyto on the masks the run produced).
 It is reported as a fraction of the time of the steps it ran in; the same prompts unconstrained
 give the step time without it. The grammar compiles once (cached by schema), off the step thread;
 its cold time, tokenizer bridge included, is reported too. Raw results: results/bench_grammar.json.
@@ -31,7 +31,7 @@ from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.engine_args import EngineArgs
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.structured_output_params import StructuredOutputsParams
-from vllmlite.worker.structured_output import GrammarMasker, GrammarState
+from vllmlite.worker.structured_output import GrammarMasker, GrammarState, unpack_bitmask
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "email", "tags"],
           "properties": {"name": {"type": "string", "maxLength": 40},
@@ -74,15 +74,15 @@ def _run(engine: LLMEngine, params: list[SamplingParams]) -> dict:
             "outputs": [outputs[str(i)].outputs[0] for i in range(len(params))]}
 
 
-def _mask_apply_seconds(masks: list[np.ndarray]) -> float:
-    """What the sampler's mask application (one np.copyto per sampling step) cost on the masks the
-    run produced: [rows, vocab] bool each."""
+def _mask_apply_seconds(masks: list[np.ndarray], vocab_size: int) -> float:
+    """What the sampler's mask application (unpacking the grammar's bits, one np.copyto per sampling
+    step) cost on the masks the run produced: [rows, words] packed bits each."""
     rng = np.random.default_rng(0)
     total = 0.0
-    for mask in masks:
-        logits = rng.standard_normal(mask.shape)  # [rows, vocab]
+    for packed in masks:
+        logits = rng.standard_normal((len(packed), vocab_size))  # [rows, vocab]
         start = time.perf_counter()
-        np.copyto(logits, -np.inf, where=~mask)
+        np.copyto(logits, -np.inf, where=~unpack_bitmask(packed, vocab_size))
         total += time.perf_counter() - start
     return total
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         for timer in timers:
             timer.restore()
-    apply_s = _mask_apply_seconds(timers[0].results)
+    apply_s = _mask_apply_seconds(timers[0].results, engine.model_config.vocab_size)
     grammar_s = timers[0].seconds + timers[1].seconds + apply_s
     baseline = _run(engine, plain)
     documents = [o.text for o in run["outputs"]]
