@@ -284,6 +284,7 @@ def single_stream(engine: LLMEngine, vocab: int, output_len: int, bandwidth: flo
 
 def single_stream_hf(hf, vocab: int, output_len: int) -> dict:
     """transformers' own `generate` for the same one request, with its static cache (no compile)."""
+    hf.set_attn_implementation("sdpa")    # generate_batch left it on the paged one, which needs its cache
     ids = torch.tensor([single_prompt(vocab)], device="cuda")
     kwargs = dict(do_sample=False, cache_implementation="static", eos_token_id=None, pad_token_id=0)
     hf.generate(ids, max_new_tokens=8, min_new_tokens=8, **kwargs)    # warm

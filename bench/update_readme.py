@@ -317,24 +317,49 @@ def grammar_backends_section(report: dict) -> list[str]:
     return lines
 
 
+# bf16 K and V of one token over every layer, at bench/gpu.py's shapes (2 * layers * kv heads * head_dim * 2 B)
+GPU_KV_BYTES_PER_TOKEN = {"qwen3-0.6b": 2 * 28 * 8 * 128 * 2, "llama-3.2-1b": 2 * 16 * 8 * 64 * 2,
+                          "llama-3.1-8b": 2 * 32 * 8 * 128 * 2}
+
+
+def _decode_floor_ms(row: dict, step: dict, bandwidth_gb_s: float) -> float:
+    """The GEMM-only graph plus reading the batch's K/V once at the copy bandwidth (attention runs after
+    the products of its layer, so the two do not overlap)."""
+    kv_bytes = GPU_KV_BYTES_PER_TOKEN[row["shape"]] * step["batch"] * step["context"]
+    return step["gemm_graph_ms"] + kv_bytes / (bandwidth_gb_s * 1e9) * 1e3
+
+
 def gpu_section(report: dict) -> list[str]:
-    lines = [f"### The GPU path on an {report['device']}: offline throughput, decode step, one stream (`bench/gpu.py`)", "",
-             _machine_line(report), f"torch {report['torch']}; copy bandwidth {report['copy_bandwidth_gb_s']:.0f} GB/s "
+    lines = [f"### The GPU path on an {report['device']}: offline throughput, decode step, one stream, HTTP (`bench/gpu.py`)",
+             "", _machine_line(report), f"torch {report['torch']}; copy bandwidth {report['copy_bandwidth_gb_s']:.0f} GB/s "
              "(read + written). " + report.get("note", ""), "",
              "| model shape | requests / prompt tokens | ours (out tok/s) | transformers `generate_batch` | ratio "
-             "| decode step / GEMM-only graph, batch 1 / 32 / 256 (ms) | one stream (tok/s, share of bandwidth bound) |",
-             "|---|---|---:|---:|---:|---|---|"]
+             "| HTTP burst (share of offline) | decode step (CUDA graph) / eager / GEMM-only graph, batch 1; 32; 256 (ms) "
+             "| batch 256: step / (GEMM-only + K/V read) | one stream (tok/s, share of bandwidth bound) |",
+             "|---|---|---:|---:|---:|---:|---|---|---|"]
     for row in report["rows"]:
         hf = row.get("transformers", {}).get("output_tok_s")
-        steps = "; ".join(f"{d['step_ms']:.1f} vs {d['gemm_graph_ms']:.2f}" for d in row["decode"])
+        steps = "; ".join(f"{d['step_ms']:.2f} / {d.get('eager_step_ms', d['step_ms']):.1f} / {d['gemm_graph_ms']:.2f}"
+                          for d in row["decode"])
         ours = row["ours"]["output_tok_s"]
         theirs, ratio = ("-", "-") if hf is None else (f"{hf:.0f}", f"{ours / hf:.1f}x")
+        http = row.get("http", {})
+        http_cell = f"{http['output_tok_s']:.0f} ({http['fraction_of_offline']:.0%})" if "fraction_of_offline" in http else "-"
+        big = row["decode"][-1]
+        floor = _decode_floor_ms(row, big, row.get("copy_bandwidth_gb_s", report["copy_bandwidth_gb_s"]))
+        floor_cell = f"{big['step_ms']:.2f} / {floor:.2f} = {big['step_ms'] / floor:.2f}x (floor {floor / big['gemm_graph_ms']:.1f}x GEMM)"
         lines.append(f"| {row['shape']} | {row['num_requests']} / {row['prompt_tokens']} | {ours:.0f} | {theirs} "
-                     f"| {ratio} | {steps} | {row['single']['tok_s']:.0f} ({row['single']['fraction_of_bound']:.0%}) |")
-    lines += ["", f"Every request asks for {report['rows'][0]['output_len']} tokens (ignore_eos). The issue's targets "
-              "(20x transformers, a decode step within 1.5x its GEMM-only graph, one stream at 60% of the bound) are "
-              "not met: the steps run eagerly, so Python and kernel launches, not the GPU, set their time (CUDA "
-              "graphs come next)."]
+                     f"| {ratio} | {http_cell} | {steps} | {floor_cell} | {row['single']['tok_s']:.0f} "
+                     f"({row['single']['fraction_of_bound']:.0%}) |")
+    lines += ["", f"Every request asks for {report['rows'][0]['output_len']} tokens (ignore_eos); each row's command "
+              "and bench commit are in the results file. Against the issue's targets: offline throughput is below "
+              "the 20x asked; between decode steps the GPU waits on Python (scheduler and output processing, "
+              "~20-30 us per sequence per step). A batch-256 decode step at context 512 must also read the K/V of "
+              "131k tokens; with attention after each layer's products, GEMM-only time plus that read at the copy "
+              "bandwidth is the floor, and the floor itself is over the 1.5x-GEMM target at these shapes with a "
+              "bf16 cache. One stream meets the 60% bandwidth target only where per-layer products are large "
+              "enough to stream weights at full speed. The HTTP server keeps less of the offline rate than the "
+              "90% asked: its engine thread and event loop share one interpreter."]
     return lines
 
 
