@@ -10,7 +10,7 @@ both layers hold a request to one rule. Knows nothing of the engine, tokenizers 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
 
@@ -138,6 +138,8 @@ class SamplingFields(RequestModel):
     bad_words: list[str] | None = Field(None, max_length=MAX_BAD_WORDS, json_schema_extra={
         "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS, "pattern": r"\S"}})
     truncate_prompt_tokens: int | None = Field(None, ge=1, le=MAX_PROMPT_TOKEN_IDS)
+    # vLLM's: which end truncate_prompt_tokens keeps; "right" the first tokens, "left" (the default) the last
+    truncation_side: Literal["left", "right"] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: int = Field(0, ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)

@@ -244,6 +244,13 @@ async def merged(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, R
             task.cancel()
 
 
+def right_truncated(token_ids: list[int], req: SamplingFields) -> list[int]:
+    """The prompt cut to its first `truncate_prompt_tokens` tokens under vLLM's truncation_side "right";
+    otherwise as it is, the engine keeping the last ones (the "left" side, vLLM's default for generation)."""
+    k = req.truncate_prompt_tokens
+    return token_ids[:k] if k is not None and req.truncation_side == "right" else token_ids
+
+
 def num_prompt_tokens(token_ids: Sequence[int], params: SamplingParams) -> int:
     """The prompt tokens the engine keeps: the last `truncate_prompt_tokens` of them, or all."""
     k = params.truncate_prompt_tokens

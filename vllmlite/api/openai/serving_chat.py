@@ -46,6 +46,7 @@ from vllmlite.api.openai.serving import (
     prompt_logprobs_payload,
     raise_if_failed,
     reject_unsupported,
+    right_truncated,
     running_usage,
     sampling_params,
     sse_event,
@@ -113,6 +114,7 @@ def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedCha
     tools = req.tools if choice != "none" else None
     token_ids = render_messages(ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens), tools,
                                 req.chat_template_kwargs)
+    token_ids = right_truncated(token_ids, req)
     check_request(ctx, req, token_ids, params, "messages" if found is None else found[0])
     tool_names = [t.function.name for t in tools] if tools else None
     return PreparedChat(req, token_ids, params, tool_names)

@@ -35,6 +35,7 @@ from vllmlite.api.openai.serving import (
     prompt_logprobs_payload,
     raise_if_failed,
     reject_unsupported,
+    right_truncated,
     running_usage,
     sampling_params,
     sse_event,
@@ -179,7 +180,8 @@ async def create_completion(ctx: ServingContext, prepared: PreparedCompletion,
     if prepared.beam is not None:
         streams = await beam_search_streams(ctx, prepared.prompt_token_ids, prepared.beam, admission)
     else:
-        streams = admit(ctx, prepared.prompt_token_ids, prepared.params, admission)
+        streams = admit(ctx, [right_truncated(ids, prepared.request) for ids in prepared.prompt_token_ids],
+                        prepared.params, admission)
     if prepared.request.stream:
         return sse_stream(_chunks(ctx, prepared, streams, admission.request_id), streams)
     outputs = await final_outputs(streams)
