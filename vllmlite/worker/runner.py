@@ -14,7 +14,7 @@ from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.kernels.attention_metadata import build_metadata
 from vllmlite.models.llama import LlamaModel
 from vllmlite.pooling_params import PoolingType
-from vllmlite.worker.sampling import Sampler, SamplingBatch, compute_logprobs
+from vllmlite.worker.sampling import Sampler, SamplingBatch
 from vllmlite.worker.speculative import Draft, Proposer, verify, verify_greedy
 from vllmlite.worker.structured_output import GrammarMasker
 
@@ -111,8 +111,7 @@ class ModelRunner:
             # own argmax is as cheap, so the CPU paths keep one route).
             _record_sampled(samplers, self.kernels.argmax(logits)[inverse], result)
             return result
-        if len(inverse) != len(unique_rows) or (inverse != np.arange(len(inverse))).any():
-            logits = logits[self.kernels.to_device(inverse) if on_device else inverse]
+        logits = logits[self.kernels.to_device(inverse) if on_device else inverse]   # [rows, vocab], in row order
         num_sample, num_spec = len(sample_rows), len(spec_rows)
         self._sample(samplers, logits[:num_sample], result)
         self._verify([(s, d) for s, d in zip(seqs, drafts) if d.token_ids],
@@ -183,8 +182,8 @@ class ModelRunner:
             result.num_accepted[request_id] = len(emitted) - 1
             k = request.sampling_params.logprobs
             if k is not None:
-                result.logprobs[request_id] = self._compute_logprobs(logits[start:start + len(emitted)],
-                                                                     np.array(emitted), [k] * len(emitted))
+                result.logprobs[request_id] = self.sampler.compute_logprobs(logits[start:start + len(emitted)],
+                                                                        np.array(emitted), [k] * len(emitted))
             self.proposer.verified(seq, len(draft.token_ids), len(emitted) - 1)
             start += num_rows
 
@@ -203,17 +202,10 @@ class ModelRunner:
             self.grammar_masker = GrammarMasker(self.model.config.vocab_size)
         return self.grammar_masker.masks(entries)
 
-    def _compute_logprobs(self, logits, token_ids: np.ndarray, num_top: list[int]) -> list:
-        """sampling.compute_logprobs, on the device when the logits are there."""
-        if isinstance(logits, np.ndarray):
-            return compute_logprobs(logits, token_ids, num_top)
-        from vllmlite.worker import torch_sampling
-        return torch_sampling.compute_logprobs(logits, token_ids, num_top)
-
     def _prompt_logprobs(self, logits: np.ndarray, next_ids: np.ndarray, owners: list, result: RunnerOutput) -> None:
         """Logprob of each next prompt token under the logits one position before it."""
         top = [r.sampling_params.prompt_logprobs for r in owners]
-        for request, entry in zip(owners, self._compute_logprobs(logits, next_ids, top)):
+        for request, entry in zip(owners, self.sampler.compute_logprobs(logits, next_ids, top)):
             result.prompt_logprobs.setdefault(request.request_id, []).append(entry)
 
     def copy_blocks(self, out: SchedulerOutput) -> None:

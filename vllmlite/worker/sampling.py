@@ -171,6 +171,8 @@ def _check_ids(name: str, token_ids: np.ndarray, vocab_size: int) -> None:
 class Sampler:
     """Stateless; all randomness comes from the per-row generators in the batch."""
 
+    compute_logprobs = staticmethod(compute_logprobs)   # also what the runner scores guesses and prompts with
+
     def __call__(self, logits: np.ndarray, batch: SamplingBatch) -> SamplerOutput:
         """Sample one token per row. logits [batch, vocab] float32/float64 (not modified)."""
         self.check_shape(logits, batch)

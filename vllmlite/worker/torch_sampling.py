@@ -33,6 +33,11 @@ BITS = torch.arange(32, dtype=torch.int32)
 class TorchSampler:
     """Stateless; all randomness comes from the per-row generators in the batch (as Sampler)."""
 
+    @staticmethod
+    def compute_logprobs(logits: torch.Tensor, token_ids: np.ndarray, num_top: list[int]) -> list[TokenLogprobs]:
+        """This module's compute_logprobs (what the runner also scores guesses and prompts with)."""
+        return compute_logprobs(logits, token_ids, num_top)
+
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """One token per row of `logits` [batch, vocab] (not modified)."""
         Sampler.check_shape(logits, batch)

@@ -11,6 +11,7 @@ Imported only when `kernels="torch"` (or `device="cuda"`): the CPU install never
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import numpy as np
@@ -20,11 +21,16 @@ from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, Attention
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 
 
-def triton_modules():
-    """The Triton kernels (triton_attention.py, triton_ops.py), imported on first use: triton is
-    needed only there."""
-    from vllmlite.kernels.torch import triton_attention, triton_ops
-    return triton_attention, triton_ops
+def fused_ops():
+    """The fused elementwise Triton kernels (triton_ops.py), imported on first use: triton is needed
+    only there."""
+    return importlib.import_module("vllmlite.kernels.torch.triton_ops")
+
+
+def paged_attention_kernel():
+    """The paged-attention Triton kernel (triton_attention.py), imported on first use. (Functions,
+    not names of the submodules: importing a submodule binds its name on this package.)"""
+    return importlib.import_module("vllmlite.kernels.torch.triton_attention")
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -111,7 +117,7 @@ class TorchKernels:
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> None:
         if self._triton(x):
-            triton_modules()[1].rms_norm(x, None, weight, eps, out)
+            fused_ops().rms_norm(x, None, weight, eps, out)
             return
         xf = x.float() if x.dtype in HALF else x                # half precisions normalize in float32
         normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
@@ -120,7 +126,7 @@ class TorchKernels:
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                      out: torch.Tensor) -> None:
         if self._triton(x):
-            triton_modules()[1].rms_norm(x, residual, weight, eps, out)
+            fused_ops().rms_norm(x, residual, weight, eps, out)
             return
         residual += x
         self.rms_norm(residual, weight, eps, out)
@@ -128,7 +134,7 @@ class TorchKernels:
     def rope(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """Rotate-half RoPE in place: x [tokens, heads, head_dim]; cos/sin [positions, head_dim / 2]."""
         if self._triton(x):
-            triton_modules()[1].rope(x, positions, cos, sin)
+            fused_ops().rope(x, positions, cos, sin)
             return
         half = x.shape[-1] // 2
         c, s = cos[positions][:, None, :], sin[positions][:, None, :]   # [tokens, 1, head_dim / 2]
@@ -138,7 +144,7 @@ class TorchKernels:
 
     def silu_and_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
         if self._triton(gate_up):
-            triton_modules()[1].silu_and_mul(gate_up, out)
+            fused_ops().silu_and_mul(gate_up, out)
             return
         gate, up = gate_up.chunk(2, dim=-1)
         out.copy_(torch.nn.functional.silu(gate) * up)
@@ -146,7 +152,7 @@ class TorchKernels:
     def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
         if self._triton(k):
-            triton_modules()[1].write_kv(k_cache, v_cache, k, v, slot_mapping)
+            fused_ops().write_kv(k_cache, v_cache, k, v, slot_mapping)
             return
         k_cache[slot_mapping] = k
         v_cache[slot_mapping] = v
@@ -161,22 +167,20 @@ class TorchKernels:
             if tiles is None:
                 tiles = meta.kernel_cache["torch.tiles"] = self.attention_tiles(meta, q.shape[1], k_cache.shape[1])
             block_tables = self._index(meta, "block_tables")
-            for launch in tiles:   # type: ignore[union-attr]
-                triton_modules()[0].paged_attention_tiles(q, k_cache, v_cache, launch[0], launch[1], block_tables,
-                                                          meta.block_size, out, *launch[2:])
+            kernel = paged_attention_kernel().paged_attention_tiles
+            for step_tiles, rows, *splits in tiles:   # type: ignore[union-attr]
+                kernel(q, k_cache, v_cache, step_tiles, rows, block_tables, meta.block_size, out, *splits)
             return
         if "torch.groups" not in meta.kernel_cache:
             meta.kernel_cache["torch.groups"] = [self._device_group(g) for g in meta.groups]
         for group in meta.kernel_cache["torch.groups"]:  # type: ignore[union-attr]
             self._attend_group(q, k_cache, v_cache, group, meta.block_size, out)
 
-    def attention_tiles(self, meta: AttentionMetadata, num_heads: int, num_kv_heads: int,
-                        max_context: int | None = None) -> list[tuple]:
+    def attention_tiles(self, meta: AttentionMetadata, num_heads: int, num_kv_heads: int) -> list[tuple]:
         """The step's Triton launches: (tiles on the device, rows per tile, splits, split length) for
         the short queries (decodes, guesses; split over the context when they are too few to fill
-        the device) and for the long prefill chunks. max_context: the longest context a split must
-        cover (default: this step's)."""
-        ta = triton_modules()[0]
+        the device) and for the long prefill chunks."""
+        ta = paged_attention_kernel()
         lens = np.diff(meta.query_start)
         launches = []
         for long in (False, True):
@@ -185,7 +189,7 @@ class TorchKernels:
                 continue
             rows = ta.tile_rows(num_heads, num_kv_heads, long)
             tiles = ta.make_tiles(meta.query_start, meta.positions, seqs, rows)
-            context = max_context or int(meta.seq_lens[seqs].max())
+            context = int(meta.seq_lens[seqs].max())
             splits = (1, 0) if long else ta.split_plan(len(tiles) * num_kv_heads, context, self.num_sms)
             launches.append((self.to_device(tiles), rows, *splits))
         return launches
