@@ -352,19 +352,21 @@ class BlockManager:
         hit_blocks = self._hit_blocks(prefix_hit) if state is None else []
         if hit_blocks and num_computed_tokens < len(hit_blocks) * self.block_size:
             raise ValueError("num_computed_tokens must include the prefix hit's tokens")
-        blocks = [self.pool.blocks[i] for i in state.block_ids] if state is not None else hit_blocks
-        if num_computed_tokens > len(blocks) * self.block_size:
-            raise ValueError(f"{num_computed_tokens} computed tokens but only {len(blocks)} blocks")
+        block_ids = state.block_ids if state is not None else [block.block_id for block in hit_blocks]
+        if num_computed_tokens > len(block_ids) * self.block_size:
+            raise ValueError(f"{num_computed_tokens} computed tokens but only {len(block_ids)} blocks")
         num_required = ceil_div(num_tokens, self.block_size)
         # Written positions [num_computed, num_tokens) -> block indices; bs 4, computed 6, tokens 9:
-        # blocks 1..2 are written, block 1 exists (copied first if shared), block 2 is new.
+        # blocks 1..2 are written, block 1 exists (copied first if shared), block 2 is new. Only the
+        # written blocks are looked at: a decode reads one, however long its table.
         cow_indices = []
         if num_tokens > num_computed_tokens:
             first_written = num_computed_tokens // self.block_size
-            for index in range(first_written, min(len(blocks), num_required)):
-                if blocks[index].ref_count > 1 or blocks[index].is_cached:
+            for index in range(first_written, min(len(block_ids), num_required)):
+                block = self.pool.blocks[block_ids[index]]
+                if block.ref_count > 1 or block.is_cached:
                     cow_indices.append(index)
-        return _AllocationPlan(hit_blocks, cow_indices, max(0, num_required - len(blocks)))
+        return _AllocationPlan(hit_blocks, cow_indices, max(0, num_required - len(block_ids)))
 
     def _hit_blocks(self, prefix_hit: PrefixHit | None) -> list[Block]:
         if prefix_hit is None or not prefix_hit.block_ids:
