@@ -10,9 +10,11 @@ model: scheduling, the runner's batch building and the greedy sampler, the sched
 output processing (detokenization off and on). `--num-seqs` requests (prompts of `--prompt-len`
 distinct random tokens, ignore_eos) are prefilled, then `--steps` decode steps are timed while every
 one of them runs. Per phase (schedule, execute with the stub, update, outputs, the rest of `step()`,
-total): microseconds per sequence per step, the median over the steps. Then the same requests
-through AsyncLLMEngine (with the server's metrics), one asyncio consumer each, `--async-tokens` tokens: tokens/s, and the
-offline step loop's tokens/s on the same work.
+total): microseconds of the engine thread's CPU time per sequence per step, the mean over the steps
+(garbage collections included, wherever they land) and the median; CPU time, as a busy machine
+disturbs it less than wall time (also reported). Then the same requests through AsyncLLMEngine (with
+the server's metrics), one asyncio consumer each, `--async-tokens` tokens: tokens/s, and the offline
+step loop's tokens/s on the same work.
 
 `--baseline REF` measures REF's `vllmlite/` (`git archive` into a temporary folder, run in a
 subprocess with it first on the path) and this tree's alternately, `--rounds` times each, and
@@ -55,7 +57,8 @@ MAX_NUM_BATCHED_TOKENS = 8192  # as bench.gpu runs
 def make_engine(num_seqs: int, prompt_len: int, max_tokens: int) -> LLMEngine:
     """The random model with a stub forward pass, room for every request whole, and no preemption."""
     blocks_per_seq = ceil_div(prompt_len + max_tokens + 1, 16)
-    config = EngineArgs(model="random", kernels="numpy", max_num_seqs=num_seqs, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+    config = EngineArgs(model="random", kernels="numpy", max_num_seqs=num_seqs,
+                        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                         num_blocks=num_seqs * blocks_per_seq + 16).create_engine_config()
     engine = LLMEngine(config)
     vocab_size = engine.model_config.vocab_size
@@ -77,12 +80,13 @@ def add_requests(engine: LLMEngine, num_seqs: int, prompt_len: int, max_tokens: 
 
 
 def _timed(phases: dict[str, float], name: str, fn: Callable) -> Callable:
+    """`fn`, adding the engine thread's CPU seconds in it to phases[name]."""
     def wrapper(*args, **kwargs):
-        started = time.perf_counter()
+        started = time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
-            phases[name] += time.perf_counter() - started
+            phases[name] += time.thread_time() - started
     return wrapper
 
 
@@ -93,7 +97,8 @@ def offline_row(num_seqs: int, prompt_len: int, num_steps: int, detokenize: bool
     max_tokens = num_steps + 2 * ceil_div(num_seqs * prompt_len, MAX_NUM_BATCHED_TOKENS) + 8
     engine = make_engine(num_seqs, prompt_len, max_tokens)
     add_requests(engine, num_seqs, prompt_len, max_tokens, detokenize)
-    while len(engine.scheduler.running) < num_seqs or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
+    running = engine.scheduler.running
+    while len(running) < num_seqs or any(r.num_output_tokens == 0 for r in running):
         engine.step()  # prefill: not measured
     phases = dict.fromkeys(PHASES, 0.0)
     scheduler = engine.scheduler
@@ -101,21 +106,26 @@ def offline_row(num_seqs: int, prompt_len: int, num_steps: int, detokenize: bool
     scheduler.update = _timed(phases, "update", scheduler.update)
     engine._execute = _timed(phases, "execute", engine._execute)
     engine._process_outputs = _timed(phases, "outputs", engine._process_outputs)
-    samples: dict[str, list[float]] = {name: [] for name in (*PHASES, "other", "total")}
+    samples: dict[str, list[float]] = {name: [] for name in (*PHASES, "other", "total", "wall")}
     for _ in range(num_steps):
         for name in PHASES:
             phases[name] = 0.0
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         outputs = engine.step()
-        total = time.perf_counter() - started
+        total, wall = time.thread_time() - started_cpu, time.perf_counter() - started
         if len(outputs) != num_seqs:
             raise AssertionError(f"a step of {num_seqs} decodes gave {len(outputs)} outputs")
         for name in PHASES:
             samples[name].append(phases[name])
         samples["other"].append(total - sum(phases.values()))
         samples["total"].append(total)
-    us = {name: 1e6 * float(np.median(values)) / num_seqs for name, values in samples.items()}
-    return {"num_seqs": num_seqs, "detokenize": detokenize, "num_steps": num_steps, "us_per_seq_step": us}
+        samples["wall"].append(wall)
+    # The mean is what throughput pays (a full garbage collection lands in one step of many); the
+    # median shows the typical step.
+    mean = {name: 1e6 * float(np.mean(values)) / num_seqs for name, values in samples.items()}
+    median = {name: 1e6 * float(np.median(values)) / num_seqs for name, values in samples.items()}
+    return {"num_seqs": num_seqs, "detokenize": detokenize, "num_steps": num_steps, "us_per_seq_step": mean,
+            "median_us_per_seq_step": median}
 
 
 def async_row(num_seqs: int, prompt_len: int, max_tokens: int) -> dict:
@@ -163,7 +173,7 @@ def measure(args: argparse.Namespace) -> dict:
     for row in rows:
         us = row["us_per_seq_step"]
         print(f"  {row['num_seqs']:4d} seqs, detokenize {row['detokenize']!s:5}: "
-              + "  ".join(f"{name} {us[name]:5.1f}" for name in (*PHASES, "other", "total")) + " us/seq/step",
+              + "  ".join(f"{name} {us[name]:5.1f}" for name in (*PHASES, "other", "total", "wall")) + " us/seq/step",
               file=sys.stderr)
     served = async_row(max(args.num_seqs), args.prompt_len, args.async_tokens)
     print(f"  async {served['num_seqs']} consumers: {served['async_tokens_per_s']:.0f} tok/s, offline "
@@ -199,17 +209,17 @@ def summarize(rounds: list[dict]) -> dict:
     """Per row, the median over rounds of each figure."""
     offline = []
     for i, row in enumerate(rounds[0]["offline"]):
-        us = {name: float(np.median([r["offline"][i]["us_per_seq_step"][name] for r in rounds]))
-              for name in row["us_per_seq_step"]}
-        offline.append({**row, "us_per_seq_step": us})
+        figures = {key: {name: float(np.median([r["offline"][i][key][name] for r in rounds])) for name in row[key]}
+                   for key in ("us_per_seq_step", "median_us_per_seq_step")}
+        offline.append({**row, **figures})
     served = {name: (float(np.median([r["async"][name] for r in rounds])) if isinstance(value, float) else value)
               for name, value in rounds[0]["async"].items()}
     return {"offline": offline, "async": served, "vllmlite": rounds[0]["vllmlite"], "rounds": rounds}
 
 
 def print_table(current: dict, baseline: dict | None) -> None:
-    names = (*PHASES, "other", "total")
-    print("us per sequence per step" + (" (baseline -> this tree)" if baseline else ""))
+    names = (*PHASES, "other", "total", "wall")
+    print("CPU us per sequence per step, mean over steps" + (" (baseline -> this tree)" if baseline else ""))
     print(f"{'seqs':>4} {'detok':>5} " + " ".join(f"{n:>15}" for n in names))
     for i, row in enumerate(current["offline"]):
         us = row["us_per_seq_step"]
@@ -226,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-seqs", default="256,64", help="comma-separated batch sizes")
     parser.add_argument("--prompt-len", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=60, help="decode steps timed per row")
+    parser.add_argument("--steps", type=int, default=200, help="decode steps timed per row")
     parser.add_argument("--async-tokens", type=int, default=64, help="tokens each async consumer receives")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (each side, with --baseline)")
     parser.add_argument("--baseline", default=None, help="a git ref whose vllmlite is measured too")
