@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
 from vllmlite.core.request import FinishReason, Request, internal_error
@@ -70,17 +71,22 @@ class _Group:
     samples: list[_Sample] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs] = field(default_factory=list)  # of prompt tokens 1.., vLLM's shape
 
-    @property
+    # The group's params are the engine's own copy, never changed: what they say is read once.
+    @cached_property
     def wants_logprobs(self) -> bool:
         return self.params.logprobs is not None
 
-    @property
+    @cached_property
     def ranks_samples(self) -> bool:
         return ranks_samples(self.params)
 
     @property
     def finished(self) -> bool:
-        return all(s.request.is_finished for s in self.samples)
+        return all([s.request.is_finished for s in self.samples])  # a list: faster for one or a few
+
+    @property
+    def requests(self) -> list[Request]:
+        return [s.request for s in self.samples]
 
 
 def ranks_samples(params: SamplingParams) -> bool:
@@ -171,11 +177,12 @@ class OutputProcessor:
         changed, self._changed = self._changed, {}
         outputs = []
         for group_id, group in changed.items():
-            if group.finished:
+            is_finished = group.finished
+            if is_finished:
                 del self._groups[group_id]
             elif group.ranks_samples:
                 continue  # best_of reports once, when every candidate is done
-            outputs.append(self._group_output(group))
+            outputs.append(self._group_output(group, is_finished))
         finished, self._finished_embeddings = self._finished_embeddings, {}
         outputs.extend(self._embedding_output(*self._embeddings.pop(i)) for i in finished)
         return outputs
@@ -228,46 +235,49 @@ class OutputProcessor:
         return isinstance(request.stop_reason, int) or (
             request.stop_reason is None and request.output_token_ids[-1] in self.tokenizer.stop_token_ids)
 
-    def _group_output(self, group: _Group) -> RequestOutput:
+    def _group_output(self, group: _Group, finished: bool) -> RequestOutput:
+        """The group's RequestOutput; `finished`: every sample is (group.finished, read once)."""
         completions = [self._completion(group, s) for s in group.samples]
         if group.ranks_samples:
             completions.sort(key=lambda c: c.cumulative_logprob, reverse=True)
             completions = completions[:group.params.n]
             for i, c in enumerate(completions):
                 c.index = i
-        first = group.samples[0].request
-        failed = [s.request for s in group.samples if s.request.error]
+        requests = group.requests
+        first = requests[0]
+        failed = [r for r in requests if r.error]
         metrics = RequestMetrics(first.arrival_time, first.first_token_time,
-                                 time.monotonic() if group.finished else None, first.num_preemptions,
-                                 sum(s.request.num_draft_tokens for s in group.samples),
-                                 sum(s.request.num_accepted_tokens for s in group.samples),
+                                 time.monotonic() if finished else None, first.num_preemptions,
+                                 sum([r.num_draft_tokens for r in requests]),
+                                 sum([r.num_accepted_tokens for r in requests]),
                                  first.first_scheduled_time)
         prompt_logprobs = None
         if group.params.prompt_logprobs is not None:
             converted = _sync_logprobs(group.prompt_logprobs, first.prompt_logprobs, self.tokenizer.token_text)
             prompt_logprobs = [None, *converted]  # the first token has no context
         return RequestOutput(group.request_id, group.prompt, first.prompt_token_ids, completions,
-                             group.finished, first.num_cached_tokens, failed[0].error if failed else None, metrics,
+                             finished, first.num_cached_tokens, failed[0].error if failed else None, metrics,
                              prompt_logprobs, bool(failed) and failed[0].is_client_error)
 
     def _completion(self, group: _Group, sample: _Sample) -> CompletionOutput:
         request = sample.request
+        output_token_ids = request.output_token_ids
         start, previous_text = sample.num_reported, sample.reported_text
         text = sample.detokenizer.output_text if sample.detokenizer is not None else ""
-        sample.num_reported, sample.reported_text = request.num_output_tokens, text
+        sample.num_reported, sample.reported_text = len(output_token_ids), text
         logprobs = None
         if group.wants_logprobs:
             logprobs = _sync_logprobs(sample.logprobs, request.logprobs, self.tokenizer.token_text)
         return CompletionOutput(
             index=request.sample_index,
             text=text,
-            token_ids=list(request.output_token_ids),
-            cumulative_logprob=request.cumulative_logprob if group.wants_logprobs or group.ranks_samples else None,
+            token_ids=list(output_token_ids),
+            cumulative_logprob=request.cumulative_logprob if logprobs is not None or group.ranks_samples else None,
             logprobs=list(logprobs) if logprobs is not None else None,
             finish_reason=request.finish_reason.value if request.finish_reason else None,
             stop_reason=request.stop_reason,
             delta_text=text[len(previous_text):],
-            delta_token_ids=request.output_token_ids[start:],
+            delta_token_ids=output_token_ids[start:],
             delta_logprobs=logprobs[start:] if logprobs is not None else None,
         )
 
