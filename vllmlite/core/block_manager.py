@@ -43,14 +43,14 @@ class RequestBlocks:
 class _AllocationPlan(NamedTuple):
     """What `allocate` would do; computed without changing anything, so failure changes nothing."""
 
-    hit_blocks: list[Block]  # prefix-hit blocks to reference (first allocation only)
+    hit_blocks: Sequence[Block]  # prefix-hit blocks to reference (first allocation only)
     cow_indices: list[int]  # table indices written this step that must be copied first
     num_new_blocks: int  # blocks appended to the table
 
     @property
     def num_free_blocks_needed(self) -> int:
-        # Hit blocks sitting in the free list stop being free once referenced.
-        num_revived = sum(block.ref_count == 0 for block in self.hit_blocks)
+        # Hit blocks sitting in the free list stop being free once referenced (a grown request has none).
+        num_revived = sum(block.ref_count == 0 for block in self.hit_blocks) if self.hit_blocks else 0
         return self.num_new_blocks + len(self.cow_indices) + num_revived
 
 
@@ -168,6 +168,8 @@ class BlockManager:
         num_full_blocks = min(num_computed_tokens // bs, len(state.block_ids))
         if len(token_ids) < num_full_blocks * bs:
             raise ValueError(f"{len(token_ids)} tokens cannot fill {num_full_blocks} blocks of {bs}")
+        if num_full_blocks <= state.num_published_blocks:
+            return  # no block filled since the last call (most steps of a decode)
         for i in range(state.num_published_blocks, num_full_blocks):
             chunk = token_ids[i * bs : (i + 1) * bs]
             key = block_key(state.last_key, chunk, extra_keys)
@@ -202,7 +204,7 @@ class BlockManager:
                 last_block_start = max(len(state.block_ids) - 1, 0) * self.block_size
                 num_computed_tokens = min(last_block_start, num_tokens)
         plan = self._plan(request_id, num_computed_tokens, num_tokens, prefix_hit)
-        return plan.num_free_blocks_needed <= self.pool.num_free_blocks
+        return plan is None or plan.num_free_blocks_needed <= self.pool.num_free_blocks
 
     def allocate(
         self,
@@ -222,6 +224,8 @@ class BlockManager:
         Raises ValueError for a swapped-out request (swap_in first) or inconsistent counts.
         """
         plan = self._plan(request_id, num_computed_tokens, num_tokens, prefix_hit)
+        if plan is None:
+            return True
         if plan.num_free_blocks_needed > self.pool.num_free_blocks:
             return False
         state = self._requests.get(request_id)
@@ -342,14 +346,16 @@ class BlockManager:
 
     def _plan(
         self, request_id: str, num_computed_tokens: int, num_tokens: int, prefix_hit: PrefixHit | None
-    ) -> _AllocationPlan:
-        """Work out what `allocate` needs, validating the counts; changes nothing."""
+    ) -> _AllocationPlan | None:
+        """Work out what `allocate` needs, validating the counts; changes nothing. None: nothing at all
+        (a known request whose table already holds every slot written, in blocks only it holds and
+        unpublished: most steps of a decode)."""
         state = self._requests.get(request_id)
         if state is not None and state.is_swapped_out:
             raise ValueError(f"request {request_id!r} is swapped out: swap_in before allocate")
         if not 0 <= num_computed_tokens <= num_tokens:
             raise ValueError(f"need 0 <= num_computed_tokens {num_computed_tokens} <= {num_tokens}")
-        hit_blocks = self._hit_blocks(prefix_hit) if state is None else []
+        hit_blocks = self._hit_blocks(prefix_hit) if state is None else ()
         if hit_blocks and num_computed_tokens < len(hit_blocks) * self.block_size:
             raise ValueError("num_computed_tokens must include the prefix hit's tokens")
         block_ids = state.block_ids if state is not None else [block.block_id for block in hit_blocks]
@@ -366,7 +372,10 @@ class BlockManager:
                 block = self.pool.blocks[block_ids[index]]
                 if block.ref_count > 1 or block.is_cached:
                     cow_indices.append(index)
-        return _AllocationPlan(hit_blocks, cow_indices, max(0, num_required - len(block_ids)))
+        num_new_blocks = max(0, num_required - len(block_ids))
+        if state is not None and not cow_indices and not num_new_blocks:
+            return None
+        return _AllocationPlan(hit_blocks, cow_indices, num_new_blocks)
 
     def _hit_blocks(self, prefix_hit: PrefixHit | None) -> list[Block]:
         if prefix_hit is None or not prefix_hit.block_ids:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from vllmlite.config import SchedulerConfig, ceil_div
@@ -323,13 +323,12 @@ class Scheduler:
     def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int, num_drafts: int = 0) -> None:
         if request.first_scheduled_time is None:
             request.first_scheduled_time = time.monotonic()
-        start = request.num_computed_tokens
-        self._prefill.spend(num_new, request.num_tokens - start)
+        start, num_tokens = request.num_computed_tokens, request.num_tokens
+        self._prefill.spend(num_new, num_tokens - start)
         self.tracer.scheduled(request, start, num_new)
-        samples = start + num_new == request.num_tokens
-        samplers = [request] + self.forks.get(request.request_id, []) if samples else []
-        if request.is_pooling:
-            samplers = []  # an embedding request never samples
+        samples = start + num_new == num_tokens
+        # An embedding request never samples.
+        samplers = [request, *self.forks.get(request.request_id, ())] if samples and not request.is_pooling else []
         pooling = request.pooling if request.pooling is PoolingType.MEAN or samples else None
         out.scheduled.append(ScheduledSequence(
             request=request,
@@ -387,7 +386,7 @@ class Scheduler:
         for fork in seq.samplers[1:]:
             self._birth_fork(request, fork)
         for sampler in seq.samplers:
-            self._append_tokens(sampler, result.sampled_token_ids.get(sampler.request_id, []),
+            self._append_tokens(sampler, result.sampled_token_ids.get(sampler.request_id, ()),
                                 result.logprobs.get(sampler.request_id))
             touched.append(sampler)
 
@@ -398,7 +397,7 @@ class Scheduler:
         num_accepted = result.num_accepted.get(request.request_id, 0)
         self.spec_counts.record(request, result.num_drafts.get(request.request_id, 0), num_accepted)
         request.num_computed_tokens += len(seq.token_ids) + num_accepted
-        self._append_tokens(request, result.sampled_token_ids.get(request.request_id, []),
+        self._append_tokens(request, result.sampled_token_ids.get(request.request_id, ()),
                             result.logprobs.get(request.request_id))
         if not request.is_finished:  # a stop mid-round already freed everything
             self.block_manager.trim(request.request_id, request.num_computed_tokens)
@@ -423,7 +422,7 @@ class Scheduler:
         fork.status = RequestStatus.RUNNING
         self.running.append(fork)
 
-    def _append_tokens(self, request: Request, token_ids: list[int], logprobs: list | None) -> None:
+    def _append_tokens(self, request: Request, token_ids: Sequence[int], logprobs: list | None) -> None:
         stop = append_tokens(request, token_ids, logprobs, self.stop_token_ids, self.max_model_len)
         if stop is not None:
             self.finish(request, *stop)

@@ -7,6 +7,7 @@ Knows requests only; never touches blocks or queues: the scheduler finishes what
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from vllmlite.core.request import FinishReason, Request
@@ -21,7 +22,7 @@ class Stop(NamedTuple):
     is_client_error: bool = False
 
 
-def append_tokens(request: Request, token_ids: list[int], logprobs: list | None,
+def append_tokens(request: Request, token_ids: Sequence[int], logprobs: list | None,
                   stop_token_ids: frozenset[int], max_model_len: int) -> Stop | None:
     """Append a step's sampled tokens (and their logprobs) to `request`, each advancing its grammar,
     up to and including the first that stops it; the stop, or None if it runs on.
@@ -47,14 +48,14 @@ def append_tokens(request: Request, token_ids: list[int], logprobs: list | None,
 def check_stop(request: Request, token_id: int, stop_token_ids: frozenset[int], max_model_len: int) -> Stop | None:
     """Whether `token_id`, just appended, ends `request`. `stop_token_ids` are the model's EOS and
     end-of-turn tokens (ignore_eos ignores them; the request's own stop_token_ids it does not)."""
-    params = request.sampling_params
-    if request.num_output_tokens >= params.min_tokens:
+    params, num_output_tokens = request.sampling_params, request.num_output_tokens
+    if num_output_tokens >= params.min_tokens:
         if token_id in (params.stop_token_ids or ()):
             return Stop(FinishReason.STOP, token_id)
         if not params.ignore_eos and token_id in stop_token_ids:
             return Stop(FinishReason.STOP)
     if request.grammar is not None and request.grammar.is_terminated:
         return Stop(FinishReason.STOP)  # complete, and nothing may follow: even with ignore_eos
-    if request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
+    if num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
         return Stop(FinishReason.LENGTH)
     return None
