@@ -309,6 +309,13 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE
 
     @property
+    def is_plain_greedy(self) -> bool:
+        """Argmax of the raw logits and nothing else: no penalty, bias, token filter, minimum length
+        or logprobs (the sampler would change or report something then)."""
+        return (self.is_greedy and not self.needs_penalties and not self.logit_bias and self.allowed_token_ids is None
+                and not self.bad_words and self.min_tokens == 0 and self.logprobs is None)
+
+    @property
     def needs_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)

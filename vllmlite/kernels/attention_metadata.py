@@ -7,6 +7,7 @@ slot = block_id * block_size + offset.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,10 +109,12 @@ def build_metadata(query_lens: list[int], seq_lens: list[int], block_tables: lis
     # Row r belongs to sequence seq_of_row[r]; its position counts back from that sequence's end.
     seq_of_row = np.repeat(np.arange(num_seqs), lens)                      # [num_tokens]
     positions = np.arange(num_tokens) - query_start[seq_of_row] + (ctx - lens)[seq_of_row]
-    max_blocks = max((len(t) for t in block_tables), default=0)
+    num_blocks = np.fromiter(map(len, block_tables), dtype=np.int64, count=num_seqs)  # [num_seqs]
+    max_blocks = int(num_blocks.max(initial=0))
     tables = np.zeros((num_seqs, max(max_blocks, 1)), dtype=np.int32)     # [num_seqs, max_blocks]
-    for i, table in enumerate(block_tables):
-        tables[i, :len(table)] = table
+    # Row i's first num_blocks[i] entries, filled in row-major order from the tables laid end to end.
+    tables[np.arange(tables.shape[1]) < num_blocks[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(block_tables), dtype=np.int32, count=int(num_blocks.sum()))
     slot_mapping = tables[seq_of_row, positions // block_size].astype(np.int64) * block_size \
         + positions % block_size                                            # [num_tokens]
     return AttentionMetadata(positions, query_start, ctx, slot_mapping, tables, block_size)

@@ -5,12 +5,14 @@ scheduler state.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 
 import numpy as np
 
 from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
+from vllmlite.core.request import Request
 from vllmlite.kernels.attention_metadata import build_metadata
 from vllmlite.models.llama import LlamaModel
 from vllmlite.pooling_params import PoolingType
@@ -79,12 +81,14 @@ class ModelRunner:
             self.fault_hook(out)
         seqs = out.scheduled
         drafts = self._propose(seqs)
-        tokens = [s.token_ids + d.token_ids for s, d in zip(seqs, drafts)]          # this step's inputs
-        input_ids = np.array([t for ts in tokens for t in ts], dtype=np.int64)      # [num_tokens]
-        seq_lens = [s.start_position + len(ts) for s, ts in zip(seqs, tokens)]
-        meta = build_metadata([len(ts) for ts in tokens], seq_lens, [s.block_table for s in seqs],
-                              self.block_size)
-        ends = meta.query_start[1:] - 1                                              # [num_seqs] last rows
+        # This step's inputs per sequence: its tokens, then its guesses.
+        tokens = [s.token_ids + d.token_ids if d.token_ids else s.token_ids for s, d in zip(seqs, drafts)]
+        query_lens = [len(ts) for ts in tokens]
+        input_ids = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64,
+                                count=sum(query_lens))                               # [num_tokens]
+        seq_lens = [s.start_position + n for s, n in zip(seqs, query_lens)]
+        meta = build_metadata(query_lens, seq_lens, [s.block_table for s in seqs], self.block_size)
+        ends = (meta.query_start[1:] - 1).tolist()                                   # [num_seqs] last rows
         # Rows whose logits are needed: sampling rows (forks of one parent share a row), every
         # row of a sequence with guesses, and prompt rows scored for prompt logprobs.
         sample_rows = [ends[i] for i, s in enumerate(seqs) for _ in s.samplers if not drafts[i].token_ids]
@@ -94,7 +98,8 @@ class ModelRunner:
         rows = np.concatenate([np.array(sample_rows + spec_rows, dtype=np.int64), prompt_rows])
         unique_rows, inverse = np.unique(rows, return_inverse=True)
         result = RunnerOutput()
-        samplers = [(s, r) for s, d in zip(seqs, drafts) if not d.token_ids for r in s.samplers]
+        # The requests that draw a token from their sequence's last row, in row order.
+        samplers = [r for s, d in zip(seqs, drafts) if not d.token_ids for r in s.samplers]
         if any(s.pooling is not None for s in seqs):
             pool_rows, pool_owners = _pooling_rows(seqs, meta.query_start)
             logits, hidden = self.model.forward_with_hidden(input_ids, meta, self.kv_cache, unique_rows, pool_rows)
@@ -106,7 +111,7 @@ class ModelRunner:
             logits = self.model.forward_logits(input_ids, meta, self.kv_cache, unique_rows)
         self.num_forward_passes += 1
         on_device = not isinstance(logits, np.ndarray)
-        if on_device and not spec_rows and not prompt_owners and all(is_plain_greedy(r) for _, r in samplers):
+        if on_device and not spec_rows and not prompt_owners and all(map(is_plain_greedy, samplers)):
             # Nothing but argmax: one integer per row leaves the device (on the host the sampler's
             # own argmax is as cheap, so the CPU paths keep one route).
             _record_sampled(samplers, self.kernels.argmax(logits)[inverse], result)
@@ -145,13 +150,13 @@ class ModelRunner:
                 drafts[i] = draft  # proposers fill at most num_draft_slots guesses
         return drafts
 
-    def _sample(self, samplers: list, logits: np.ndarray, result: RunnerOutput) -> None:
+    def _sample(self, samplers: list[Request], logits: np.ndarray, result: RunnerOutput) -> None:
         """One token per sampler from its row of logits [num_samplers, vocab]."""
         if not samplers:
             return
-        requests = [r for _, r in samplers]
-        batch = self._batch(requests, [r.output_token_ids for r in requests],
-                            self._allowed_mask([(r.grammar, []) for r in requests]))
+        constrained = any(r.grammar is not None for r in samplers)
+        batch = self._batch(samplers, [r.output_token_ids for r in samplers],
+                            self._allowed_mask([(r.grammar, []) for r in samplers]) if constrained else None)
         sampled = self.sampler(logits, batch)
         _record_sampled(samplers, sampled.token_ids, result, sampled.logprobs)
 
@@ -229,18 +234,17 @@ class ModelRunner:
         return (ids[:, None] * self.block_size + np.arange(self.block_size)[None, :]).reshape(-1)
 
 
-def is_plain_greedy(request) -> bool:
-    """Argmax of the raw logits and nothing else: no grammar, penalty, bias, token filter, minimum
-    length or logprobs (the sampler would change or report something then)."""
-    p = request.sampling_params
-    return (p.is_greedy and request.grammar is None and not p.needs_penalties and not p.logit_bias
-            and p.allowed_token_ids is None and not p.bad_words and p.min_tokens == 0 and p.logprobs is None)
+def is_plain_greedy(request: Request) -> bool:
+    """Argmax of the raw logits and nothing else: no grammar, and params that ask for nothing more
+    (SamplingParams.is_plain_greedy)."""
+    return request.grammar is None and request.sampling_params.is_plain_greedy
 
 
-def _record_sampled(samplers: list, token_ids: np.ndarray, result: RunnerOutput, logprobs: list | None = None) -> None:
-    """One sampled token (and its logprobs, if asked) per (sequence, sampler) pair, in order."""
-    for j, (_, request) in enumerate(samplers):
-        result.sampled_token_ids[request.request_id] = [int(token_ids[j])]
+def _record_sampled(samplers: list[Request], token_ids: np.ndarray, result: RunnerOutput,
+                    logprobs: list | None = None) -> None:
+    """One sampled token (and its logprobs, if asked) per sampler, in order."""
+    for j, (request, token_id) in enumerate(zip(samplers, token_ids.tolist())):
+        result.sampled_token_ids[request.request_id] = [token_id]
         if logprobs is not None and logprobs[j] is not None:
             result.logprobs[request.request_id] = [logprobs[j]]
 
@@ -271,7 +275,7 @@ def _pool(hidden: np.ndarray, owners: list, result: RunnerOutput) -> None:
         start += num_rows
 
 
-def _prompt_logprob_rows(seqs: list, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
+def _prompt_logprob_rows(seqs: list, ends: list[int]) -> tuple[np.ndarray, np.ndarray, list]:
     """Rows whose logits score the next prompt token, for requests that asked for prompt logprobs.
 
     Position p predicts token p + 1; positions already scored (before a preemption) are skipped.

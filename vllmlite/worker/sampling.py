@@ -176,6 +176,10 @@ class Sampler:
     def __call__(self, logits: np.ndarray, batch: SamplingBatch) -> SamplerOutput:
         """Sample one token per row. logits [batch, vocab] float32/float64 (not modified)."""
         self.check_shape(logits, batch)
+        if batch.allowed_mask is None and all(p.is_plain_greedy for p in batch.params):
+            # Every step below would leave the logits as they are and report nothing: the argmax
+            # of the raw logits is the processed logits' (their float64 copy orders the same).
+            return SamplerOutput(logits.argmax(axis=1).astype(np.int64), [None] * batch.num_rows)
         processed = self.processed_logits(logits, batch)  # [batch, vocab]
         token_ids = processed.argmax(axis=1).astype(np.int64)  # [batch]; final for greedy rows
         random_rows = batch.rows_where(lambda p: not p.is_greedy)
