@@ -193,10 +193,13 @@ class EngineMetrics:
     def record_outputs(self, outputs: Iterable, now: float) -> None:
         """Token counts and latencies from one step's RequestOutputs (taken at time `now`)."""
         with self._lock:
-            for output in outputs:
-                self._record_output(output, now)
+            num_generated = sum([self._record_output(output, now) for output in outputs])
+            if num_generated:  # the step's tokens counted once: the counter reads the same after the call
+                self.generation_tokens.inc(num_generated)
+                self.totals.generation_tokens += num_generated
 
-    def _record_output(self, output, now: float) -> None:
+    def _record_output(self, output, now: float) -> int:
+        """Record one output's latencies; return its new tokens (the caller counts them)."""
         times = self._requests.get(output.request_id)
         if times is None:
             arrival = output.metrics.arrival_time if output.metrics is not None else now
@@ -207,10 +210,8 @@ class EngineMetrics:
             if output.error is None:
                 self._count_prompt(len(output.prompt_token_ids))
         else:
-            num_new = sum(len(c.delta_token_ids) for c in output.outputs)
+            num_new = sum([len(c.delta_token_ids) for c in output.outputs])
         if num_new:
-            self.generation_tokens.inc(num_new)
-            self.totals.generation_tokens += num_new
             if times.last_token_time is None:
                 self._count_prompt(len(output.prompt_token_ids))
                 self.ttft.observe(now - times.arrival_time)
@@ -221,6 +222,7 @@ class EngineMetrics:
         if output.finished:
             del self._requests[output.request_id]
             self._record_finished(output, times, now)
+        return num_new
 
     def _count_prompt(self, num_tokens: int) -> None:
         self.prompt_tokens.inc(num_tokens)

@@ -54,7 +54,7 @@ class RequestStream:
         self.loop = loop
         self._abort = abort
         self._items: deque[StreamItem] = deque()
-        self._ready = asyncio.Event()   # set while _items is not empty
+        self._waiter: asyncio.Future | None = None  # while the reader waits for an item
         self._deadline = None if timeout is None else loop.time() + timeout
         self._timeout = timeout
         self.is_finished = False   # the engine has sent its last item
@@ -69,7 +69,8 @@ class RequestStream:
         if self._items and isinstance(item, RequestOutput) and isinstance(self._items[-1], RequestOutput):
             item = coalesce_outputs(self._items.pop(), item)
         self._items.append(item)
-        self._ready.set()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     @property
     def num_unread(self) -> int:
@@ -83,23 +84,29 @@ class RequestStream:
         if self.is_finished:
             raise StopAsyncIteration
         if not self._items:
-            try:
-                await asyncio.wait_for(self._ready.wait(), self._time_left())
-            except asyncio.TimeoutError:
-                self._cancel_error = RequestTimeoutError(f"the request ran past the server's request timeout "
-                                                         f"({self._timeout:g} s) and was aborted")
-                raise self._cancel_error from None
+            await self._wait()
         item = self._items.popleft()
-        if not self._items:
-            self._ready.clear()
         if isinstance(item, BaseException):
             self.is_finished = True
             raise item
         self.is_finished = item.finished
         return item
 
-    def _time_left(self) -> float | None:
-        return None if self._deadline is None else max(self._deadline - self.loop.time(), 0.0)
+    async def _wait(self) -> None:
+        """Until an item arrives; RequestTimeoutError at the deadline. (One future per wait: a
+        token's wake-up is on the event loop's path to every stream.)"""
+        self._waiter = self.loop.create_future()
+        try:
+            if self._deadline is None:
+                await self._waiter
+            else:
+                await asyncio.wait_for(self._waiter, max(self._deadline - self.loop.time(), 0.0))
+        except asyncio.TimeoutError:
+            self._cancel_error = RequestTimeoutError(f"the request ran past the server's request timeout "
+                                                     f"({self._timeout:g} s) and was aborted")
+            raise self._cancel_error from None
+        finally:
+            self._waiter = None
 
     def cancel(self) -> None:
         """Abort the request in the engine (its blocks are freed within a step) unless it ended."""
