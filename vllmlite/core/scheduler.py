@@ -330,15 +330,11 @@ class Scheduler:
         # An embedding request never samples.
         samplers = [request, *self.forks.get(request.request_id, ())] if samples and not request.is_pooling else []
         pooling = request.pooling if request.pooling is PoolingType.MEAN or samples else None
-        out.scheduled.append(ScheduledSequence(
-            request=request,
-            token_ids=request.token_ids[start:start + num_new],
-            start_position=start,
-            block_table=self.block_manager.block_table(request.request_id),  # already a copy
-            num_draft_slots=num_drafts,
-            samplers=samplers,
-            pooling=pooling,
-        ))
+        # Positional, in field order (request, token_ids, start_position, block_table, num_draft_slots,
+        # samplers, pooling): this runs for every sequence every step, and keywords double the call.
+        block_table = self.block_manager.block_table(request.request_id)  # already a copy
+        out.scheduled.append(ScheduledSequence(request, request.token_ids[start:start + num_new], start, block_table,
+                                               num_drafts, samplers, pooling))
 
     # --- update ---------------------------------------------------------------------------------
 
@@ -374,7 +370,8 @@ class Scheduler:
             touched.append(request)
             return
         request.num_computed_tokens += len(seq.token_ids)
-        request.prompt_logprobs.extend(result.prompt_logprobs.get(request.request_id, ()))
+        if result.prompt_logprobs:
+            request.prompt_logprobs.extend(result.prompt_logprobs.get(request.request_id, ()))
         self.block_manager.publish_full_blocks(request.request_id, request.token_ids,
                                                request.num_computed_tokens, request.extra_keys)
         if seq.pooling is not None:

@@ -71,7 +71,8 @@ class _Group:
     samples: list[_Sample] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs] = field(default_factory=list)  # of prompt tokens 1.., vLLM's shape
 
-    # The group's params are the engine's own copy, never changed: what they say is read once.
+    # Its params (the engine's own copy) and its samples are fixed once the group is tracked: what
+    # they say is read once.
     @cached_property
     def wants_logprobs(self) -> bool:
         return self.params.logprobs is not None
@@ -80,13 +81,13 @@ class _Group:
     def ranks_samples(self) -> bool:
         return ranks_samples(self.params)
 
-    @property
-    def finished(self) -> bool:
-        return all([s.request.is_finished for s in self.samples])  # a list: faster for one or a few
-
-    @property
+    @cached_property
     def requests(self) -> list[Request]:
         return [s.request for s in self.samples]
+
+    @property
+    def finished(self) -> bool:
+        return all([r.is_finished for r in self.requests])  # a list: faster for one or a few
 
 
 def ranks_samples(params: SamplingParams) -> bool:
@@ -265,21 +266,17 @@ class OutputProcessor:
         start, previous_text = sample.num_reported, sample.reported_text
         text = sample.detokenizer.output_text if sample.detokenizer is not None else ""
         sample.num_reported, sample.reported_text = len(output_token_ids), text
-        logprobs = None
+        logprobs = cumulative_logprob = delta_logprobs = None
         if group.wants_logprobs:
             logprobs = _sync_logprobs(sample.logprobs, request.logprobs, self.tokenizer.token_text)
-        return CompletionOutput(
-            index=request.sample_index,
-            text=text,
-            token_ids=list(output_token_ids),
-            cumulative_logprob=request.cumulative_logprob if logprobs is not None or group.ranks_samples else None,
-            logprobs=list(logprobs) if logprobs is not None else None,
-            finish_reason=request.finish_reason.value if request.finish_reason else None,
-            stop_reason=request.stop_reason,
-            delta_text=text[len(previous_text):],
-            delta_token_ids=output_token_ids[start:],
-            delta_logprobs=logprobs[start:] if logprobs is not None else None,
-        )
+            logprobs, delta_logprobs = list(logprobs), logprobs[start:]
+        if group.wants_logprobs or group.ranks_samples:
+            cumulative_logprob = request.cumulative_logprob
+        finish_reason = request.finish_reason.value if request.finish_reason else None
+        # Positional, in field order: this runs for every sample every step, and keywords double the call.
+        return CompletionOutput(request.sample_index, text, list(output_token_ids), cumulative_logprob, logprobs,
+                                finish_reason, request.stop_reason, text[len(previous_text):],
+                                output_token_ids[start:], delta_logprobs)
 
 
 def coalesce_outputs(older: RequestOutput, newer: RequestOutput) -> RequestOutput:
