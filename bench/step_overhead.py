@@ -16,9 +16,9 @@ disturbs it less than wall time (also reported). Then the same requests through 
 the server's metrics), one asyncio consumer each, `--async-tokens` tokens: tokens/s, and the offline
 step loop's tokens/s on the same work.
 
-`--baseline REF` measures REF's `vllmlite/` (`git archive` into a temporary folder, run in a
-subprocess with it first on the path) and this tree's alternately, `--rounds` times each, and
-reports the medians side by side. Raw results: results/bench_step_overhead.json.
+`--baseline REF` measures REF's `vllmlite/` (`git archive` into a temporary folder) and this tree's
+alternately, each round of each in a fresh process (who goes first alternates), `--rounds` times
+each, and reports each side's best round side by side. Raw results: results/bench_step_overhead.json.
 """
 
 from __future__ import annotations
@@ -181,15 +181,16 @@ def measure(args: argparse.Namespace) -> dict:
     return {"offline": rows, "async": served, "vllmlite": str(Path(vllmlite.__file__).parent)}
 
 
-def measure_baseline(ref: str, source: Path, args: argparse.Namespace) -> dict:
-    """One round on REF's vllmlite: this module in a subprocess, `source` first on its path."""
+def measure_in_subprocess(label: str, source: Path, args: argparse.Namespace) -> dict:
+    """One round in a fresh process whose `vllmlite` is the one in `source` (this module is this
+    tree's): both sides of a comparison start alike, with nothing left over from the other."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         argv = ["--rounds", "1", "--prompt-len", str(args.prompt_len), "--steps", str(args.steps),
                 "--async-tokens", str(args.async_tokens), "--num-seqs", ",".join(map(str, args.num_seqs)),
                 "--round-only", out.name]
-        # `-m` puts the working directory first on the path: `vllmlite` is REF's, `bench` this tree's.
+        # `-m` puts the working directory first on the path: `vllmlite` is the source's, `bench` this tree's.
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-        print(f"baseline {ref}:", file=sys.stderr)
+        print(f"{label}:", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "bench.step_overhead", *argv], cwd=source, env=env, check=True)
         return json.loads(Path(out.name).read_text())
 
@@ -206,14 +207,16 @@ def export_vllmlite(ref: str, folder: Path) -> str:
 
 
 def summarize(rounds: list[dict]) -> dict:
-    """Per row, the median over rounds of each figure."""
+    """Per row, each figure's best over the rounds (least time, most tokens/s): other load on a shared
+    machine only ever adds time, so the least disturbed round is the one that compares."""
     offline = []
     for i, row in enumerate(rounds[0]["offline"]):
-        figures = {key: {name: float(np.median([r["offline"][i][key][name] for r in rounds])) for name in row[key]}
+        figures = {key: {name: min(r["offline"][i][key][name] for r in rounds) for name in row[key]}
                    for key in ("us_per_seq_step", "median_us_per_seq_step")}
         offline.append({**row, **figures})
-    served = {name: (float(np.median([r["async"][name] for r in rounds])) if isinstance(value, float) else value)
+    served = {name: max(r["async"][name] for r in rounds) if isinstance(value, float) else value
               for name, value in rounds[0]["async"].items()}
+    served["async_over_offline"] = served["async_tokens_per_s"] / served["offline_tokens_per_s"]
     return {"offline": offline, "async": served, "vllmlite": rounds[0]["vllmlite"], "rounds": rounds}
 
 
@@ -256,10 +259,14 @@ def main(argv: list[str] | None = None) -> dict:
         base_commit = export_vllmlite(args.baseline, Path(folder)) if args.baseline else None
         current_rounds, baseline_rounds = [], []
         for round_index in range(args.rounds):
-            if args.baseline:
-                baseline_rounds.append(measure_baseline(args.baseline, Path(folder), args))
-            print(f"this tree, round {round_index}:", file=sys.stderr)
-            current_rounds.append(measure(args))
+            if not args.baseline:
+                print(f"round {round_index}:", file=sys.stderr)
+                current_rounds.append(measure(args))
+                continue
+            sides = [(baseline_rounds, f"{args.baseline}, round {round_index}", Path(folder)),
+                     (current_rounds, f"this tree, round {round_index}", REPO_ROOT)]
+            for rounds, label, source in sides[::1 if round_index % 2 == 0 else -1]:  # who goes first alternates
+                rounds.append(measure_in_subprocess(label, source, args))
     current = summarize(current_rounds)
     baseline = summarize(baseline_rounds) if baseline_rounds else None
     report = {"machine": dict(machine, loadavg_end=list(os.getloadavg())),
