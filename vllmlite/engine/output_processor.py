@@ -247,11 +247,7 @@ class OutputProcessor:
         requests = group.requests
         first = requests[0]
         failed = [r for r in requests if r.error]
-        metrics = RequestMetrics(first.arrival_time, first.first_token_time,
-                                 time.monotonic() if finished else None, first.num_preemptions,
-                                 sum([r.num_draft_tokens for r in requests]),
-                                 sum([r.num_accepted_tokens for r in requests]),
-                                 first.first_scheduled_time)
+        metrics = _request_metrics(requests, finished)
         prompt_logprobs = None
         if group.params.prompt_logprobs is not None:
             converted = _sync_logprobs(group.prompt_logprobs, first.prompt_logprobs, self.tokenizer.token_text)
@@ -277,6 +273,17 @@ class OutputProcessor:
         return CompletionOutput(request.sample_index, text, list(output_token_ids), cumulative_logprob, logprobs,
                                 finish_reason, request.stop_reason, text[len(previous_text):],
                                 output_token_ids[start:], delta_logprobs)
+
+
+def _request_metrics(requests: list[Request], finished: bool) -> RequestMetrics:
+    """A group's metrics: its first sample's times, the speculative counts of all its samples."""
+    first = requests[0]
+    num_draft_tokens = num_accepted_tokens = 0
+    for request in requests:
+        num_draft_tokens += request.num_draft_tokens
+        num_accepted_tokens += request.num_accepted_tokens
+    return RequestMetrics(first.arrival_time, first.first_token_time, time.monotonic() if finished else None,
+                          first.num_preemptions, num_draft_tokens, num_accepted_tokens, first.first_scheduled_time)
 
 
 def coalesce_outputs(older: RequestOutput, newer: RequestOutput) -> RequestOutput:

@@ -99,6 +99,8 @@ class IncrementalDetokenizer:
         """Append one token; return (text safe to emit, the stop string it completed or None)."""
         self._window.append(int(token_id))  # numpy ints from the sampler too
         pending = self._held + self._decode_step()
+        if not self.stop:
+            return pending, None  # no stop string: nothing to match, nothing held back
         stop_match = _find_stop(pending, self.stop)
         if stop_match is not None:
             start, stop_str = stop_match
