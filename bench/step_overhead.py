@@ -2,6 +2,7 @@
 
     python -m bench.step_overhead                    # 256 and 64 sequences, about a minute on 2 cores
     python -m bench.step_overhead --baseline main    # the same, also for main's vllmlite, interleaved
+    python -m bench.step_overhead --server-heap      # in a heap the size of the server process's
     python -m bench.step_overhead --quick            # smoke test
 
 An LLMEngine on the random model whose forward pass is a stub returning a fixed logits array of the
@@ -13,8 +14,9 @@ one of them runs. Per phase (schedule, execute with the stub, update, outputs, t
 total): microseconds of the engine thread's CPU time per sequence per step, the mean over the steps
 (garbage collections included, wherever they land) and the median; CPU time, as a busy machine
 disturbs it less than wall time (also reported). Then the same requests through AsyncLLMEngine (with
-the server's metrics), one asyncio consumer each, `--async-tokens` tokens: tokens/s, and the offline
-step loop's tokens/s on the same work.
+the server's metrics), one asyncio consumer each, `--async-tokens` tokens: tokens/s, also with the
+start-up heap frozen as the server process does (gc.freeze), and the offline step loop's tokens/s
+on the same work.
 
 `--baseline REF` measures REF's `vllmlite/` (`git archive` into a temporary folder) and this tree's
 alternately, each round of each in a fresh process (who goes first alternates), `--rounds` times
@@ -25,6 +27,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -130,19 +135,33 @@ def offline_row(num_seqs: int, prompt_len: int, num_steps: int, detokenize: bool
 
 def async_row(num_seqs: int, prompt_len: int, max_tokens: int) -> dict:
     """Tokens/s of the stubbed engine through AsyncLLMEngine with one consumer per request, and of
-    the offline step loop on the same requests (detokenized, as the server does)."""
+    the offline step loop on the same requests (detokenized, as the server does); and through
+    AsyncLLMEngine again with the start-up heap frozen (gc.freeze), as the server process does."""
     engine = make_engine(num_seqs, prompt_len, max_tokens)
     add_requests(engine, num_seqs, prompt_len, max_tokens, detokenize=True)
     started = time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
     offline_s = time.perf_counter() - started
+    async_s = _served_seconds(make_engine(num_seqs, prompt_len, max_tokens), num_seqs, prompt_len, max_tokens)
     engine = make_engine(num_seqs, prompt_len, max_tokens)
-    async_s, num_tokens = asyncio.run(_consume_all(engine, num_seqs, prompt_len, max_tokens))
+    gc.collect()
+    gc.freeze()
+    try:
+        frozen_s = _served_seconds(engine, num_seqs, prompt_len, max_tokens)
+    finally:
+        gc.unfreeze()  # the next rounds start as this one did
+    num_tokens = num_seqs * max_tokens
+    return {"num_seqs": num_seqs, "max_tokens": max_tokens, "offline_tokens_per_s": num_tokens / offline_s,
+            "async_tokens_per_s": num_tokens / async_s, "async_over_offline": offline_s / async_s,
+            "async_frozen_heap_tokens_per_s": num_tokens / frozen_s}
+
+
+def _served_seconds(engine: LLMEngine, num_seqs: int, prompt_len: int, max_tokens: int) -> float:
+    seconds, num_tokens = asyncio.run(_consume_all(engine, num_seqs, prompt_len, max_tokens))
     if num_tokens != num_seqs * max_tokens:
         raise AssertionError(f"the consumers got {num_tokens} tokens, expected {num_seqs * max_tokens}")
-    return {"num_seqs": num_seqs, "max_tokens": max_tokens, "offline_tokens_per_s": num_tokens / offline_s,
-            "async_tokens_per_s": num_tokens / async_s, "async_over_offline": offline_s / async_s}
+    return seconds
 
 
 async def _consume_all(engine: LLMEngine, num_seqs: int, prompt_len: int, max_tokens: int) -> tuple[float, int]:
@@ -176,9 +195,17 @@ def measure(args: argparse.Namespace) -> dict:
               + "  ".join(f"{name} {us[name]:5.1f}" for name in (*PHASES, "other", "total", "wall")) + " us/seq/step",
               file=sys.stderr)
     served = async_row(max(args.num_seqs), args.prompt_len, args.async_tokens)
-    print(f"  async {served['num_seqs']} consumers: {served['async_tokens_per_s']:.0f} tok/s, offline "
+    print(f"  async {served['num_seqs']} consumers: {served['async_tokens_per_s']:.0f} tok/s "
+          f"({served['async_frozen_heap_tokens_per_s']:.0f} with the heap frozen), offline "
           f"{served['offline_tokens_per_s']:.0f} tok/s ({served['async_over_offline']:.0%})", file=sys.stderr)
     return {"offline": rows, "async": served, "vllmlite": str(Path(vllmlite.__file__).parent)}
+
+
+def import_server_modules() -> None:
+    """What the server process has loaded besides the engine: the API app, and torch on a GPU."""
+    importlib.import_module("vllmlite.api.app")
+    if importlib.util.find_spec("torch") is not None:
+        importlib.import_module("torch")
 
 
 def measure_in_subprocess(label: str, source: Path, args: argparse.Namespace) -> dict:
@@ -187,7 +214,7 @@ def measure_in_subprocess(label: str, source: Path, args: argparse.Namespace) ->
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         argv = ["--rounds", "1", "--prompt-len", str(args.prompt_len), "--steps", str(args.steps),
                 "--async-tokens", str(args.async_tokens), "--num-seqs", ",".join(map(str, args.num_seqs)),
-                "--round-only", out.name]
+                "--round-only", out.name, *(["--server-heap"] if args.server_heap else [])]
         # `-m` puts the working directory first on the path: `vllmlite` is the source's, `bench` this tree's.
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
         print(f"{label}:", file=sys.stderr)
@@ -229,10 +256,11 @@ def print_table(current: dict, baseline: dict | None) -> None:
         cells = [f"{baseline['offline'][i]['us_per_seq_step'][n]:6.1f} -> {us[n]:5.1f}" if baseline else
                  f"{us[n]:15.1f}" for n in names]
         print(f"{row['num_seqs']:4d} {row['detokenize']!s:>5} " + " ".join(f"{c:>15}" for c in cells))
-    served = current["async"]
-    before = f"{baseline['async']['async_tokens_per_s']:.0f} -> " if baseline else ""
-    print(f"async, {served['num_seqs']} consumers: {before}{served['async_tokens_per_s']:.0f} tok/s "
-          f"(offline {served['offline_tokens_per_s']:.0f} tok/s)")
+    served, before = current["async"], baseline["async"] if baseline else None
+    for key, label in (("async_tokens_per_s", ""), ("async_frozen_heap_tokens_per_s", ", start-up heap frozen")):
+        was = f"{before[key]:.0f} -> " if before else ""
+        print(f"async, {served['num_seqs']} consumers{label}: {was}{served[key]:.0f} tok/s")
+    print(f"offline, the same requests: {served['offline_tokens_per_s']:.0f} tok/s")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -240,9 +268,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num-seqs", default="256,64", help="comma-separated batch sizes")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--steps", type=int, default=200, help="decode steps timed per row")
-    parser.add_argument("--async-tokens", type=int, default=64, help="tokens each async consumer receives")
+    parser.add_argument("--async-tokens", type=int, default=128, help="tokens each async consumer receives")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (each side, with --baseline)")
     parser.add_argument("--baseline", default=None, help="a git ref whose vllmlite is measured too")
+    parser.add_argument("--server-heap", action="store_true",
+                        help="import what the server process holds first (the API app; torch where installed, "
+                             "as on a GPU): a heap of its size for the garbage collector to walk")
     parser.add_argument("--quick", action="store_true", help="8 and 4 sequences, few steps, one round")
     parser.add_argument("--round-only", type=Path, default=None, help=argparse.SUPPRESS)  # a baseline's round
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "bench_step_overhead.json")
@@ -250,6 +281,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:
         args.num_seqs, args.prompt_len, args.steps, args.async_tokens, args.rounds = "8,4", 20, 5, 4, 1
     args.num_seqs = [int(n) for n in str(args.num_seqs).split(",")]
+    if args.server_heap:
+        import_server_modules()
     if args.round_only is not None:
         result = measure(args)
         args.round_only.write_text(json.dumps(result))
@@ -270,7 +303,8 @@ def main(argv: list[str] | None = None) -> dict:
     current = summarize(current_rounds)
     baseline = summarize(baseline_rounds) if baseline_rounds else None
     report = {"machine": dict(machine, loadavg_end=list(os.getloadavg())),
-              "command": module_command("bench.step_overhead", argv), "prompt_len": args.prompt_len,
+              "command": module_command("bench.step_overhead", argv), "server_heap": args.server_heap,
+              "num_gc_objects": len(gc.get_objects()), "prompt_len": args.prompt_len,
               "steps": args.steps, "async_tokens": args.async_tokens, "current": current,
               "baseline": None if baseline is None else {"ref": args.baseline, "commit": base_commit, **baseline}}
     write_json(args.out, report)
