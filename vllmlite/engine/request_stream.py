@@ -93,8 +93,8 @@ class RequestStream:
         return item
 
     async def _wait(self) -> None:
-        """Until an item arrives; RequestTimeoutError at the deadline. (One future per wait: a
-        token's wake-up is on the event loop's path to every stream.)"""
+        """Until an item arrives; RequestTimeoutError at the deadline. A bare future (wait_for only
+        under a deadline): this runs on the event loop for every token of every stream."""
         self._waiter = self.loop.create_future()
         try:
             if self._deadline is None:
