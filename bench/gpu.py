@@ -17,7 +17,9 @@ and Llama-3.1-8B; one set of weights, made by transformers and copied into ours)
   http      the offline workload as one burst of HTTP requests to the OpenAI server on the GPU, next to
             the offline run (the default GGUF cannot travel to the GPU machine, over its 64 MiB limit,
             so the served model is the shape's random one)
-Raw results: results/bench_gpu.json (machine, command, every number).
+Raw results: results/bench_gpu.json (machine, command, every number). Run one shape per process
+(`--shapes qwen3-0.6b`, ...): transformers' `generate_batch` keeps its cache after it returns, and
+the next shape's engine finds the GPU full.
 """
 
 from __future__ import annotations
