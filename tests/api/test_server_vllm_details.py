@@ -6,6 +6,8 @@ live server (raw httpx where the client cannot send a value), checked against th
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import openai
@@ -312,7 +314,9 @@ def test_offsets_stay_inside_text_cut_by_a_stop_string(client):
 
 # --- the other fields a request declares -------------------------------------------------------------------
 
-def test_user_is_the_fairness_key_after_the_client_id_header(server, client):
+@contextmanager
+def client_ids_seen(server) -> Iterator[list]:
+    """The fairness key (`client_id`) of every request the server's engine admits meanwhile."""
     seen = []
     engine = server.engine.engine
     original = engine.add_request
@@ -323,32 +327,26 @@ def test_user_is_the_fairness_key_after_the_client_id_header(server, client):
 
     engine.add_request = spy
     try:
+        yield seen
+    finally:
+        del engine.add_request
+
+
+def test_user_is_the_fairness_key_after_the_client_id_header(server, client):
+    with client_ids_seen(server) as seen:
         client.completions.create(model=MODEL, prompt="hi", max_tokens=1, user="alice")
         client.chat.completions.create(model=MODEL, messages=USER, max_tokens=1, user="bob")
         client.completions.create(model=MODEL, prompt="hi", max_tokens=1, user="alice",
                                   extra_headers={"X-Client-Id": "tenant-7"})
-    finally:
-        del engine.add_request
     assert seen == ["user-alice", "user-bob", "tenant-7"]
 
 
 def test_a_bearer_key_is_one_fairness_key_in_any_spelling_of_the_scheme(server):
-    seen = []
-    engine = server.engine.engine
-    original = engine.add_request
-
-    def spy(request_id, prompt, params, **kwargs):
-        seen.append(kwargs["client_id"])
-        return original(request_id, prompt, params, **kwargs)
-
-    engine.add_request = spy
-    try:
+    with client_ids_seen(server) as seen:
         for authorization in ("Bearer k1", "bearer k1", "BEARER  k1", "Bearer k2", "Basic k1", "Bearer"):
             response = httpx.post(server.base_url + "/completions", json={"prompt": "hi", "max_tokens": 1},
                                   headers={"Authorization": authorization})
             assert response.status_code == 200
-    finally:
-        del engine.add_request
     assert seen[0] == seen[1] == seen[2] and seen[0].startswith("key-")
     assert seen[3] != seen[0] and seen[3].startswith("key-") and seen[4:] == [None, None]
 

@@ -19,9 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from conftest import import_or_skip_unless_ci, skip_unless_ci
 from server_util import parse_prometheus, running_server
-from test_web_page import TIMEOUT_MS, chromium_path
+from test_web_page import TIMEOUT_MS, launched_chromium
 
 pytestmark = pytest.mark.browser
 SECRET = "the victim's secret prompt 7f3a"
@@ -65,15 +64,8 @@ ATTACK = """async ({server, body}) => {
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = import_or_skip_unless_ci("playwright.sync_api")
-    executable = chromium_path()
-    if executable is None:
-        skip_unless_ci("no Chromium found (apt-get install chromium, or set VLLMLITE_CHROMIUM)")
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, headless=True, args=[
-            "--host-resolver-rules=MAP rebind.example 127.0.0.1", f"--disable-features={LOCAL_NETWORK_GUARDS}"])
-        yield launched
-        launched.close()
+    yield from launched_chromium("--host-resolver-rules=MAP rebind.example 127.0.0.1",
+                                 f"--disable-features={LOCAL_NETWORK_GUARDS}")
 
 
 @pytest.fixture(scope="module")

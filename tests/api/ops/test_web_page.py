@@ -38,16 +38,22 @@ def chromium_path() -> str | None:
     return configured or next((path for name in CHROMIUM_NAMES if (path := shutil.which(name))), None)
 
 
-@pytest.fixture(scope="module")
-def browser():
+def launched_chromium(*args: str):
+    """Headless Chromium through playwright, with extra command-line `args` (a generator for a
+    fixture: skipped without playwright or a Chromium, except in CI)."""
     sync_api = import_or_skip_unless_ci("playwright.sync_api")
     executable = chromium_path()
     if executable is None:
         skip_unless_ci("no Chromium found (apt-get install chromium, or set VLLMLITE_CHROMIUM)")
     with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, headless=True)
+        launched = playwright.chromium.launch(executable_path=executable, headless=True, args=list(args))
         yield launched
         launched.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    yield from launched_chromium()
 
 
 class Page:
