@@ -174,14 +174,25 @@ def test_killed_replica_gives_clean_503_and_service_continues(ray_server):
     replicas = _replicas(ray_server)["replicas"]
     victim, survivor = replicas[0], replicas[1]
     results: list = []
-    worker = threading.Thread(target=_long_completion, args=(ray_server, _prompt_for_replica(0), results))
+    max_tokens = 3000
+    worker = threading.Thread(target=_long_completion,
+                              args=(ray_server, _prompt_for_replica(0), results, max_tokens))
     worker.start()
-    assert wait_until(lambda: _replicas(ray_server)["replicas"][0]["in_flight_requests"] == 1, timeout=10)
+
+    def generating_on_the_victim() -> bool:
+        """Its request runs on replica 0 and is far from done: a busy machine can take longer to show a
+        request in flight than the tiny model takes to finish it, so look at the replica's own count."""
+        listed = RequestList.model_validate(_get(ray_server, "/debug/requests").json())
+        return any(r.replica == 0 and r.finish_time is None and 0 < r.num_output_tokens < max_tokens // 2
+                   for r in listed.requests)
+
+    assert wait_until(generating_on_the_victim, timeout=10, interval=0.05)
     os.kill(victim["pid"], signal.SIGKILL)
     worker.join(timeout=30)
     assert not worker.is_alive(), "the dead replica's request hung"
     response, _ = results[0]
-    assert response.status_code == 503 and "replica 0" in response.json()["error"]["message"]
+    assert response.status_code == 503 and "replica 0" in response.json()["error"]["message"], \
+        (response.status_code, response.text[:300], ray_server.log()[-2000:])
     assert "Retry-After" in response.headers
     # Meanwhile the other replica serves, even prompts whose first choice is the dead one.
     ok = httpx.post(ray_server.url + "/v1/completions", headers=HEADERS, timeout=60,
