@@ -169,11 +169,16 @@ def served_model_name(target: Target) -> str:
 
 
 def server_version(target: Target) -> str | None:
-    """What the launched binary says it is (llama-server prints its build), for the JSON."""
+    """What the launched binary says it is (llama-server prints its build), and the instruction sets it was
+    built for, for the JSON."""
     if target.kind != LLAMA:
         return None
     try:
         out = subprocess.run([str(LLAMA_SERVER_BIN), "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return (out.stdout + out.stderr).strip()[-300:]
+    version = (out.stdout + out.stderr).strip()[-300:]
+    flags = LLAMA_SERVER_BIN.parent / "cpu-flags.txt"  # the ISA options bench/build_llama_server.sh chose
+    if flags.is_file():
+        version += "\nbuilt with " + " ".join(flags.read_text().split())
+    return version
