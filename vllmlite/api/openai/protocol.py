@@ -276,7 +276,7 @@ class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = ""  # None when the answer is only tool calls
     tool_calls: list[ToolCallOut] = Field(default_factory=list)
-    reasoning: str | None = None  # vLLM's field, always sent: null, since no reasoning parser runs here
+    reasoning: str | None = None  # vLLM's field, always sent: null unless --reasoning-parser splits the output
 
 
 class ChatChoice(_Response):
