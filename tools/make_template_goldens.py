@@ -93,17 +93,22 @@ def render(template: str, messages: list, tools: list | None, add_generation_pro
 
 
 def cases(template: str) -> list[dict]:
-    uses_thinking = "enable_thinking" in template
-    uses_tools = "tools" in template
+    """Every conversation (those with tools only where the template reads `tools`), with and
+    without a generation prompt, and with enable_thinking unset, true and false where the template
+    reads it; variable sets that render alike share one case."""
+    variants = [{}, {"enable_thinking": True}, {"enable_thinking": False}] if "enable_thinking" in template else [{}]
     result = []
     for name, (messages, tools) in CONVERSATIONS.items():
-        if tools and not uses_tools:
+        if tools and "tools" not in template:
             continue
         for add_generation_prompt in (True, False):
-            for variables in ([{}, {"enable_thinking": True}, {"enable_thinking": False}] if uses_thinking else [{}]):
-                result.append({"conversation": name, "add_generation_prompt": add_generation_prompt,
-                               "variables": variables,
-                               **render(template, messages, tools, add_generation_prompt, variables)})
+            by_result: dict[str, dict] = {}
+            for variables in variants:
+                rendered = render(template, messages, tools, add_generation_prompt, variables)
+                case = by_result.setdefault(json.dumps(rendered), {
+                    "conversation": name, "add_generation_prompt": add_generation_prompt, "variants": [], **rendered})
+                case["variants"].append(variables)
+            result.extend(by_result.values())
     return result
 
 
@@ -118,9 +123,9 @@ def main() -> None:
               "conversations": {name: {"messages": m, "tools": t} for name, (m, t) in CONVERSATIONS.items()},
               "templates": templates}
     OUT.write_text(json.dumps(golden, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    num_errors = sum("error" in c for t in templates.values() for c in t["cases"])
-    print(f"wrote {OUT}: {len(templates)} templates, "
-          f"{sum(len(t['cases']) for t in templates.values())} cases ({num_errors} raise)")
+    num_cases = sum(len(c["variants"]) for t in templates.values() for c in t["cases"])
+    num_errors = sum(len(c["variants"]) for t in templates.values() for c in t["cases"] if "error" in c)
+    print(f"wrote {OUT}: {len(templates)} templates, {num_cases} cases ({num_errors} raise)")
 
 
 if __name__ == "__main__":

@@ -37,10 +37,10 @@ def _template(name: str) -> str:
     return text
 
 
-def _render(template: str, case: dict) -> str:
+def _render(template: str, case: dict, variables: dict) -> str:
     conversation = GOLDEN["conversations"][case["conversation"]]
     return render_chat_template(template, conversation["messages"], case["add_generation_prompt"],
-                                GOLDEN["bos_token"], GOLDEN["eos_token"], conversation["tools"], case["variables"])
+                                GOLDEN["bos_token"], GOLDEN["eos_token"], conversation["tools"], variables)
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN["templates"]))
@@ -49,15 +49,16 @@ def test_template_renders_as_transformers(name, monkeypatch):
     template = _template(name)
     mismatches, num_rendered = [], 0
     for case in GOLDEN["templates"][name]["cases"]:
-        label = (case["conversation"], case["add_generation_prompt"], case["variables"])
-        if "error" in case:
-            with pytest.raises(ValueError, match="chat template failed to render"):
-                _render(template, case)
-            continue
-        num_rendered += 1
-        got = _render(template, case)
-        if got != case["text"]:
-            mismatches.append((label, got, case["text"]))
+        for variables in case["variants"]:
+            label = (case["conversation"], case["add_generation_prompt"], variables)
+            if "error" in case:
+                with pytest.raises(ValueError, match="chat template failed to render"):
+                    _render(template, case, variables)
+                continue
+            num_rendered += 1
+            got = _render(template, case, variables)
+            if got != case["text"]:
+                mismatches.append((label, got, case["text"]))
     assert num_rendered > 0 and mismatches == []
 
 
@@ -69,7 +70,7 @@ def test_goldens_cover_issue_32_families():
     for name, entry in templates.items():
         rendered = {c["conversation"] for c in entry["cases"] if "text" in c}
         assert rendered & {"plain", "system", "tools"}, name
-    thinking = [n for n, e in templates.items() if any(c["variables"] for c in e["cases"])]
+    thinking = [n for n, e in templates.items() if any(any(c["variants"]) for c in e["cases"])]
     assert {"Qwen-Qwen3-0.6B", "Qwen3.5-4B", "HuggingFaceTB-SmolLM3-3B", "google-gemma-4-31B-it"} <= set(thinking)
     with_tools = {n for n, e in templates.items() if any(c["conversation"] == "tools" for c in e["cases"])}
     assert {"meta-llama-Llama-3.1-8B-Instruct", "Qwen3-Coder", "mistralai-Mistral-Nemo-Instruct-2407",
