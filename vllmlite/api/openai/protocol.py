@@ -101,6 +101,9 @@ class ChatMessage(RequestModel):
     name: str | None = name_field()
     tool_calls: list[ToolCall] | None = Field(None, max_length=MAX_TOOL_CALLS)  # an assistant's calls
     tool_call_id: str | None = Field(None, min_length=1, max_length=MAX_CALL_ID_CHARS)  # a tool's answer
+    # An earlier answer's reasoning, for templates that show it (vLLM's name; DeepSeek's older one too)
+    reasoning: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    reasoning_content: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
 
     @field_validator("content")
     @classmethod
@@ -124,9 +127,21 @@ class ChatMessage(RequestModel):
             raise ValueError(f"only an assistant message may carry tool_calls, not a {role} message")
         return value
 
+    @field_validator("reasoning", "reasoning_content")
+    @classmethod
+    def _only_the_assistant_reasons(cls, value: str | None, info: ValidationInfo) -> str | None:
+        role = info.data.get("role")
+        if value is not None and role not in (None, "assistant"):
+            raise ValueError(f"only an assistant message may carry {info.field_name}, not a {role} message")
+        return value
+
     def as_dict(self) -> dict:
-        """The message as the chat template sees it."""
+        """The message as the chat template sees it (the renderer gives the reasoning the names
+        templates read)."""
         message: dict[str, Any] = {"role": self.role, "content": self.content}
+        for key in ("reasoning", "reasoning_content"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
         if self.name is not None:
             message["name"] = self.name
         if self.tool_call_id is not None:
