@@ -9,19 +9,24 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import openai
 import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 from server_util import running_server
 
 from vllmlite.api.cli import ServerArgs
 from vllmlite.api.openai.chat_rendering import render_messages
 from vllmlite.api.openai.protocol import ChatMessage
+from vllmlite.api.openai.reasoning import REASONING_FORMATS, split_reasoning
 from vllmlite.api.openai.serving import ServingContext
 from vllmlite.tokenizer import HFTokenizer
 
 MODEL = "random"
 USER = [{"role": "user", "content": "Capital of France?"}]
 THOUGHT, ANSWER = "The user asks about France; its capital is Paris.", "Paris."
+STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 
 
 @pytest.fixture(scope="module", params=["deepseek_r1", "qwen3"])
@@ -114,3 +119,30 @@ def test_only_an_assistant_message_carries_reasoning(client):
     with pytest.raises(openai.BadRequestError, match="only an assistant message may carry reasoning"):
         client.chat.completions.create(model=MODEL, max_tokens=1,
                                        messages=[{"role": "user", "content": "hi", "reasoning": "x"}])
+
+
+# --- /v1/responses: a reasoning item before the message ----------------------------------------------
+
+def test_responses_put_the_reasoning_in_a_reasoning_item_whole_and_streamed(server):
+    """Responses take no regex: a JSON string, forced by its schema, is the known output."""
+    output = json.dumps(f"{THOUGHT}</think>{ANSWER}")
+    schema = {"type": "string", "enum": [json.loads(output)], "x-guidance": {"whitespace_flexible": False}}
+    body = {"model": MODEL, "input": "Capital of France?", "temperature": 0, "max_output_tokens": len(output) + 8,
+            "text": {"format": {"type": "json_schema", "name": "answer", "schema": schema}}}
+    reasoning, content = split_reasoning(REASONING_FORMATS[server.config.reasoning_parser], output)
+    whole = httpx.post(server.base_url + "/responses", json=body, timeout=60).json()
+    Response.model_validate(whole)
+    assert [item["type"] for item in whole["output"]] == ["reasoning", "message"]
+    assert whole["output"][0]["content"] == [{"type": "reasoning_text", "text": reasoning}]
+    assert whole["output"][1]["content"][0]["text"] == content
+    streamed = httpx.post(server.base_url + "/responses", json={**body, "stream": True}, timeout=60).text
+    events = [json.loads(line[len("data: "):]) for line in streamed.splitlines() if line.startswith("data: ")]
+    for event in events:
+        STREAM_EVENT.validate_python(event)
+    assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") == reasoning
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == content
+    done = [e for e in events if e["type"] == "response.output_item.done"]
+    assert [(e["output_index"], e["item"]["type"]) for e in done] == [(0, "reasoning"), (1, "message")]
+    assert events[-1]["response"]["output"] == [d["item"] for d in done]
+    kinds = [e["type"] for e in events]
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
