@@ -16,7 +16,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from server_util import running_server
 
-from vllmlite.api.cli import ServerArgs
+from vllmlite.api.cli import ServerArgs, parse_config
 from vllmlite.api.openai.chat_rendering import render_messages
 from vllmlite.api.openai.protocol import ChatMessage
 from vllmlite.api.openai.reasoning import REASONING_FORMATS, split_reasoning
@@ -88,10 +88,14 @@ def test_qwen3_without_thinking_is_all_content(server, client):
         assert (message.reasoning, message.content) == (output.replace("<think>", ""), None)
 
 
-def test_unknown_reasoning_parser_is_refused_at_start():
-    with pytest.raises(ValueError, match=r"reasoning_parser must be one of \['deepseek_r1', 'granite', "
-                                         r"'mistral', 'qwen3'\], got 'r1'"):
+def test_unknown_reasoning_parser_is_refused_at_start(capsys):
+    known = r"reasoning_parser must be one of \['deepseek_r1', 'granite', 'mistral', 'qwen3'\], got 'r1'"
+    with pytest.raises(ValueError, match=known):
         ServerArgs(model="random", reasoning_parser="r1")
+    with pytest.raises(SystemExit):
+        parse_config(["--model", "random", "--reasoning-parser", "r1"], {})
+    assert re.search(known, capsys.readouterr().err)
+    assert parse_config(["--model", "random", "--reasoning-parser", "qwen3"], {}).reasoning_parser == "qwen3"
 
 
 # --- an earlier answer's reasoning, sent back -------------------------------------------------------
