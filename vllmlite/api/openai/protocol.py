@@ -118,20 +118,13 @@ class ChatMessage(RequestModel):
             raise ValueError("content must be a string or a list of text parts")
         return check_text(value, "content")
 
-    @field_validator("tool_calls")
+    @field_validator("tool_calls", "reasoning", "reasoning_content")
     @classmethod
-    def _only_the_assistant_calls(cls, value: list[ToolCall] | None, info: ValidationInfo) -> list[ToolCall] | None:
-        """Calls are the model's: on any other turn a template would render them as if it made them."""
+    def _only_the_assistants(cls, value: Any, info: ValidationInfo) -> Any:
+        """Calls and reasoning are the model's: on any other turn a template would render them as if
+        it made them."""
         role = info.data.get("role")  # absent when the role itself was invalid: that error is reported
         if value and role not in (None, "assistant"):
-            raise ValueError(f"only an assistant message may carry tool_calls, not a {role} message")
-        return value
-
-    @field_validator("reasoning", "reasoning_content")
-    @classmethod
-    def _only_the_assistant_reasons(cls, value: str | None, info: ValidationInfo) -> str | None:
-        role = info.data.get("role")
-        if value is not None and role not in (None, "assistant"):
             raise ValueError(f"only an assistant message may carry {info.field_name}, not a {role} message")
         return value
 
