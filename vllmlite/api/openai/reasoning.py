@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -28,10 +28,10 @@ class ReasoningFormat:
     thinking_switch: str | None = None  # the chat_template_kwargs flag that turns thinking off when false
 
 
-THINK = ReasoningFormat(("<think>",), ("</think>",), opened_by_template=True)
+_THINK = ReasoningFormat(("<think>",), ("</think>",), opened_by_template=True)
 REASONING_FORMATS = {
-    "deepseek_r1": THINK,
-    "qwen3": ReasoningFormat(("<think>",), ("</think>",), opened_by_template=True, thinking_switch="enable_thinking"),
+    "deepseek_r1": _THINK,
+    "qwen3": replace(_THINK, thinking_switch="enable_thinking"),
     # Granite 3.2 writes phrases, not tags; vLLM accepts "Here's" too.
     "granite": ReasoningFormat(("Here is my thought process:", "Here's my thought process:"),
                                ("Here is my response:", "Here's my response:"), starts_output=True),
@@ -67,8 +67,10 @@ class ReasoningParser:
     """Splits one choice's output as it arrives: `feed` each delta, then `finish` once.
 
     >>> parser = ReasoningParser(REASONING_FORMATS["deepseek_r1"])
-    >>> parser.feed("Paris is in France.</th"), parser.feed("ink>Paris."), parser.finish()
-    (ReasoningDelta(reasoning='Paris is in France.', content=''), ReasoningDelta(reasoning='', content='Paris.'), ReasoningDelta(reasoning='', content=''))
+    >>> parser.feed("Paris is in France.</th")
+    ReasoningDelta(reasoning='Paris is in France.', content='')
+    >>> parser.feed("ink>Paris.")
+    ReasoningDelta(reasoning='', content='Paris.')
     """
 
     def __init__(self, spec: ReasoningFormat, template_kwargs: Mapping[str, Any] | None = None) -> None:
