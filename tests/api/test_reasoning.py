@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from vllmlite.api.openai.reasoning import REASONING_FORMATS, ReasoningParser, reasoning_format, split_reasoning
+from vllmlite.api.openai.reasoning import (
+    REASONING_FORMATS,
+    ReasoningFormat,
+    ReasoningParser,
+    reasoning_format,
+    split_reasoning,
+)
+from vllmlite.tokenizer import HFTokenizer
 
 # (parser, chat_template_kwargs, output) -> (reasoning, content), as vLLM's parsers give them
 CASES = [
@@ -88,3 +97,10 @@ def test_unknown_parser_lists_the_known_ones():
     with pytest.raises(ValueError, match=r"'deepseek'.*\['deepseek_r1', 'granite', 'mistral', 'qwen3'\]"):
         reasoning_format("deepseek")
     assert reasoning_format(None) is None and reasoning_format("qwen3") is REASONING_FORMATS["qwen3"]
+
+
+def test_tags_that_are_special_tokens_are_found():
+    """Mistral's [THINK] is a special token: the chat route then decodes with special tokens."""
+    tokenizer = HFTokenizer.from_directory(Path(__file__).resolve().parents[1] / "goldens" / "tiny_hf" / "qwen2")
+    assert not REASONING_FORMATS["deepseek_r1"].is_special_in(tokenizer)
+    assert ReasoningFormat(("<|im_start|>",), ("<|im_end|>",)).is_special_in(tokenizer)

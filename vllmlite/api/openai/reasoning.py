@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from vllmlite.tokenizer import Tokenizer
+
 
 @dataclass(frozen=True)
 class ReasoningFormat:
@@ -26,6 +28,11 @@ class ReasoningFormat:
     opened_by_template: bool = False
     starts_output: bool = False
     thinking_switch: str | None = None  # the chat_template_kwargs flag that turns thinking off when false
+
+    def is_special_in(self, tokenizer: Tokenizer) -> bool:
+        """Whether a tag is a special token of `tokenizer` (Mistral's `[THINK]`): then the output
+        must be decoded with its special tokens, or the parser never sees the tag."""
+        return any(tokenizer.find_special_text(tag) is not None for tag in self.start_tags + self.end_tags)
 
 
 _THINK = ReasoningFormat(("<think>",), ("</think>",), opened_by_template=True)

@@ -125,9 +125,8 @@ def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedCha
     token_ids = right_truncated(token_ids, req)
     check_request(ctx, req, token_ids, params, "messages" if found is None else found[0])
     tool_names = [t.function.name for t in tools] if tools else None
-    if ctx.reasoning is not None and any(ctx.engine.tokenizer.find_special_text(tag) is not None
-                                         for tag in ctx.reasoning.start_tags + ctx.reasoning.end_tags):
-        params.skip_special_tokens = False  # the tags are special tokens ([THINK]): the parser must see them
+    if ctx.reasoning is not None and ctx.reasoning.is_special_in(ctx.engine.tokenizer):
+        params.skip_special_tokens = False
     return PreparedChat(req, token_ids, params, tool_names, ctx.reasoning)
 
 
