@@ -59,7 +59,8 @@ def test_reasoning_and_content_are_split_whole_and_streamed(client, output):
     assert (reasoning, content) == (THOUGHT, ANSWER)
     last_reasoning = max(i for i, (r, _) in enumerate(pairs) if r)
     first_content = min(i for i, (_, c) in enumerate(pairs) if c)
-    assert last_reasoning < first_content  # content only after the end tag
+    # content only after the end tag (one delta may carry both when the engine sends tokens together)
+    assert last_reasoning <= first_content
 
 
 def test_unfinished_reasoning_is_all_reasoning(client):

@@ -74,8 +74,8 @@ def test_issue_32_template_renders_as_transformers(name, monkeypatch):
 
 @pytest.mark.parametrize("name", DIGESTED)
 def test_every_other_llama_cpp_template_renders_as_transformers(name, monkeypatch):
-    """The same cases; the goldens hold one SHA-256 over all the results, so a mismatch names the
-    template only (tools/make_template_goldens.py prints the texts)."""
+    """The same cases; the goldens hold one SHA-256 over all the results (to stay small), so a
+    mismatch names only the template."""
     monkeypatch.setattr(chat_template, "datetime", _FrozenDatetime)
     template = _template(name)
     entry = GOLDEN["templates"][name]
