@@ -20,7 +20,7 @@ from vllmlite.api.cli import ServerArgs, parse_config
 from vllmlite.api.openai.chat_rendering import render_messages
 from vllmlite.api.openai.protocol import ChatMessage
 from vllmlite.api.openai.reasoning import REASONING_FORMATS, split_reasoning
-from vllmlite.api.openai.serving import ServingContext
+from vllmlite.api.openai.serving import MAX_CHARS_PER_TOKEN, ServingContext
 from vllmlite.tokenizer import HFTokenizer
 
 MODEL = "random"
@@ -151,3 +151,11 @@ def test_responses_put_the_reasoning_in_a_reasoning_item_whole_and_streamed(serv
     assert events[-1]["response"]["output"] == [d["item"] for d in done]
     kinds = [e["type"] for e in events]
     assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+
+
+def test_an_earlier_reasoning_counts_toward_the_context_bound(server, client):
+    """Checked before rendering, as content is: a long reasoning cannot make the template work hard."""
+    too_long = "x" * (server.engine.max_model_len * MAX_CHARS_PER_TOKEN + 1)
+    messages = [*USER, {"role": "assistant", "content": "", "reasoning": too_long}, *USER]
+    with pytest.raises(openai.BadRequestError, match="messages are longer than this model's context"):
+        client.chat.completions.create(model=MODEL, max_tokens=1, messages=messages)
