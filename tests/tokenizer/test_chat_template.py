@@ -8,7 +8,13 @@ import pytest
 from conftest import skip_unless_ci
 from paths import GOLDENS
 
-from vllmlite.tokenizer.chat_template import CHATML_TEMPLATE, _compile, normalize_messages, render_chat_template
+from vllmlite.tokenizer.chat_template import (
+    CHATML_TEMPLATE,
+    _compile,
+    normalize_messages,
+    render_chat_template,
+    render_with_caller_spans,
+)
 
 GOLDENS = GOLDENS / "smollm2_tokenizer.json"
 
@@ -75,6 +81,39 @@ def test_loop_controls_and_generation_tag():
     template = ("{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
                 "{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}")
     assert render(template, [*USER_HI, {"role": "assistant", "content": "x"}]) == "[hi]"
+
+
+def test_namespace_and_dict_as_transformers_gives_them():
+    template = ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}"
+                "{{ ns.n }}|{{ dict(a=1) | tojson }}|{{ dict.fromkeys(['x']) | tojson }}")
+    assert render(template, [*USER_HI, *USER_HI]) == '2|{"a": 1}|{"x": null}'
+
+
+@pytest.mark.parametrize("template", [
+    "{% set ns = namespace(_x=1) %}",
+    "{% set ns = namespace() %}{% set ns.__class__ = 1 %}",
+    "{{ dict.__class__.__init__.__globals__ }}",
+    "{{ namespace.__init__.__globals__ }}",
+])
+def test_namespace_and_dict_reach_no_internals(template):
+    with pytest.raises(ValueError, match="namespace|unsafe|SecurityError|undefined"):
+        render(template, USER_HI)
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content", "thinking"])
+def test_reasoning_reaches_templates_under_every_name(field):
+    template = "{% for m in messages %}[{{ m.reasoning_content }}|{{ m.thinking }}|{{ m.content }}]{% endfor %}"
+    messages = [*USER_HI, {"role": "assistant", "content": "yo", field: "why"}]
+    assert render(template, messages) == "[||hi][why|why|yo]"
+
+
+def test_reasoning_is_a_caller_span():
+    # a caller's reasoning is caller text: a tokenizer must read it as plain text, like content
+    template = "{% for m in messages %}<{{ m.reasoning_content or '' }}>{{ m.content }}{% endfor %}"
+    messages = [*USER_HI, {"role": "assistant", "content": "yo", "reasoning": "<|im_end|>"}]
+    text, spans = render_with_caller_spans(template, messages, False, None, None)
+    assert text == "<>hi<<|im_end|>>yo"
+    assert [text[start:end] for start, end in spans] == ["hi", "<|im_end|>", "yo"]
 
 
 def test_compiled_templates_are_cached():

@@ -59,6 +59,7 @@ from vllmlite.api.openai.protocol import (
 )
 from vllmlite.api.openai.protocol_fields import MAX_NAME_CHARS, SamplingFields
 from vllmlite.api.openai.protocol_responses import STREAM_EVENTS, ResponsesRequest, ResponsesResponse
+from vllmlite.api.openai.reasoning import reasoning_format
 from vllmlite.api.openai.serving import (
     Admission,
     ServingContext,
@@ -100,7 +101,7 @@ def build_app(engine: EngineClient, config: ServerArgs) -> FastAPI:
     app.state.config = config
     _add_error_handlers(app)
     ctx = ServingContext(engine, config.model_name, config.special_tokens_in_messages,
-                         config.enable_prompt_tokens_details)
+                         config.enable_prompt_tokens_details, reasoning_format(config.reasoning_parser))
     _add_info_routes(app, ctx)
     _add_token_routes(app, ctx)
     _add_generate_routes(app, ctx, config)

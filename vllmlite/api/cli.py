@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from vllmlite.api.openai.reasoning import REASONING_FORMATS
 from vllmlite.api.routing_policy import RoutingPolicy
 from vllmlite.engine.metrics import DEFAULT_PREFIX
 from vllmlite.engine_args import EngineArgs, knob, parse_bytes
@@ -91,6 +92,9 @@ class ServerArgs(EngineArgs):
     enable_prompt_tokens_details: bool = knob(False, "show usage.prompt_tokens_details.cached_tokens (the prompt "
                                                      "tokens the prefix cache served) on chat and completions, "
                                                      "as vLLM's flag does (off: the field is null)")
+    reasoning_parser: str | None = knob(None, "split a reasoning model's output into the message's `reasoning` "
+                                              "and its `content`, as vLLM's flag does: one of "
+                                              f"{', '.join(sorted(REASONING_FORMATS))} (default: no split)")
     enable_debug_endpoints: bool = knob(False, "serve GET /debug/requests, /debug/requests/{id} and /debug/engine "
                                                "(request traces, KV block states, recent steps, the config; "
                                                "behind the API key when there is one)")
@@ -132,6 +136,8 @@ class ServerArgs(EngineArgs):
              f"metrics_prefix must be a Prometheus name (letters, digits, _), got {self.metrics_prefix!r}"),
             (self.log_stats_interval >= 0, f"log_stats_interval must be >= 0, got {self.log_stats_interval}"),
             (self.num_replicas >= 1, f"num_replicas must be >= 1, got {self.num_replicas}"),
+            (self.reasoning_parser is None or self.reasoning_parser in REASONING_FORMATS,
+             f"reasoning_parser must be one of {sorted(REASONING_FORMATS)}, got {self.reasoning_parser!r}"),
             (self.routing in {p.value for p in RoutingPolicy},
              f"routing must be one of {[p.value for p in RoutingPolicy]}, got {self.routing!r}"),
         ]

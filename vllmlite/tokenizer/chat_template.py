@@ -19,6 +19,7 @@ import jinja2.ext
 import jinja2.meta
 import jinja2.nodes
 import jinja2.parser
+import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Used when a model ships no template (vLLM and HF fall back to ChatML too).
@@ -30,6 +31,9 @@ CHATML_TEMPLATE = (
 )
 
 VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# The names a message's reasoning goes by (vLLM's `reasoning`, DeepSeek's `reasoning_content`,
+# gpt-oss's `thinking`); the first one set wins, as in transformers.
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 # What the renderer itself gives every template: extra variables (a request's chat_template_kwargs,
 # HF's **kwargs) may not replace them.
 RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
@@ -41,8 +45,8 @@ def normalize_messages(messages: Any) -> list[dict]:
 
     Content may be a string, a list of `{"type": "text", "text": ...}` parts (joined with "\\n"),
     or None/absent for an assistant message (e.g. one carrying tool_calls), which becomes "".
-    Other keys (name, tool_calls, tool_call_id, ...) pass through. Raises ValueError naming the
-    message index and the problem: unknown role, non-text part type, non-string content.
+    Other keys (name, tool_calls, tool_call_id, reasoning, ...) pass through. Raises ValueError
+    naming the message index and the problem: unknown role, non-text part type, non-string content.
 
     >>> parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     >>> normalize_messages([{"role": "user", "content": parts}])
@@ -69,6 +73,15 @@ def _normalize_message(index: int, message: Any) -> dict:
             f"messages[{index}].content must be a string or a list of text parts, got {type(content).__name__}"
         )
     return {**message, "content": content}
+
+
+def _with_reasoning_aliases(message: dict) -> dict:
+    """An assistant's reasoning, given under any of REASONING_FIELDS, also under `reasoning_content`
+    and `thinking`, the names templates read (as transformers does)."""
+    reasoning = next((message[key] for key in REASONING_FIELDS if message.get(key) is not None), None)
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
 def _part_text(index: int, part: Any) -> str:
@@ -105,7 +118,7 @@ def render_chat_template(
     try:
         return compiled.render(
             **variables,
-            messages=normalize_messages(messages),
+            messages=[_with_reasoning_aliases(m) for m in normalize_messages(messages)],
             tools=tools,
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token or "",
@@ -118,7 +131,7 @@ def render_chat_template(
 
 
 # The message fields a template may write into the prompt that come from the caller.
-CALLER_TEXT_FIELDS = ("content", "name")
+CALLER_TEXT_FIELDS = ("content", "name", *REASONING_FIELDS)
 
 
 def render_with_caller_spans(
@@ -191,6 +204,8 @@ def _compile(template: str) -> jinja2.Template:
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _TemplateNamespace
     try:
         return env.from_string(template)
     except jinja2.TemplateSyntaxError as error:
@@ -209,6 +224,38 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
 
 def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
+
+
+class _TemplateDict:
+    """`dict(...)` and `dict.fromkeys(...)` without the dict type itself, whose attributes would
+    reach Python internals (transformers gives templates the same)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any) -> dict:
+        return dict.fromkeys(*args)
+
+
+class _TemplateNamespace(jinja2.utils.Namespace):
+    """jinja's `namespace`, refusing underscore-prefixed names, so `{% set ns.__class__ = ... %}`
+    cannot shadow its internals (transformers' rule)."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # jinja's signature trick: `namespace(self=1)` works
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _check_namespace_name(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _check_namespace_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+
+def _check_namespace_name(name: Any) -> None:
+    if isinstance(name, str) and name.startswith("_"):
+        raise jinja2.exceptions.SecurityError(f"a template may not store {name!r} on a namespace")
 
 
 class _GenerationTag(jinja2.ext.Extension):

@@ -52,7 +52,7 @@ def render_messages(ctx: ServingContext, messages: Sequence[ChatMessage], add_ge
     elif tools or any(m.role == "tool" or m.tool_calls for m in messages):
         dicts = hermes_messages(dicts, tools)
     max_chars = ctx.engine.max_model_len * MAX_CHARS_PER_TOKEN
-    if sum(len(m["content"]) for m in dicts) + len(json.dumps(tool_dicts)) > max_chars:
+    if sum(len(m.get(key) or "") for m in dicts for key in CALLER_TEXT_FIELDS) + len(json.dumps(tool_dicts)) > max_chars:
         raise bad_request(f"messages are longer than this model's context of {ctx.engine.max_model_len} "
                           "tokens can hold", "messages")
     try:

@@ -101,6 +101,9 @@ class ChatMessage(RequestModel):
     name: str | None = name_field()
     tool_calls: list[ToolCall] | None = Field(None, max_length=MAX_TOOL_CALLS)  # an assistant's calls
     tool_call_id: str | None = Field(None, min_length=1, max_length=MAX_CALL_ID_CHARS)  # a tool's answer
+    # An earlier answer's reasoning, for templates that show it (vLLM's name; DeepSeek's older one too)
+    reasoning: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    reasoning_content: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
 
     @field_validator("content")
     @classmethod
@@ -115,18 +118,23 @@ class ChatMessage(RequestModel):
             raise ValueError("content must be a string or a list of text parts")
         return check_text(value, "content")
 
-    @field_validator("tool_calls")
+    @field_validator("tool_calls", "reasoning", "reasoning_content")
     @classmethod
-    def _only_the_assistant_calls(cls, value: list[ToolCall] | None, info: ValidationInfo) -> list[ToolCall] | None:
-        """Calls are the model's: on any other turn a template would render them as if it made them."""
+    def _only_the_assistants(cls, value: Any, info: ValidationInfo) -> Any:
+        """Calls and reasoning are the model's: on any other turn a template would render them as if
+        it made them."""
         role = info.data.get("role")  # absent when the role itself was invalid: that error is reported
         if value and role not in (None, "assistant"):
-            raise ValueError(f"only an assistant message may carry tool_calls, not a {role} message")
+            raise ValueError(f"only an assistant message may carry {info.field_name}, not a {role} message")
         return value
 
     def as_dict(self) -> dict:
-        """The message as the chat template sees it."""
+        """The message as the chat template sees it (the renderer gives the reasoning the names
+        templates read)."""
         message: dict[str, Any] = {"role": self.role, "content": self.content}
+        for key in ("reasoning", "reasoning_content"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
         if self.name is not None:
             message["name"] = self.name
         if self.tool_call_id is not None:
@@ -276,7 +284,7 @@ class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = ""  # None when the answer is only tool calls
     tool_calls: list[ToolCallOut] = Field(default_factory=list)
-    reasoning: str | None = None  # vLLM's field, always sent: null, since no reasoning parser runs here
+    reasoning: str | None = None  # vLLM's field, always sent: null unless --reasoning-parser splits the output
 
 
 class ChatChoice(_Response):

@@ -227,7 +227,22 @@ class OutputFunctionCall(_Response):
     status: ItemStatus
 
 
-OutputItem = Annotated[OutputMessage | OutputFunctionCall, Field(discriminator="type")]
+class ReasoningText(_Response):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class OutputReasoning(_Response):
+    """The model's reasoning, split off by --reasoning-parser; before the message it led to."""
+
+    id: str
+    type: Literal["reasoning"] = "reasoning"
+    summary: list[dict[str, Any]] = Field(default_factory=list, max_length=0)  # no summaries are written
+    content: list[ReasoningText]
+    status: ItemStatus
+
+
+OutputItem = Annotated[OutputReasoning | OutputMessage | OutputFunctionCall, Field(discriminator="type")]
 
 
 class InputTokensDetails(_Response):
@@ -322,6 +337,22 @@ class OutputTextDoneEvent(_Event):
     logprobs: list[dict[str, Any]] = Field(default_factory=list, max_length=0)
 
 
+class ReasoningTextDeltaEvent(_Event):
+    type: Literal["response.reasoning_text.delta"] = "response.reasoning_text.delta"
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+class ReasoningTextDoneEvent(_Event):
+    type: Literal["response.reasoning_text.done"] = "response.reasoning_text.done"
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+
+
 class ArgumentsDeltaEvent(_Event):
     type: Literal["response.function_call_arguments.delta"] = "response.function_call_arguments.delta"
     item_id: str
@@ -346,4 +377,5 @@ class ResponseErrorEvent(_Event):
 
 
 STREAM_EVENTS = (ResponseLifecycleEvent, OutputItemEvent, ContentPartEvent, OutputTextDeltaEvent,
-                 OutputTextDoneEvent, ArgumentsDeltaEvent, ArgumentsDoneEvent, ResponseErrorEvent)
+                 OutputTextDoneEvent, ReasoningTextDeltaEvent, ReasoningTextDoneEvent, ArgumentsDeltaEvent,
+                 ArgumentsDoneEvent, ResponseErrorEvent)

@@ -21,6 +21,7 @@ from vllmlite.api.errors import APIError, bad_request, from_engine_error
 from vllmlite.api.openai.constraints import as_bad_request
 from vllmlite.api.openai.protocol import PromptLogprob, PromptLogprobs, PromptTokensDetails, Usage
 from vllmlite.api.openai.protocol_fields import SamplingFields
+from vllmlite.api.openai.reasoning import ReasoningFormat
 from vllmlite.engine.client import EngineClient
 from vllmlite.engine.request_stream import GenerateRequest, RequestStream
 from vllmlite.outputs import Logprob, PositionLogprobs, RequestOutput
@@ -35,13 +36,14 @@ LOGPROB_FLOOR = -9999.0   # JSON has no -inf; vLLM clamps the same way
 @dataclass(frozen=True)
 class ServingContext:
     """What a handler needs: the engine, the name clients must use for the model, whether chat
-    messages may carry special tokens (trusted callers only), and whether usage shows the cached
-    prompt tokens (vLLM's --enable-prompt-tokens-details)."""
+    messages may carry special tokens (trusted callers only), whether usage shows the cached
+    prompt tokens (vLLM's --enable-prompt-tokens-details), and how the model marks its reasoning."""
 
     engine: EngineClient
     model_name: str
     special_tokens_in_messages: bool
     with_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
+    reasoning: ReasoningFormat | None = None  # --reasoning-parser
 
 
 @dataclass(frozen=True)

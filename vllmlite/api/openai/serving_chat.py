@@ -30,6 +30,7 @@ from vllmlite.api.openai.protocol import (
     Usage,
 )
 from vllmlite.api.openai.protocol_tools import FunctionCallDelta, NamedToolChoice, ToolCallDelta
+from vllmlite.api.openai.reasoning import ReasoningFormat, ReasoningParser, split_reasoning
 from vllmlite.api.openai.serving import (
     Admission,
     ServingContext,
@@ -81,12 +82,19 @@ class PreparedChat:
     prompt_token_ids: list[int]
     params: SamplingParams
     tool_names: list[str] | None = None  # the declared tools, when the answer is parsed for calls
+    reasoning: ReasoningFormat | None = None  # --reasoning-parser's format, when the answer is split
 
     def new_parser(self) -> ToolCallParser | None:
-        """A parser of one choice's text into content and tool calls; None without tools."""
+        """A parser of one choice's content into text and tool calls; None without tools."""
         if self.tool_names is None:
             return None
         return ToolCallParser(self.tool_names, max_calls=None if self.request.parallel_tool_calls else 1)
+
+    def new_reasoning_parser(self) -> ReasoningParser | None:
+        """A parser of one choice's text into reasoning and content; None without --reasoning-parser."""
+        if self.reasoning is None:
+            return None
+        return ReasoningParser(self.reasoning, self.request.chat_template_kwargs)
 
 
 def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedChat:
@@ -117,7 +125,9 @@ def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedCha
     token_ids = right_truncated(token_ids, req)
     check_request(ctx, req, token_ids, params, "messages" if found is None else found[0])
     tool_names = [t.function.name for t in tools] if tools else None
-    return PreparedChat(req, token_ids, params, tool_names)
+    if ctx.reasoning is not None and ctx.reasoning.is_special_in(ctx.engine.tokenizer):
+        params.skip_special_tokens = False
+    return PreparedChat(req, token_ids, params, tool_names, ctx.reasoning)
 
 
 def _tool_choice(req: ChatCompletionRequest) -> str | NamedToolChoice:
@@ -183,13 +193,19 @@ def chat_response(ctx: ServingContext, prepared: PreparedChat, output: RequestOu
 
 
 def _message(prepared: PreparedChat, completion: CompletionOutput) -> tuple[ChatResponseMessage, str | None]:
-    """The assistant message of one choice, and its finish reason ("tool_calls" if it made calls)."""
+    """The assistant message of one choice, and its finish reason ("tool_calls" if it made calls).
+    Content is null when the answer is only calls, or only reasoning (as vLLM sends it)."""
+    reasoning, text = None, completion.text
+    if prepared.reasoning is not None:
+        reasoning, text = split_reasoning(prepared.reasoning, text, prepared.request.chat_template_kwargs)
     parser = prepared.new_parser()
-    if parser is None:
-        return ChatResponseMessage(content=completion.text), completion.finish_reason
-    head, tail = parser.feed(completion.text), parser.finish()
-    content, calls = head.content + tail.content, head.calls + tail.calls
-    message = ChatResponseMessage(content=content if content or not calls else None, tool_calls=calls)
+    content, calls = text, []
+    if parser is not None:
+        head, tail = parser.feed(text), parser.finish()
+        content, calls = head.content + tail.content, head.calls + tail.calls
+    has_other = bool(calls) or reasoning is not None
+    message = ChatResponseMessage(content=content if content or not has_other else None, tool_calls=calls,
+                                  reasoning=reasoning)
     return message, _finish_reason(completion.finish_reason, len(calls))
 
 
@@ -202,6 +218,7 @@ class _ChoiceStream:
     """One choice's progress in a stream."""
 
     parser: ToolCallParser | None
+    reasoning: ReasoningParser | None
     num_calls: int = 0
     is_finished: bool = False
 
@@ -224,7 +241,7 @@ async def chat_chunks(ctx: ServingContext, prepared: PreparedChat, stream: Reque
         yield chunk(ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")),
                     running_usage(num_prompt, 0) if req.continuous_usage else None,
                     prompt_token_ids=prompt_ids if req.return_token_ids else None)
-    states = [_ChoiceStream(prepared.new_parser()) for _ in range(req.n)]
+    states = [_ChoiceStream(prepared.new_parser(), prepared.new_reasoning_parser()) for _ in range(req.n)]
     last: RequestOutput | None = None
     async for last in stream:
         raise_if_failed(last)
@@ -242,7 +259,13 @@ def _delta_choice(req: ChatCompletionRequest, completion: CompletionOutput,
     """The chunk for what is new in one choice; None when nothing is (another sample moved)."""
     if state.is_finished:
         return None
-    text, calls = completion.delta_text, []
+    text, calls, reasoning = completion.delta_text, [], ""
+    if state.reasoning is not None:  # the reasoning parser first: calls are read in the content only
+        split = state.reasoning.feed(text)
+        if completion.finish_reason is not None:
+            rest = state.reasoning.finish()
+            split.reasoning, split.content = split.reasoning + rest.reasoning, split.content + rest.content
+        reasoning, text = split.reasoning, split.content
     if state.parser is not None:
         parsed = state.parser.feed(text)
         if completion.finish_reason is not None:
@@ -250,7 +273,7 @@ def _delta_choice(req: ChatCompletionRequest, completion: CompletionOutput,
             parsed.content, parsed.calls = parsed.content + rest.content, parsed.calls + rest.calls
         text, calls = parsed.content, parsed.calls
     has_tokens = (req.logprobs or bool(req.return_token_ids)) and bool(completion.delta_token_ids)
-    if not text and not calls and not has_tokens and completion.finish_reason is None:
+    if not text and not calls and not reasoning and not has_tokens and completion.finish_reason is None:
         return None  # e.g. a token holding half a UTF-8 character: its text comes with the next one
     state.is_finished = completion.finish_reason is not None
     tool_deltas = [ToolCallDelta(index=state.num_calls + i, id=call.id, type="function",
@@ -259,7 +282,7 @@ def _delta_choice(req: ChatCompletionRequest, completion: CompletionOutput,
                    for i, call in enumerate(calls)]
     state.num_calls += len(calls)
     logprobs = _logprobs(req, completion.delta_token_ids, completion.delta_logprobs) if req.logprobs else None
-    delta = DeltaMessage(content=text or None, tool_calls=tool_deltas or None)
+    delta = DeltaMessage(content=text or None, reasoning=reasoning or None, tool_calls=tool_deltas or None)
     return ChatStreamChoice(index=completion.index, delta=delta, logprobs=logprobs,
                             finish_reason=_finish_reason(completion.finish_reason, state.num_calls),
                             stop_reason=completion.stop_reason,

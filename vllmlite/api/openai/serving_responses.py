@@ -32,11 +32,16 @@ from vllmlite.api.openai.protocol_responses import (
     InputText,
     InputTokensDetails,
     OutputFunctionCall,
+    OutputItem,
     OutputItemEvent,
     OutputMessage,
+    OutputReasoning,
     OutputText,
     OutputTextDeltaEvent,
     OutputTextDoneEvent,
+    ReasoningText,
+    ReasoningTextDeltaEvent,
+    ReasoningTextDoneEvent,
     ResponseErrorEvent,
     ResponseLifecycleEvent,
     ResponsesRequest,
@@ -52,7 +57,7 @@ from vllmlite.engine.request_stream import RequestStream
 RESPONSES_UNSUPPORTED_FIELDS = (
     ("previous_response_id", (None,), "no response is stored; send the whole conversation as input"),
     ("background", (None, False), "responses run in the foreground"),
-    ("reasoning", (None,), "no reasoning models are served"),
+    ("reasoning", (None,), "no reasoning effort or summary is applied; --reasoning-parser returns the reasoning"),
     ("include", (None, []), "no extra output data is available"),
     ("truncation", (None, "disabled"), "an input longer than the context is a 400"),
     ("conversation", (None,), "no conversation is stored"),
@@ -184,7 +189,9 @@ async def create_response(ctx: ServingContext, req: ResponsesRequest, prepared: 
     (choice,) = chat.choices
     message = choice.message
     status = _item_status(choice.finish_reason)
-    items: list[OutputMessage | OutputFunctionCall] = []
+    items: list[OutputItem] = []
+    if message.reasoning is not None:
+        items.append(_reasoning_item(_new_item_id("rs"), message.reasoning, status))
     if message.content:
         items.append(_message_item(_new_item_id("msg"), message.content, status))
     items += [_call_item(_new_item_id("fc"), call.id, call.function.name, call.function.arguments)
@@ -193,7 +200,7 @@ async def create_response(ctx: ServingContext, req: ResponsesRequest, prepared: 
 
 
 def response_object(ctx: ServingContext, req: ResponsesRequest, response_id: str, created_at: int,
-                    items: Sequence[OutputMessage | OutputFunctionCall], finish_reason: str | None,
+                    items: Sequence[OutputItem], finish_reason: str | None,
                     usage: Usage | None) -> ResponsesResponse:
     """The Response: in progress until `usage` is known, then completed, or incomplete when the
     answer was cut by max_output_tokens; the request's settings echoed."""
@@ -229,6 +236,11 @@ def _message_item(item_id: str, text: str | None, status: str) -> OutputMessage:
     return OutputMessage(id=item_id, status=status, content=[] if text is None else [OutputText(text=text)])
 
 
+def _reasoning_item(item_id: str, text: str | None, status: str) -> OutputReasoning:
+    """The reasoning; `text` None gives it no content yet (a stream's first event)."""
+    return OutputReasoning(id=item_id, status=status, content=[] if text is None else [ReasoningText(text=text)])
+
+
 def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> OutputFunctionCall:
     return OutputFunctionCall(id=item_id, call_id=call_id, name=name, arguments=arguments, status=status)
 
@@ -236,11 +248,12 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
 class _EventWriter:
     """The server-sent events of one streamed response, numbered from 0 in the order sent.
 
-    created, in_progress, then the message item (added, content part added, a text delta per chunk,
-    text done, part done, item done) if there is text, then each call's item (added, arguments
-    delta, arguments done, item done), then completed or incomplete with the whole Response. Calls
-    arrive whole from the chat path and are sent after the text, in the order the non-streamed
-    output lists them."""
+    created, in_progress, then the reasoning item (added, a reasoning text delta per chunk, text
+    done, item done) if --reasoning-parser found reasoning, then the message item (added, content
+    part added, a text delta per chunk, text done, part done, item done) if there is text, then
+    each call's item (added, arguments delta, arguments done, item done), then completed or
+    incomplete with the whole Response. Calls arrive whole from the chat path and are sent after
+    the text, in the order the non-streamed output lists them."""
 
     def __init__(self, ctx: ServingContext, req: ResponsesRequest, response_id: str) -> None:
         self.ctx, self.req, self.response_id = ctx, req, response_id
@@ -265,29 +278,49 @@ class _EventWriter:
     async def events(self, prepared: PreparedChat, stream: RequestStream) -> AsyncIterator[str]:
         yield self.lifecycle("response.created")
         yield self.lifecycle("response.in_progress")
-        message_id, text, calls, finish_reason, usage = None, "", [], None, None
+        items: list[OutputItem] = []
+        reasoning: OutputReasoning | None = None  # open while its text streams
+        message: OutputMessage | None = None
+        calls, finish_reason, usage = [], None, None
         async for chunk in chat_chunks(_with_cached_tokens(self.ctx), prepared, stream, self.response_id):
             usage = chunk.usage or usage
             for choice in chunk.choices:
                 finish_reason = choice.finish_reason or finish_reason
                 calls += choice.delta.tool_calls or []
+                if choice.delta.reasoning:  # reasoning comes first: content only after its end tag
+                    if reasoning is None:
+                        reasoning = _reasoning_item(_new_item_id("rs"), "", "in_progress")
+                        yield self.event(OutputItemEvent, type="response.output_item.added", output_index=0,
+                                         item=_reasoning_item(reasoning.id, None, "in_progress"))
+                    reasoning.content[0].text += choice.delta.reasoning
+                    yield self.event(ReasoningTextDeltaEvent, item_id=reasoning.id, output_index=0,
+                                     content_index=0, delta=choice.delta.reasoning)
                 if not choice.delta.content:
                     continue
-                if message_id is None:
-                    message_id = _new_item_id("msg")
-                    yield self.event(OutputItemEvent, type="response.output_item.added", output_index=0,
-                                     item=_message_item(message_id, None, "in_progress"))
-                    yield self.event(ContentPartEvent, type="response.content_part.added", item_id=message_id,
-                                     output_index=0, content_index=0, part=OutputText(text=""))
-                text += choice.delta.content
-                yield self.event(OutputTextDeltaEvent, item_id=message_id, output_index=0, content_index=0,
+                if message is None:
+                    if reasoning is not None and not items:
+                        items.append(reasoning)
+                        for event in self._reasoning_done(reasoning, "completed"):
+                            yield event
+                    message = _message_item(_new_item_id("msg"), "", "in_progress")
+                    index = len(items)
+                    yield self.event(OutputItemEvent, type="response.output_item.added", output_index=index,
+                                     item=_message_item(message.id, None, "in_progress"))
+                    yield self.event(ContentPartEvent, type="response.content_part.added", item_id=message.id,
+                                     output_index=index, content_index=0, part=OutputText(text=""))
+                message.content[0].text += choice.delta.content
+                yield self.event(OutputTextDeltaEvent, item_id=message.id, output_index=len(items), content_index=0,
                                  delta=choice.delta.content)
         if usage is None:
             raise APIError(500, "the engine ended the request without an output")
-        items: list[OutputMessage | OutputFunctionCall] = []
-        if message_id is not None:
-            items.append(_message_item(message_id, text, _item_status(finish_reason)))
-            for event in self._message_done(items[0]):
+        status = _item_status(finish_reason)
+        if reasoning is not None and not items:
+            items.append(reasoning)
+            for event in self._reasoning_done(reasoning, status):
+                yield event
+        if message is not None:
+            items.append(message.model_copy(update={"status": status}))
+            for event in self._message_done(len(items) - 1, items[-1]):
                 yield event
         for call in calls:
             items.append(_call_item(_new_item_id("fc"), call.id, call.function.name, call.function.arguments))
@@ -296,12 +329,18 @@ class _EventWriter:
         done = "response.incomplete" if finish_reason == "length" else "response.completed"
         yield self.lifecycle(done, items, finish_reason, usage)
 
-    def _message_done(self, message: OutputMessage) -> Iterator[str]:
+    def _reasoning_done(self, reasoning: OutputReasoning, status: str) -> Iterator[str]:
+        reasoning.status = status
+        yield self.event(ReasoningTextDoneEvent, item_id=reasoning.id, output_index=0, content_index=0,
+                         text=reasoning.content[0].text)
+        yield self.event(OutputItemEvent, type="response.output_item.done", output_index=0, item=reasoning)
+
+    def _message_done(self, index: int, message: OutputMessage) -> Iterator[str]:
         part = message.content[0]
-        yield self.event(OutputTextDoneEvent, item_id=message.id, output_index=0, content_index=0, text=part.text)
-        yield self.event(ContentPartEvent, type="response.content_part.done", item_id=message.id, output_index=0,
-                         content_index=0, part=part)
-        yield self.event(OutputItemEvent, type="response.output_item.done", output_index=0, item=message)
+        yield self.event(OutputTextDoneEvent, item_id=message.id, output_index=index, content_index=0, text=part.text)
+        yield self.event(ContentPartEvent, type="response.content_part.done", item_id=message.id,
+                         output_index=index, content_index=0, part=part)
+        yield self.event(OutputItemEvent, type="response.output_item.done", output_index=index, item=message)
 
     def _call_events(self, index: int, call: OutputFunctionCall) -> Iterator[str]:
         added = call.model_copy(update={"arguments": "", "status": "in_progress"})
