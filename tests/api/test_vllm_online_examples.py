@@ -64,8 +64,10 @@ def test_completion_client_streams(example_client):
     chunks = list(stream)
     for chunk in chunks:
         print(chunk)
-    assert len(chunks) >= 2 and all(len(c.choices) == 1 for c in chunks)
-    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    # Not a chunk count: when the engine runs ahead of a slow reader (a loaded machine), the request
+    # stream coalesces the outputs the reader has not taken, down to one chunk (request_stream.py).
+    assert chunks and all(len(c.choices) == 1 for c in chunks)
+    assert "".join(c.choices[0].text for c in chunks) and chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
 def get_current_weather(city: str, state: str, unit: str) -> str:
