@@ -73,7 +73,10 @@ class Kernels(Protocol):
                  slot_mapping: np.ndarray) -> None: ...
 
     def paged_attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                        meta: AttentionMetadata, out: np.ndarray) -> None: ...
+                        meta: AttentionMetadata, out: np.ndarray, *, scale: float | None = None,
+                        sliding_window: int | None = None, softcap: float | None = None) -> None:
+        """Options (reference.paged_attention): scale of q.k (None: 1/sqrt(head_dim)); a query at p
+        sees keys p - sliding_window + 1 .. p only; scores -> softcap * tanh(scores / softcap)."""
 
 
 def resolve_backend(name: str | None = None) -> str:
