@@ -73,6 +73,18 @@ def test_moe_with_gelu_experts_many_tokens_and_unnormalized_weights(kernels, dty
     np.testing.assert_allclose(out, expected, rtol=10 * TOLERANCE[dtype], atol=10 * TOLERANCE[dtype])
 
 
+def test_moe_with_experts_of_many_and_of_few_tokens_in_one_step(kernels):
+    """Expert 2 takes every token (more than the compiled few-token product takes), experts 3-5
+    ten each: both ways of the numba backend in one call."""
+    x, _, _, w_gate_up, w_down = make_moe(30, 6, 2, 32, 16, np.float64, seed=4)
+    expert_ids = np.stack([np.full(30, 2), 3 + np.arange(30) % 3], axis=1)
+    expert_weights = np.random.default_rng(4).uniform(0, 1, (30, 2))
+    expected = dense_moe(x, expert_ids, expert_weights, w_gate_up, w_down, "silu")
+    out = np.full(x.shape, np.nan)
+    kernels.moe(x, expert_ids, expert_weights, w_gate_up, w_down, out)
+    np.testing.assert_allclose(out, expected, rtol=1e-11, atol=1e-11)
+
+
 @pytest.mark.parametrize("backend", ["numpy", "numba", "torch"])
 def test_unsupported_moe_operands_are_refused(backend):
     if backend == "torch":
