@@ -135,6 +135,7 @@ def test_blocks_wholly_before_the_window_are_never_read(kernels, sliding_window,
 @pytest.mark.parametrize("options, message", [
     (dict(sliding_window=0), "sliding_window must be an int >= 1"),
     (dict(sliding_window=2.5), "sliding_window must be an int >= 1"),
+    (dict(sliding_window=True), "sliding_window must be an int >= 1"),
     (dict(softcap=0.0), "softcap must be a finite float > 0"),
     (dict(softcap=-1.0), "softcap must be a finite float > 0"),
     (dict(scale=float("nan")), "scale must be a finite float"),

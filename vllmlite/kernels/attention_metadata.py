@@ -101,7 +101,8 @@ def check_attention_options(scale: float | None, sliding_window: int | None, sof
     """paged_attention's options, or a ValueError saying what is accepted."""
     if scale is not None and not (isinstance(scale, (int, float, np.floating)) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite float or None (1/sqrt(head_dim)), got {scale!r}")
-    if sliding_window is not None and not (isinstance(sliding_window, (int, np.integer)) and sliding_window >= 1):
+    if sliding_window is not None and not (isinstance(sliding_window, (int, np.integer))
+                                           and not isinstance(sliding_window, bool) and sliding_window >= 1):
         raise ValueError(f"sliding_window must be an int >= 1 or None (no window), got {sliding_window!r}")
     if softcap is not None and not (isinstance(softcap, (int, float, np.floating)) and softcap > 0
                                     and math.isfinite(softcap)):

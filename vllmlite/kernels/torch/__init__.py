@@ -171,10 +171,10 @@ class TorchKernels:
         num_experts = w_gate_up.shape[0]
         top_k = expert_ids.shape[1]
         flat = expert_ids.reshape(-1)                                     # [pairs] pair p = t * top_k + k
+        if flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < num_experts:
+            raise ValueError(f"moe: expert ids must lie in 0 .. {num_experts - 1}")
         order = torch.argsort(flat, stable=True)                          # pairs grouped by expert
         counts = torch.bincount(flat, minlength=num_experts).tolist()
-        if len(counts) > num_experts:
-            raise ValueError(f"moe: expert ids must lie in 0 .. {num_experts - 1}")
         tokens = order // top_k
         xs = x[tokens]                                                    # [pairs, hidden]
         ys = torch.empty_like(xs)                                         # [pairs, hidden]
@@ -187,9 +187,11 @@ class TorchKernels:
                 act(gate_up, hidden)
                 torch.mm(hidden, w_down[e].T, out=ys[start:start + count])
                 start += count
-        weights = expert_weights.reshape(-1)[order].to(x.dtype)
-        out.zero_()
-        out.index_add_(0, tokens, ys * weights[:, None])
+        compute = torch.float32 if x.dtype in HALF else x.dtype           # half precisions sum in float32
+        weights = expert_weights.reshape(-1)[order].to(compute)
+        total = torch.zeros(out.shape, dtype=compute, device=out.device)
+        total.index_add_(0, tokens, ys.to(compute) * weights[:, None])
+        out.copy_(total)
 
     def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
