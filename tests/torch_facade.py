@@ -25,7 +25,8 @@ def triton_interpreted_without_a_gpu() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-OPS = ("linear", "rms_norm", "add_rms_norm", "rope", "silu_and_mul", "write_kv", "paged_attention")
+OPS = ("linear", "rms_norm", "add_rms_norm", "rope", "silu_and_mul", "gelu_tanh_and_mul", "write_kv", "paged_attention",
+       "moe")
 
 
 class NumpyFacade:
@@ -36,9 +37,9 @@ class NumpyFacade:
             setattr(self, op, self._wrap(getattr(self.backend, op)))
 
     def _wrap(self, fn):
-        def call(*args):
+        def call(*args, **options):   # options: plain values (paged_attention's scale, window, ...)
             pairs = [(a, self._tensor(a)) for a in args]
-            fn(*(t for _, t in pairs))
+            fn(*(t for _, t in pairs), **options)
             if self.device != "cpu":   # written back: outputs and in-place arguments alike
                 for array, tensor in pairs:
                     if isinstance(array, np.ndarray) and array.flags.writeable:

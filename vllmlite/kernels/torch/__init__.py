@@ -17,8 +17,14 @@ import math
 import numpy as np
 import torch
 
-from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionGroup, AttentionMetadata
+from vllmlite.kernels.attention_metadata import (
+    MAX_BATCHED_QUERY_LEN,
+    AttentionGroup,
+    AttentionMetadata,
+    check_attention_options,
+)
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
+from vllmlite.kernels.reference import check_moe
 
 
 def fused_ops():
@@ -149,6 +155,44 @@ class TorchKernels:
         gate, up = gate_up.chunk(2, dim=-1)
         out.copy_(torch.nn.functional.silu(gate) * up)
 
+    def gelu_tanh_and_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+        if self._triton(gate_up):
+            fused_ops().gelu_tanh_and_mul(gate_up, out)
+            return
+        gate, up = gate_up.chunk(2, dim=-1)
+        out.copy_(torch.nn.functional.gelu(gate, approximate="tanh") * up)
+
+    def moe(self, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor, w_gate_up: torch.Tensor,
+            w_down: torch.Tensor, out: torch.Tensor, activation: str = "silu") -> None:
+        """reference.moe with index operations and one pair of products per expert with tokens: the
+        pairs sorted by expert, each expert's rows multiplied, the weighted outputs added back per
+        token. Reads the experts' token counts on the host (a sync: not for CUDA graphs)."""
+        check_moe(x, expert_ids, expert_weights, w_gate_up, w_down, activation)
+        num_experts = w_gate_up.shape[0]
+        top_k = expert_ids.shape[1]
+        flat = expert_ids.reshape(-1)                                     # [pairs] pair p = t * top_k + k
+        if flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < num_experts:
+            raise ValueError(f"moe: expert ids must lie in 0 .. {num_experts - 1}")
+        order = torch.argsort(flat, stable=True)                          # pairs grouped by expert
+        counts = torch.bincount(flat, minlength=num_experts).tolist()
+        tokens = order // top_k
+        xs = x[tokens]                                                    # [pairs, hidden]
+        ys = torch.empty_like(xs)                                         # [pairs, hidden]
+        act = self.silu_and_mul if activation == "silu" else self.gelu_tanh_and_mul
+        start = 0
+        for e, count in enumerate(counts):
+            if count:
+                gate_up = xs[start:start + count] @ w_gate_up[e].T       # [count, 2 * inter]
+                hidden = torch.empty((count, w_down.shape[2]), dtype=x.dtype, device=x.device)
+                act(gate_up, hidden)
+                torch.mm(hidden, w_down[e].T, out=ys[start:start + count])
+                start += count
+        compute = torch.float32 if x.dtype in HALF else x.dtype           # half precisions sum in float32
+        weights = expert_weights.reshape(-1)[order].to(compute)
+        total = torch.zeros(out.shape, dtype=compute, device=out.device)
+        total.index_add_(0, tokens, ys.to(compute) * weights[:, None])
+        out.copy_(total)
+
     def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
         if self._triton(k):
@@ -158,10 +202,14 @@ class TorchKernels:
         v_cache[slot_mapping] = v
 
     def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        meta: AttentionMetadata, out: torch.Tensor) -> None:
+                        meta: AttentionMetadata, out: torch.Tensor, *, scale: float | None = None,
+                        sliding_window: int | None = None, softcap: float | None = None) -> None:
         """Every query through the Triton kernel, reading K/V in place (its tiles, made by the first
-        layer of a step, see attention_tiles); without Triton through the reference's padded groups
-        (kernels/attention_metadata.py), batched on the device."""
+        layer of a step, see attention_tiles, serve every window); without Triton through the
+        reference's padded groups (kernels/attention_metadata.py), batched on the device. Options
+        as reference.paged_attention's."""
+        check_attention_options(scale, sliding_window, softcap)
+        options = dict(scale=scale, softcap=softcap)
         if self._triton(q):
             tiles = meta.kernel_cache.get("torch.tiles")
             if tiles is None:
@@ -169,12 +217,14 @@ class TorchKernels:
             block_tables = self._index(meta, "block_tables")
             kernel = paged_attention_kernel().paged_attention_tiles
             for step_tiles, rows, *splits in tiles:   # type: ignore[union-attr]
-                kernel(q, k_cache, v_cache, step_tiles, rows, block_tables, meta.block_size, out, *splits)
+                kernel(q, k_cache, v_cache, step_tiles, rows, block_tables, meta.block_size, out, *splits,
+                       sliding_window=sliding_window, **options)
             return
-        if "torch.groups" not in meta.kernel_cache:
-            meta.kernel_cache["torch.groups"] = [self._device_group(g) for g in meta.groups]
-        for group in meta.kernel_cache["torch.groups"]:  # type: ignore[union-attr]
-            self._attend_group(q, k_cache, v_cache, group, meta.block_size, out)
+        key = f"torch.groups {sliding_window}"
+        if key not in meta.kernel_cache:
+            meta.kernel_cache[key] = [self._device_group(g) for g in meta.window_groups(sliding_window)]
+        for group in meta.kernel_cache[key]:  # type: ignore[union-attr]
+            self._attend_group(q, k_cache, v_cache, group, meta.block_size, out, **options)
 
     def attention_tiles(self, meta: AttentionMetadata, num_heads: int, num_kv_heads: int) -> list[tuple]:
         """The step's Triton launches: (tiles on the device, rows per tile, splits, split length) for
@@ -201,7 +251,8 @@ class TorchKernels:
         return rows, valid, self.to_device(g.block_ids), bias, rows[valid]
 
     @staticmethod
-    def _attend_group(q, k_cache, v_cache, group, block_size: int, out) -> None:
+    def _attend_group(q, k_cache, v_cache, group, block_size: int, out, scale: float | None,
+                      softcap: float | None) -> None:
         rows, valid, block_ids, bias, out_rows = group
         num_tokens, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[1]
@@ -218,7 +269,10 @@ class TorchKernels:
         scores = qg @ keys.permute(0, 2, 3, 1)                      # [B, kv, group * max_q, ctx]
         compute = torch.float32 if scores.dtype in HALF else scores.dtype
         scores = scores.to(compute).reshape(num_seqs, num_kv_heads, group_size, max_q, ctx_len)
-        scores = scores * (1.0 / math.sqrt(head_dim)) + bias[:, :, None].to(compute)
+        scores = scores * (1.0 / math.sqrt(head_dim) if scale is None else scale)
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        scores = scores + bias[:, :, None].to(compute)
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         probs = probs.reshape(num_seqs, num_kv_heads, group_size * max_q, ctx_len)
         ctx = probs @ values.permute(0, 2, 1, 3)                    # [B, kv, group * max_q, d]
