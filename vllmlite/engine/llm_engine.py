@@ -63,7 +63,8 @@ class LLMEngine:
         num_host_blocks = config.cache.resolve_num_host_blocks(bytes_per_block)
         stop_ids = self.tokenizer.stop_token_ids
         self.block_manager = BlockManager(num_blocks, config.cache.block_size,
-                                          config.cache.enable_prefix_caching, num_host_blocks)
+                                          config.cache.enable_prefix_caching, num_host_blocks,
+                                          config.cache.sliding_window)
         spec = config.speculative
         self.tracer = make_tracer(config.trace, self.tokenizer.decode)  # read on the engine thread only
         self.chunking = ChunkingPolicy(sched, config.cache.block_size)  # fed each step's measured time
