@@ -148,6 +148,20 @@ def test_a_prefix_hit_references_only_the_blocks_in_its_window():
     assert bm.find_prefix_hit(tokens + [5, 6, 7, 8, 9]).num_tokens == 5 * BS
 
 
+def test_hit_blocks_out_of_the_window_cost_no_free_block():
+    """Four free blocks, four cached: a hit that revives only its last block fits with one new block."""
+    bm = _manager(BS + 1, num_blocks=4)
+    tokens = list(range(100, 100 + 4 * BS))
+    _compute(bm, "a", tokens, 0, len(tokens))
+    bm.free("a")
+    hit = bm.find_prefix_hit(tokens + [5, 6])
+    assert len(hit.block_ids) == 4 and bm.num_free_blocks == 4
+    assert bm.can_allocate("b", 4 * BS + 2, hit, num_computed_tokens=4 * BS)
+    assert bm.allocate("b", 4 * BS, 4 * BS + 2, hit)
+    assert bm.num_free_blocks == 2
+    bm.check_invariants()
+
+
 def test_a_write_into_a_released_block_is_refused():
     bm = _manager(1)
     tokens = list(range(2 * BS))
