@@ -128,12 +128,15 @@ class Scheduler:
         prompt = next((r for r in self.running if r.num_tokens - r.num_computed_tokens > 1), self.waiting.peek())
         threshold = self.chunking.long_prompt_threshold  # None: no prompt is short or long
         short = sum(r.num_tokens for r in self.waiting if r.num_tokens <= threshold) if threshold is not None else 0
+        num_left = prompt.num_tokens - prompt.num_computed_tokens if prompt is not None else 0
         return StepLoad(num_decode_rows=len(decodes) * (1 + self.num_speculative_tokens),
                         decode_attention_pairs=sum(r.num_tokens for r in decodes),
                         prefill_start=prompt.num_computed_tokens if prompt is not None else 0,
-                        prompt_tokens_left=prompt.num_tokens - prompt.num_computed_tokens if prompt is not None else 0,
+                        prompt_tokens_left=num_left,
                         short_prompt_tokens=short,
-                        num_free_blocks=self.block_manager.num_free_blocks)
+                        num_free_blocks=self.block_manager.num_free_blocks,
+                        prompt_blocks_left=self.block_manager.window.peak_blocks(
+                            num_left, self.config.max_num_batched_tokens))
 
     def _may_admit(self) -> bool:
         """Continuous batching admits whenever there is room. Static batching (a benchmark baseline)
