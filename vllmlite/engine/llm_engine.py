@@ -151,7 +151,8 @@ class LLMEngine:
         replicas checks requests with it, without a model of its own)."""
         bm = self.block_manager
         return RequestLimits(self.model_config.vocab_size, self.max_model_len,
-                             self.config.scheduler.max_num_seqs, bm.num_blocks, bm.block_size)
+                             self.config.scheduler.max_num_seqs, bm.num_blocks, bm.block_size,
+                             bm.sliding_window, self.config.scheduler.max_num_batched_tokens)
 
     def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
         """`RequestLimits.check`: the prompt against the vocabulary, context length and KV cache; the
