@@ -209,3 +209,17 @@ def test_speculative_rounds_trim_and_release_under_a_window(num_accepted):
     assert request.num_output_tokens == 80
     assert peak <= scheduler.block_manager.window.peak_blocks(111, 8) == 4
     assert_drained(scheduler)
+
+
+def test_kv_occupancy_counts_only_held_blocks():
+    scheduler = make_scheduler(BS + 1, num_blocks=8)
+    kv = ShadowKV(scheduler)
+    request = add(scheduler, "a", 10, 100)
+    for _ in range(40):
+        wstep(scheduler, kv)
+    occupancy, bm = scheduler.kv_occupancy(), scheduler.block_manager
+    computed = request.num_computed_tokens
+    num_skipped = bm.block_table("a").count(None)
+    assert num_skipped == (computed - (BS + 1) + 1) // BS > 0
+    assert occupancy.used_blocks == bm.num_held_blocks("a") == bm.num_blocks - bm.num_free_blocks
+    assert occupancy.held_tokens == computed - num_skipped * BS
