@@ -164,6 +164,8 @@ class BlockManager:
         first, so in the LRU the prompt's head outlives its tail. Returns the number released; 0 with
         no window, and for an unknown or swapped-out request. O(blocks released).
         """
+        if self.window.window is None:
+            return 0  # every step of every request calls this: full attention pays one test
         state = self._requests.get(request_id)
         if state is None or state.is_swapped_out:
             return 0
@@ -181,10 +183,11 @@ class BlockManager:
 
         Never covers the last token, so at least one token is computed and yields logits:
         bs 4, 8 tokens -> at most (8 - 1) // 4 = 1 block; 9 tokens -> at most 2 blocks.
-        With a sliding window the rule is the same (a window-released published block stays cached
-        until evicted, so it can still be hit); `allocate` then references only the hit's blocks
-        inside the new request's window. With prefix caching off: always an empty hit. Counts nothing: the caller records a lookup
-        once it is used (`record_prefix_lookup`), so a request retried for admission counts once.
+        With a sliding window the rule is the same, every block from the start (a window-released
+        published block stays cached until evicted, so it can still be hit); `allocate` then
+        references only the hit's blocks inside the new request's window. With prefix caching off:
+        always an empty hit. Counts nothing: the caller records a lookup once it is used
+        (`record_prefix_lookup`), so a request retried for admission counts once.
         """
         if not self.enable_prefix_caching:
             return PrefixHit([], 0)
