@@ -100,7 +100,8 @@ def build_metadata(query_lens: list[int], seq_lens: list[int], block_tables: lis
     Example: query_lens [2, 3], seq_lens [5, 3], block_size 4, block_tables [[7, 2], [5]]
       -> query_start [0, 2, 5]; positions [3, 4, 0, 1, 2];
          slots [7*4+3, 2*4+0, 5*4+0, 5*4+1, 5*4+2] = [31, 8, 20, 21, 22].
-    A None entry (a block the sliding window released) becomes block 0: the kernels never read it.
+    A None entry (a block the sliding window released; they lead a table) becomes block 0: the
+    kernels never read it.
     """
     num_seqs = len(query_lens)
     lens = np.asarray(query_lens, dtype=np.int64)                          # [num_seqs]
@@ -116,7 +117,9 @@ def build_metadata(query_lens: list[int], seq_lens: list[int], block_tables: lis
     tables = np.zeros((num_seqs, max(max_blocks, 1)), dtype=np.int32)     # [num_seqs, max_blocks]
     # Row i's first num_blocks[i] entries, filled in row-major order from the tables laid end to end.
     block_ids = itertools.chain.from_iterable(block_tables)
-    if any(None in table for table in block_tables):
+    # Placeholders lead a table (core/sliding_window.py), so its first entry says whether it has any:
+    # O(num_seqs), where `None in table` would compare every entry (250 us for 64 tables of 128).
+    if any(table and table[0] is None for table in block_tables):
         block_ids = (0 if block_id is None else block_id for block_id in block_ids)
     tables[np.arange(tables.shape[1]) < num_blocks[:, None]] = np.fromiter(
         block_ids, dtype=np.int32, count=int(num_blocks.sum()))
