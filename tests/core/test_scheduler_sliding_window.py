@@ -11,6 +11,9 @@ from __future__ import annotations
 import zlib
 
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from property_util import examples
 from test_scheduler import BS, EOS, assert_drained, make_request, runner_output
 
 from vllmlite.config import SchedulerConfig
@@ -18,6 +21,7 @@ from vllmlite.core.batch import SchedulerOutput
 from vllmlite.core.block_manager import BlockManager
 from vllmlite.core.request import FinishReason, Request
 from vllmlite.core.scheduler import Scheduler
+from vllmlite.core.sliding_window import SlidingWindow
 
 
 def make_scheduler(window: int | None, *, num_blocks: int, num_host_blocks: int = 0,
@@ -223,3 +227,45 @@ def test_kv_occupancy_counts_only_held_blocks():
     assert num_skipped == (computed - (BS + 1) + 1) // BS > 0
     assert occupancy.used_blocks == bm.num_held_blocks("a") == bm.num_blocks - bm.num_free_blocks
     assert occupancy.held_tokens == computed - num_skipped * BS
+
+
+# --- random workloads ----------------------------------------------------------------------------
+
+SHARED_HEAD = list(range(7000, 7000 + 6 * BS))  # prompts starting with it hit each other's blocks
+
+
+@st.composite
+def workloads(draw):
+    window = draw(st.sampled_from([1, 3, BS, BS + 1, 2 * BS, 3 * BS + 2]))
+    chunk = draw(st.integers(1, 3 * BS))
+    mode = draw(st.sampled_from(["recompute", "swap"]))
+    peak = SlidingWindow(window, BS).peak_blocks(10**6, chunk + 2)
+    num_blocks = draw(st.integers(peak, peak + 4))  # room for one request, or a little more: they preempt
+    requests = draw(st.lists(st.tuples(st.integers(0, 6 * BS), st.integers(1, 8 * BS), st.integers(1, 3 * BS),
+                                       st.integers(0, 8)), min_size=2, max_size=6))
+    return window, chunk, mode, num_blocks, requests
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(workloads(), st.integers(0, 2))
+def test_random_workloads_read_only_present_blocks_and_drain(workload, num_speculative):
+    """Arrivals, shared heads (prefix hits over placeholders), chunks, preemption by recompute or swap
+    and speculative rounds: every read inside a window finds its token (ShadowKV), placeholders are
+    exactly the blocks out of the window (wstep), and every request gets all its tokens."""
+    window, chunk, mode, num_blocks, specs = workload
+    scheduler = make_scheduler(window, num_blocks=num_blocks, num_host_blocks=4 * num_blocks, preemption_mode=mode,
+                               num_speculative_tokens=num_speculative, max_num_batched_tokens=chunk + num_speculative)
+    kv, requests = ShadowKV(scheduler), []
+    for step_index in range(3000):
+        for i, (num_shared, num_own, max_tokens, arrival) in enumerate(specs):
+            if arrival == step_index:
+                prompt = SHARED_HEAD[:num_shared] + [10_000 * (i + 1) + j for j in range(num_own)]
+                requests.append(make_request(f"r{i}", prompt, max_tokens=max_tokens, ignore_eos=True))
+                scheduler.add_request(requests[-1])
+        if step_index > 20 and not scheduler.has_unfinished_requests():
+            break
+        wstep(scheduler, kv, accepted={r.request_id: step_index % 3 for r in requests})
+    assert all(r.finish_reason is FinishReason.LENGTH and r.num_output_tokens == r.max_tokens for r in requests)
+    assert_drained(scheduler)
+    event(f"preempted: {scheduler.num_preemptions > 0}, swapped: {kv.num_swapped_out > 0}")
+    event(f"prefix hit: {scheduler.block_manager.prefix_hits > 0}")
