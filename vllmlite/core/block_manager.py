@@ -7,60 +7,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from vllmlite.config import ceil_div
 from vllmlite.core.block import Block, BlockPool, block_key
+from vllmlite.core.block_table import AllocationPlan, PrefixHit, RequestBlocks
 from vllmlite.core.host_arena import HostArena
 from vllmlite.core.sliding_window import SlidingWindow
-
-
-class PrefixHit(NamedTuple):
-    """Cached blocks covering a prompt's first `num_tokens` tokens.
-
-    Valid only until the next `allocate`/`swap_in` of any request (those may evict the blocks), so
-    find it right before allocating. `allocate` raises on a hit whose blocks were evicted.
-    """
-
-    block_ids: list[int]
-    num_tokens: int  # len(block_ids) * block_size
-
-
-@dataclass
-class RequestBlocks:
-    """What the block manager remembers about one request."""
-
-    # Device block table; empty while swapped out. Its first num_skipped_blocks entries are None:
-    # released out of the sliding window (the placeholder contract is in sliding_window.py).
-    block_ids: list[int | None] = field(default_factory=list)
-    num_published_blocks: int = 0  # table[:num_published_blocks] already offered to the prefix cache
-    last_key: bytes | None = None  # key of table[num_published_blocks - 1]: the next block's parent
-    host_block_ids: list[int] | None = None  # set exactly while swapped out: one per entry not skipped
-    num_skipped_blocks: int = 0  # leading placeholders, kept while swapped out
-
-    @property
-    def is_swapped_out(self) -> bool:
-        return self.host_block_ids is not None
-
-
-class _AllocationPlan(NamedTuple):
-    """What `allocate` would do; computed without changing anything, so failure changes nothing."""
-
-    hit_blocks: Sequence[Block]  # prefix-hit blocks (first allocation only)
-    num_skipped_hit_blocks: int  # of those, the first ones already out of the window: not referenced
-    cow_indices: list[int]  # table indices written this step that must be copied first
-    num_new_blocks: int  # blocks appended to the table
-
-    @property
-    def num_free_blocks_needed(self) -> int:
-        # Hit blocks sitting in the free list stop being free once referenced (a grown request has none).
-        num_revived = sum(block.ref_count == 0 for block in self.referenced_hit_blocks) if self.hit_blocks else 0
-        return self.num_new_blocks + len(self.cow_indices) + num_revived
-
-    @property
-    def referenced_hit_blocks(self) -> Sequence[Block]:
-        return self.hit_blocks[self.num_skipped_hit_blocks:]
 
 
 class BlockManager:
@@ -78,14 +30,8 @@ class BlockManager:
     loses its last reference, and a host block freed by `swap_in`, are held until `take_copies()`.
     """
 
-    def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        enable_prefix_caching: bool,
-        num_host_blocks: int = 0,
-        sliding_window: int | None = None,
-    ) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, num_host_blocks: int = 0,
+                 sliding_window: int | None = None) -> None:
         """`sliding_window`: every layer attends to the last that many positions only; blocks that fall
         out of every future window are released by `remove_skipped_blocks`. None: full attention."""
         if block_size <= 0:
@@ -145,11 +91,7 @@ class BlockManager:
     def num_held_blocks(self, request_id: str) -> int:
         """Blocks of the request's table that are not placeholders, on the device or the host."""
         state = self._requests.get(request_id)
-        if state is None:
-            return 0
-        if state.host_block_ids is not None:
-            return len(state.host_block_ids)
-        return len(state.block_ids) - state.num_skipped_blocks
+        return state.num_held_blocks if state is not None else 0
 
     def is_swapped_out(self, request_id: str) -> bool:
         state = self._requests.get(request_id)
@@ -160,21 +102,16 @@ class BlockManager:
         `num_computed_tokens` (`SlidingWindow.num_skipped_blocks`); its entries become placeholders.
 
         Call after the computed tokens advance, once `publish_full_blocks` has run: a published block
-        released here stays cached (evictable) like any released block. Later blocks are released
-        first, so in the LRU the prompt's head outlives its tail. Returns the number released; 0 with
-        no window, and for an unknown or swapped-out request. O(blocks released).
+        released here stays cached (evictable). Later blocks are released first, so in the LRU the
+        prompt's head outlives its tail. Returns the number released (0 without a window, or for an
+        unknown or swapped-out request). O(blocks released).
         """
         if self.window.window is None:
             return 0  # every step of every request calls this: full attention pays one test
         state = self._requests.get(request_id)
         if state is None or state.is_swapped_out:
             return 0
-        num_skipped = min(self.window.num_skipped_blocks(num_computed_tokens), len(state.block_ids))
-        if num_skipped <= state.num_skipped_blocks:
-            return 0
-        released = state.block_ids[state.num_skipped_blocks:num_skipped]
-        state.block_ids[state.num_skipped_blocks:num_skipped] = [None] * len(released)
-        state.num_skipped_blocks = num_skipped
+        released = state.skip_blocks(self.window.num_skipped_blocks(num_computed_tokens))
         self._release_table(released)
         return len(released)
 
@@ -183,11 +120,10 @@ class BlockManager:
 
         Never covers the last token, so at least one token is computed and yields logits:
         bs 4, 8 tokens -> at most (8 - 1) // 4 = 1 block; 9 tokens -> at most 2 blocks.
-        With a sliding window the rule is the same, every block from the start (a window-released
-        published block stays cached until evicted, so it can still be hit); `allocate` then
-        references only the hit's blocks inside the new request's window. With prefix caching off:
-        always an empty hit. Counts nothing: the caller records a lookup once it is used
-        (`record_prefix_lookup`), so a request retried for admission counts once.
+        Under a sliding window too, every block from the start must be cached (released published
+        blocks stay so until evicted); `allocate` references only those in the request's window.
+        With prefix caching off: always an empty hit. Counts nothing: the caller records a lookup
+        once it is used (`record_prefix_lookup`), so a request retried for admission counts once.
         """
         if not self.enable_prefix_caching:
             return PrefixHit([], 0)
@@ -263,8 +199,7 @@ class BlockManager:
                 num_computed_tokens = prefix_hit.num_tokens if prefix_hit is not None else 0
             else:
                 # A table the window emptied entirely (w < bs) resumes at its end.
-                last_block = max(len(state.block_ids) - 1, state.num_skipped_blocks, 0)
-                last_block_start = last_block * self.block_size
+                last_block_start = max(len(state.block_ids) - 1, state.num_skipped_blocks, 0) * self.block_size
                 num_computed_tokens = min(last_block_start, num_tokens)
         plan = self._plan(request_id, num_computed_tokens, num_tokens, prefix_hit)
         return plan is None or plan.num_free_blocks_needed <= self.pool.num_free_blocks
@@ -331,7 +266,7 @@ class BlockManager:
             raise ValueError(f"cannot fork {parent_id!r}: unknown or swapped out")
         if child_id in self._requests:
             raise ValueError(f"cannot fork into existing request {child_id!r}")
-        for block_id in parent.block_ids[parent.num_skipped_blocks:]:
+        for block_id in parent.held_block_ids:
             self.pool.touch(self.pool.blocks[block_id])
         child = RequestBlocks(list(parent.block_ids), parent.num_published_blocks, parent.last_key,
                               num_skipped_blocks=parent.num_skipped_blocks)
@@ -347,7 +282,7 @@ class BlockManager:
         state = self._requests.pop(request_id, None)
         if state is None:
             return
-        self._release_table(state.block_ids[state.num_skipped_blocks:])
+        self._release_table(state.held_block_ids)
         if state.host_block_ids is not None:
             self.host.free(state.host_block_ids)
 
@@ -369,7 +304,7 @@ class BlockManager:
     def can_swap_out(self, request_id: str) -> bool:
         state = self._requests.get(request_id)
         is_resident = state is not None and not state.is_swapped_out
-        return is_resident and self.host.can_allocate(len(state.block_ids) - state.num_skipped_blocks)
+        return is_resident and self.host.can_allocate(len(state.held_block_ids))
 
     def swap_out(self, request_id: str) -> list[tuple[int, int]]:
         """Move the request to host blocks. Returns (device_block_id, host_block_id) pairs to copy.
@@ -384,7 +319,7 @@ class BlockManager:
         state = self._requests[request_id]
         # A block whose copy-on-write is still queued holds nothing yet: read its source instead.
         source_of = {dst: src for src, dst in self._copies}
-        held: list[int] = state.block_ids[state.num_skipped_blocks:]  # type: ignore[assignment]
+        held = state.held_block_ids
         host_block_ids = self.host.allocate(len(held))
         pairs = [(source_of.get(d, d), h) for d, h in zip(held, host_block_ids)]
         self._release_table(held)
@@ -417,7 +352,7 @@ class BlockManager:
 
     def _plan(
         self, request_id: str, num_computed_tokens: int, num_tokens: int, prefix_hit: PrefixHit | None
-    ) -> _AllocationPlan | None:
+    ) -> AllocationPlan | None:
         """Work out what `allocate` needs, validating the counts; changes nothing. None: nothing at all
         (a known request whose table already holds every slot written, in blocks only it holds and
         unpublished: most steps of a decode)."""
@@ -450,7 +385,7 @@ class BlockManager:
         num_new_blocks = max(0, num_required - len(block_ids))
         if state is not None and not cow_indices and not num_new_blocks:
             return None
-        return _AllocationPlan(hit_blocks, num_skipped if state is None else 0, cow_indices, num_new_blocks)
+        return AllocationPlan(hit_blocks, num_skipped if state is None else 0, cow_indices, num_new_blocks)
 
     def _hit_blocks(self, prefix_hit: PrefixHit | None) -> list[Block]:
         if prefix_hit is None or not prefix_hit.block_ids:
@@ -492,16 +427,8 @@ class BlockManager:
         self.pool.check_invariants()
         holders: Counter[int] = Counter()  # block id -> tables holding it
         for request_id, state in self._requests.items():
-            num_skipped = state.num_skipped_blocks
-            held = state.block_ids[num_skipped:]
-            assert len(set(held)) == len(held), f"{request_id}: duplicate block"
-            assert 0 <= state.num_published_blocks <= len(state.block_ids), f"{request_id}: published"
-            assert not (state.is_swapped_out and state.block_ids), f"{request_id}: swapped with blocks"
-            assert state.is_swapped_out or num_skipped <= len(state.block_ids), f"{request_id}: skipped"
-            assert all(i is None for i in state.block_ids[:num_skipped]), f"{request_id}: skipped block held"
-            assert None not in held, f"{request_id}: placeholder after a held block"
-            assert num_skipped == 0 or self.window.window is not None, f"{request_id}: skipped without window"
-            holders.update(held)
+            state.check(request_id, self.window.window is not None)
+            holders.update(state.held_block_ids)
         pending = Counter(self._pending_release)
         for block in self.pool.blocks:
             num_holders = holders[block.block_id] + pending[block.block_id]

@@ -135,8 +135,7 @@ class Scheduler:
                         prompt_tokens_left=num_left,
                         short_prompt_tokens=short,
                         num_free_blocks=self.block_manager.num_free_blocks,
-                        prompt_blocks_left=self.block_manager.window.peak_blocks(
-                            num_left, self.config.max_num_batched_tokens))
+                        prompt_blocks_left=self.block_manager.window.peak_blocks(num_left, self.config.max_num_batched_tokens))
 
     def _may_admit(self) -> bool:
         """Continuous batching admits whenever there is room. Static batching (a benchmark baseline)
@@ -240,19 +239,15 @@ class Scheduler:
             budget -= num_scheduled or 0
 
     def _never_fits(self, request: Request) -> str | None:
-        """Why `request` could never run even alone (its prompt and one more token need more blocks at
-        once than the whole cache holds), else None. With a sliding window a long prompt fits: a step
-        holds only the blocks of its window and its chunk (SlidingWindow.peak_blocks)."""
-        bm = self.block_manager
-        peak = bm.window.peak_blocks(request.num_tokens + 1, self.config.max_num_batched_tokens)
-        if peak <= bm.num_blocks:
+        """Why `request` could never run alone (a step needs more blocks than the cache: peak_blocks), or None."""
+        bm, chunk = self.block_manager, self.config.max_num_batched_tokens
+        if (peak := bm.window.peak_blocks(request.num_tokens + 1, chunk)) <= bm.num_blocks:
             return None
         if bm.sliding_window is None:
-            return (f"the prompt needs {request.num_tokens} tokens of KV cache but the whole cache holds "
-                    f"{bm.num_blocks * bm.block_size}")
-        return (f"a step of this prompt needs {peak} KV cache blocks at once (sliding window "
-                f"{bm.sliding_window}, chunks of up to {self.config.max_num_batched_tokens} tokens) but the "
-                f"whole cache holds {bm.num_blocks}")
+            return f"the prompt needs {request.num_tokens} tokens of KV cache but the whole cache holds " \
+                   f"{bm.num_blocks * bm.block_size}"
+        return f"a step of this prompt needs {peak} KV cache blocks at once (sliding window {bm.sliding_window}, " \
+               f"chunks of up to {chunk} tokens) but the whole cache holds {bm.num_blocks}"
 
     def _next_waiting(self) -> Request | None:
         """The head of the waiting queue; but while a long prompt is being prefilled, a long head
@@ -416,12 +411,10 @@ class Scheduler:
             self._computed_advanced(request)
 
     def _computed_advanced(self, request: Request) -> None:
-        """Publish the blocks that just filled, then release those out of the sliding window (a
-        released published block stays cached)."""
-        bm = self.block_manager
-        bm.publish_full_blocks(request.request_id, request.token_ids, request.num_computed_tokens,
-                               request.extra_keys)
-        bm.remove_skipped_blocks(request.request_id, request.num_computed_tokens)
+        """Publish the blocks just filled, then release those out of the sliding window (still cached)."""
+        bm, request_id, num_computed = self.block_manager, request.request_id, request.num_computed_tokens
+        bm.publish_full_blocks(request_id, request.token_ids, num_computed, request.extra_keys)
+        bm.remove_skipped_blocks(request_id, num_computed)
 
     def _apply_pooled(self, seq: ScheduledSequence, result: RunnerOutput) -> None:
         """Hand an embedding request its pooled rows; it finishes once its whole prompt is computed.
