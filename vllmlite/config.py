@@ -100,6 +100,9 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     swap_space: float = 1.0  # GiB of host memory for swapped-out blocks (preemption_mode="swap")
+    # The model's attention window in tokens (Mistral; vLLM's CacheConfig.sliding_window): blocks out
+    # of every window are freed (core/sliding_window.py). Not a user knob: the model decides it.
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.block_size, int) and 1 <= self.block_size <= 1024,
@@ -113,6 +116,8 @@ class CacheConfig:
         _require(self.preemption_mode in PREEMPTION_MODES,
                  f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         _require(self.swap_space >= 0, f"swap_space must be >= 0 GiB, got {self.swap_space}")
+        _require(self.sliding_window is None or self.sliding_window >= 1,
+                 f"sliding_window must be >= 1 or None, got {self.sliding_window!r}")
 
     def resolve_num_blocks(self, bytes_per_block: int) -> int:
         """Blocks in the device pool: num_blocks if given, else the memory budget divided by block bytes."""

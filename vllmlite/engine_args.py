@@ -192,8 +192,10 @@ class EngineArgs:
                  f"tokenizer must be unset or the model ({self.model!r}): a separate tokenizer is not "
                  f"supported, got {self.tokenizer!r}")
         return EngineConfig(model=self.model, dtype=self.resolved_dtype, seed=self.seed,
+                            # sliding_window is the model's, not a knob: none until families declare one
                             cache=CacheConfig(**self._values_for(CacheConfig, kv_cache_memory=self._kv_budget(),
-                                                                 gpu_memory_utilization=self._gpu_fraction())),
+                                                                 gpu_memory_utilization=self._gpu_fraction(),
+                                                                 sliding_window=None)),
                             scheduler=SchedulerConfig(**self._values_for(SchedulerConfig)),
                             speculative=self._speculative(), kernels=self._or_env("kernels"),
                             quantization=self._or_env("quantization"),
@@ -216,7 +218,7 @@ class EngineArgs:
 
     def _values_for(self, config_class: type, **replaced: Any) -> dict[str, Any]:
         """This object's values for every field of `config_class` (same names), with `replaced` on top."""
-        return {f.name: getattr(self, f.name) for f in fields(config_class)} | replaced
+        return {f.name: getattr(self, f.name) for f in fields(config_class) if f.name not in replaced} | replaced
 
     def _or_env(self, name: str) -> Any:
         """Knob `name` (one of ENV_KNOBS), else $VLLMLITE_<NAME> (empty counts as unset), else None."""

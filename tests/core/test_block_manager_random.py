@@ -1,5 +1,6 @@
 """A seeded random walk over the block manager (allocate, grow, publish, fork, free, swap) that
-keeps a shadow copy of KV memory: invariants after every operation, every computed token in its slot."""
+keeps a shadow copy of KV memory: invariants after every operation, every computed token in its slot
+(with a sliding window: every one a future query can read; the blocks before it released)."""
 
 import random
 from dataclasses import dataclass, field
@@ -25,9 +26,11 @@ class _Sim:
     """Drives a BlockManager like a scheduler and runner would, over a shadow KV memory: after each
     step every computed token of every resident request must sit at its slot."""
 
-    def __init__(self, rng: random.Random, num_blocks: int, num_host_blocks: int) -> None:
+    def __init__(self, rng: random.Random, num_blocks: int, num_host_blocks: int, window: int | None = None) -> None:
         self.rng = rng
-        self.bm = BlockManager(num_blocks, BS, enable_prefix_caching=True, num_host_blocks=num_host_blocks)
+        self.window = window
+        self.bm = BlockManager(num_blocks, BS, enable_prefix_caching=True, num_host_blocks=num_host_blocks,
+                               sliding_window=window)
         self.device = [[None] * BS for _ in range(num_blocks)]  # [num_blocks][BS] token at each slot
         self.host = [[None] * BS for _ in range(num_host_blocks)]
         self.tokens: dict[str, list[int]] = {}
@@ -103,7 +106,7 @@ class _Sim:
         for request_id in self._untouched(log, swapped=True):
             if self.bm.can_swap_in(request_id):
                 pairs = self.bm.swap_in(request_id)
-                assert [d for _, d in pairs] == self.bm.block_table(request_id)
+                assert [d for _, d in pairs] == [b for b in self.bm.block_table(request_id) if b is not None]
                 log.swap_in_pairs += pairs
                 log.touched.add(request_id)
                 return
@@ -111,7 +114,7 @@ class _Sim:
         if candidates:
             request_id = self.rng.choice(candidates)
             free_before = self.bm.num_free_blocks
-            table = self.bm.block_table(request_id)
+            table = [b for b in self.bm.block_table(request_id) if b is not None]
             num_exclusive = sum(self.bm.pool.blocks[b].ref_count == 1 for b in table)
             log.swap_out_pairs += self.bm.swap_out(request_id)
             # Blocks it held alone are freed, except a queued copy's source, held until take_copies.
@@ -132,14 +135,19 @@ class _Sim:
                 self.device[table[position // BS]][position % BS] = self.tokens[request_id][position]
             self.computed[request_id] = num_tokens
             self.bm.publish_full_blocks(request_id, self.tokens[request_id], num_tokens)
+            self.bm.remove_skipped_blocks(request_id, num_tokens)
 
     def _check_kv_contents(self) -> None:
         for request_id, tokens in self.tokens.items():
             if self.bm.is_swapped_out(request_id):
                 continue
-            table = self.bm.block_table(request_id)
-            stored = [self.device[table[p // BS]][p % BS] for p in range(self.computed[request_id])]
-            assert stored == tokens[: self.computed[request_id]], f"{request_id}: wrong KV"
+            table, computed = self.bm.block_table(request_id), self.computed[request_id]
+            # The positions the next query (at `computed`) and later ones read; the blocks wholly
+            # before them are placeholders, every other block is held.
+            first = 0 if self.window is None else max(0, computed - self.window + 1)
+            assert all((b is None) == (i < first // BS) for i, b in enumerate(table)), (first, table)
+            stored = [self.device[table[p // BS]][p % BS] for p in range(first, computed)]
+            assert stored == tokens[first:computed], f"{request_id}: wrong KV"
 
     def finish(self) -> None:
         for request_id in list(self.tokens):
@@ -152,9 +160,10 @@ class _Sim:
         assert self.bm._requests == {}
 
 
+@pytest.mark.parametrize("window", [None, 1, 3, BS, BS + 1, 2 * BS + 3])
 @pytest.mark.parametrize("seed, num_blocks, num_host_blocks", [(0, 20, 8), (1, 20, 8), (2, 8, 3), (3, 6, 6)])
-def test_random_operations_keep_invariants_and_kv_contents(seed, num_blocks, num_host_blocks):
-    sim = _Sim(random.Random(seed), num_blocks, num_host_blocks)
+def test_random_operations_keep_invariants_and_kv_contents(seed, num_blocks, num_host_blocks, window):
+    sim = _Sim(random.Random(seed), num_blocks, num_host_blocks, window)
     for _ in range(120):
         sim.step()
     assert sim.bm.prefix_hits > 0  # the shared prompts did produce hits

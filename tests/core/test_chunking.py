@@ -14,6 +14,7 @@ from vllmlite.config import SchedulerConfig
 from vllmlite.core import chunking
 from vllmlite.core.batch import ScheduledSequence, SchedulerOutput
 from vllmlite.core.chunking import MIN_OBSERVATIONS, ChunkingPolicy, StepLoad, StepShape, StepTimeModel
+from vllmlite.core.sliding_window import SlidingWindow
 from vllmlite.kernels import BACKENDS
 
 MAX_TOKENS = 10
@@ -226,6 +227,20 @@ def test_few_free_blocks_shrink_the_share_keeping_room_for_the_decodes():
     assert policy.prefill_share(load(num_decode_rows=10, num_free_blocks=259, prompt_tokens_left=4000)).num_left == 0
     # Nothing decoding: nothing to protect, the allocator decides.
     assert policy.prefill_share(load(num_free_blocks=2, prompt_tokens_left=4000)).num_left == 32
+
+
+def test_under_a_sliding_window_a_long_prompt_needs_only_its_window_beside_the_decodes():
+    """4000 tokens need 250 blocks of 16; under a window of 64 with chunks of 512, a step holds at
+    most ceil((64 + 510) / 16) + 1 = 37 of them, which the 60 free blocks (10 kept for decodes) hold.
+    (The scheduler fills prompt_blocks_left so: Scheduler._step_load.)"""
+    config = SchedulerConfig(max_num_batched_tokens=512, prefill_chunking="adaptive", target_tpot_ms=1000.0)
+    policy = trained(ChunkingPolicy(config, block_size=16))
+    full = load(num_decode_rows=10, num_free_blocks=60, prompt_tokens_left=4000)
+    assert policy.prefill_share(full).num_left == 0
+    windowed = load(num_decode_rows=10, num_free_blocks=60, prompt_tokens_left=4000,
+                    prompt_blocks_left=SlidingWindow(64, 16).peak_blocks(4000, 512))
+    assert windowed.prompt_blocks_left == 37
+    assert policy.prefill_share(windowed).num_left == 502  # the budget less the decode rows, not memory
 
 
 def test_short_prompts_waiting_get_room_beside_a_long_one():

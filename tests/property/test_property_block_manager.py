@@ -13,6 +13,11 @@ host arena. After every rule `check_invariants()` holds and the model agrees; af
 computed token of each resident request sits in its slot; at the end nothing has leaked.
 tests/test_block_manager_random.py is the seeded random walk this extends (shrinking, the model).
 
+The same machine runs again with a sliding window drawn at the start (`SlidingWindowMachine`): after
+each step's publishing, blocks out of the window are released and become placeholders (None) in the
+model's tables too; the KV check covers the positions a future query can still read, and every
+table's placeholders are checked against the window's definition itself.
+
 Run long with VLLMLITE_HYPOTHESIS_EXAMPLES=N (see tests/property_util.py).
 """
 
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from property_util import examples
 
 from vllmlite.config import ceil_div
@@ -42,15 +47,21 @@ class ModelRequest:
     tokens: list[int]
     extra_keys: tuple
     computed: int = 0
-    table: list[int] = field(default_factory=list)
+    table: list[int | None] = field(default_factory=list)  # None: released by the sliding window
     published: int = 0
-    host: list[int] | None = None  # host block ids while swapped out
+    host: list[int] | None = None  # host block ids (of the held blocks) while swapped out
+    skipped: int = 0  # leading placeholders
+
+    @property
+    def held(self) -> list[int]:
+        return self.table[self.skipped:]
 
 
 class Model:
     """The block manager's documented behaviour, in lists and dicts."""
 
-    def __init__(self) -> None:
+    def __init__(self, window: int | None = None) -> None:
+        self.window = window
         self.ref = [0] * NUM_BLOCKS
         self.free = list(range(NUM_BLOCKS))  # head (reused first) .. tail
         self.key_of: dict[int, tuple] = {}  # cached block -> (token prefix through it, extra keys)
@@ -89,7 +100,8 @@ class Model:
         else:
             self.release(block)
 
-    def release_table(self, table: list[int]) -> None:
+    def release_table(self, table: list[int | None]) -> None:
+        table = [b for b in table if b is not None]
         dead = {b for b in table if self.ref[b] == 1}
         self.copies = [(src, dst) for src, dst in self.copies if dst not in dead]
         for block in reversed(table):
@@ -109,6 +121,13 @@ class Model:
             hit.append(block)
         return hit
 
+    def num_skipped(self, computed: int) -> int:
+        """Blocks wholly before position computed - window + 1, counted position by position."""
+        if self.window is None:
+            return 0
+        first_visible = computed - self.window + 1
+        return sum(1 for i in range(ceil_div(computed, BS) + 1) if (i + 1) * BS - 1 < first_visible)
+
     def plan(self, req: ModelRequest | None, hit: list[int], computed: int, num_tokens: int) -> tuple[list[int], int]:
         """(copy-on-write indices, free blocks needed)."""
         table = req.table if req is not None else hit
@@ -117,8 +136,16 @@ class Model:
         if num_tokens > computed:
             cow = [i for i in range(computed // BS, min(len(table), num_required))
                    if self.ref[table[i]] > 1 or table[i] in self.key_of]
-        num_revived = sum(self.ref[b] == 0 for b in hit) if req is None else 0
+        skipped = min(len(hit), self.num_skipped(computed))
+        num_revived = sum(self.ref[b] == 0 for b in hit[skipped:]) if req is None else 0
         return cow, max(0, num_required - len(table)) + len(cow) + num_revived
+
+    def remove_skipped(self, req: ModelRequest) -> None:
+        skipped = min(self.num_skipped(req.computed), len(req.table))
+        if skipped > req.skipped:
+            self.release_table(req.table[req.skipped:skipped])
+            req.table[req.skipped:skipped] = [None] * (skipped - req.skipped)
+            req.skipped = skipped
 
     def allocate(self, req: ModelRequest, cow: list[int], num_tokens: int) -> None:
         for index in cow:
@@ -134,7 +161,7 @@ class Model:
         for i in range(req.published, num_full):
             key = self.key(req.tokens, i + 1, req.extra_keys)
             block = req.table[i]
-            if block not in self.key_of and key not in self.cache:
+            if block is not None and block not in self.key_of and key not in self.cache:
                 self.key_of[block], self.cache[key] = key, block
         req.published = max(req.published, num_full)
 
@@ -151,8 +178,12 @@ class Model:
 class BlockManagerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.bm = BlockManager(NUM_BLOCKS, BS, enable_prefix_caching=True, num_host_blocks=NUM_HOST_BLOCKS)
-        self.model = Model()
+        self._build(None)
+
+    def _build(self, window: int | None) -> None:
+        self.bm = BlockManager(NUM_BLOCKS, BS, enable_prefix_caching=True, num_host_blocks=NUM_HOST_BLOCKS,
+                               sliding_window=window)
+        self.model = Model(window)
         self.device: list[list[int | None]] = [[None] * BS for _ in range(NUM_BLOCKS)]
         self.host: list[list[int | None]] = [[None] * BS for _ in range(NUM_HOST_BLOCKS)]
         self.num_created = 0
@@ -190,9 +221,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert self.bm.can_allocate(request_id, num_tokens, hit, num_computed_tokens=hit.num_tokens) == fits
         assert self.bm.allocate(request_id, hit.num_tokens, num_tokens, hit) == fits
         if fits:
-            for block in expected_hit:
+            skipped = min(len(expected_hit), self.model.num_skipped(hit.num_tokens))
+            for block in expected_hit[skipped:]:
                 self.model.touch(block)
-            req = ModelRequest(tokens, extra_keys, hit.num_tokens, list(expected_hit), len(expected_hit))
+            table = [None] * skipped + expected_hit[skipped:]
+            req = ModelRequest(tokens, extra_keys, hit.num_tokens, table, len(expected_hit), skipped=skipped)
             self.model.requests[request_id] = req
             self.model.allocate(req, cow, num_tokens)
             self.writes[request_id] = num_tokens
@@ -227,10 +260,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
         parent_id, child_id = data.draw(st.sampled_from(candidates)), self._new_id()
         self.bm.fork(parent_id, child_id)
         parent = self.model.requests[parent_id]
-        for block in parent.table:
+        for block in parent.held:
             self.model.touch(block)
         self.model.requests[child_id] = ModelRequest(list(parent.tokens), parent.extra_keys, parent.computed,
-                                                     list(parent.table), parent.published)
+                                                     list(parent.table), parent.published, skipped=parent.skipped)
         self.touched.update([parent_id, child_id])
 
     @rule(data=st.data())
@@ -253,16 +286,17 @@ class BlockManagerMachine(RuleBasedStateMachine):
             return
         request_id = data.draw(st.sampled_from(candidates))
         req = self.model.requests[request_id]
-        fits = len(req.table) <= len(self.model.host_free)
-        event(f"swap out: fits {fits}")
+        held = req.held
+        fits = len(held) <= len(self.model.host_free)
+        event(f"swap out: fits {fits}, placeholders {bool(req.skipped)}")
         assert self.bm.can_swap_out(request_id) == fits
         if not fits:
             return
         pairs = self.bm.swap_out(request_id)
         source_of = {dst: src for src, dst in self.model.copies}
-        host, self.model.host_free = self.model.host_free[:len(req.table)], self.model.host_free[len(req.table):]
-        assert pairs == [(source_of.get(d, d), h) for d, h in zip(req.table, host)]
-        self.model.release_table(req.table)
+        host, self.model.host_free = self.model.host_free[:len(held)], self.model.host_free[len(held):]
+        assert pairs == [(source_of.get(d, d), h) for d, h in zip(held, host)]
+        self.model.release_table(held)
         req.table, req.host, req.published = [], host, 0
         self.swap_out_pairs += pairs
         self.touched.add(request_id)
@@ -280,8 +314,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if not fits:
             return
         pairs = self.bm.swap_in(request_id)
-        req.table = [self.model.allocate_block() for _ in req.host]
-        assert pairs == list(zip(req.host, req.table))
+        req.table = [None] * req.skipped + [self.model.allocate_block() for _ in req.host]
+        assert pairs == list(zip(req.host, req.held))
         self.model.host_pending += req.host
         req.host = None
         self.swap_in_pairs += pairs
@@ -314,11 +348,19 @@ class BlockManagerMachine(RuleBasedStateMachine):
             req.computed = num_tokens
             self.bm.publish_full_blocks(request_id, req.tokens, num_tokens, req.extra_keys)
             self.model.publish(req)
+            num_released = self.bm.remove_skipped_blocks(request_id, num_tokens)
+            skipped_before = req.skipped
+            self.model.remove_skipped(req)
+            assert num_released == req.skipped - skipped_before
+            if num_released:
+                event("blocks released by the window")
         self._start_step()
         for request_id, req in self.model.requests.items():
             if req.host is None:
-                stored = [self.device[req.table[p // BS]][p % BS] for p in range(req.computed)]
-                assert stored == req.tokens[:req.computed], f"{request_id}: wrong KV"
+                # What a future query can read (from the first held block on) holds its tokens.
+                first = req.skipped * BS
+                stored = [self.device[req.table[p // BS]][p % BS] for p in range(first, req.computed)]
+                assert stored == req.tokens[first:req.computed], f"{request_id}: wrong KV"
 
     # -- agreement with the model, after every rule
 
@@ -334,10 +376,24 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for request_id, req in model.requests.items():
             assert self.bm.block_table(request_id) == req.table
             assert self.bm.is_swapped_out(request_id) == (req.host is not None)
+            assert self.bm.num_held_blocks(request_id) == len(req.host if req.host is not None else req.held)
         assert set(self.bm._requests) == set(model.requests)
         # no block in two places: a block is free, or held by tables and held copy sources only
-        held = {b for req in model.requests.values() for b in req.table} | set(model.pending)
+        held = {b for req in model.requests.values() for b in req.held} | set(model.pending)
         assert held.isdisjoint(model.free) and len(held) + len(model.free) == NUM_BLOCKS
+
+    @invariant()
+    def placeholders_are_exactly_the_blocks_out_of_every_window(self):
+        """Block i holds positions i*BS .. i*BS + BS - 1; the next query, at `computed`, and every later
+        one reads positions >= computed - window + 1. Written out, not taken from the model."""
+        window = self.model.window
+        for request_id, req in self.model.requests.items():
+            if req.host is not None:
+                continue
+            table = self.bm.block_table(request_id)
+            for i, block_id in enumerate(table):
+                out_of_window = window is not None and i * BS + BS - 1 < req.computed - window + 1
+                assert (block_id is None) == out_of_window, (request_id, i, req.computed, window, table)
 
     def teardown(self):
         for request_id in list(self.model.requests):
@@ -350,3 +406,16 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 BlockManagerMachine.TestCase.settings = settings(max_examples=examples(120), stateful_step_count=60)
 test_block_manager_agrees_with_its_model = BlockManagerMachine.TestCase
+
+
+class SlidingWindowMachine(BlockManagerMachine):
+    """The same rules and model over a block manager with a sliding window: smaller than a block, a
+    block, not a multiple of one, and longer than the prompts."""
+
+    @initialize(window=st.sampled_from([1, 3, BS, BS + 1, 2 * BS, 3 * BS + 2]))
+    def choose_window(self, window):
+        self._build(window)
+
+
+SlidingWindowMachine.TestCase.settings = settings(max_examples=examples(150), stateful_step_count=60)
+test_block_manager_with_sliding_window_agrees_with_its_model = SlidingWindowMachine.TestCase

@@ -21,7 +21,8 @@ class ScheduledSequence:
     request: Request             # read-only for the runner
     token_ids: list[int]         # the tokens computed this step
     start_position: int          # position of token_ids[0] (= num_computed_tokens before the step)
-    block_table: list[int]       # covers positions 0 .. start_position + len(token_ids) - 1
+    block_table: list[int | None]  # covers positions 0 .. start_position + len(token_ids) - 1; None:
+    # a block out of the sliding window, never read (core/sliding_window.py)
     num_draft_slots: int = 0     # speculative decoding: guesses that may follow token_ids this step
     samplers: list[Request] = field(default_factory=list)
     # Requests that draw a token from this sequence's last logits: empty mid-prompt, usually just

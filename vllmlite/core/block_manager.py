@@ -7,51 +7,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from vllmlite.config import ceil_div
 from vllmlite.core.block import Block, BlockPool, block_key
+from vllmlite.core.block_table import AllocationPlan, PrefixHit, RequestBlocks
 from vllmlite.core.host_arena import HostArena
-
-
-class PrefixHit(NamedTuple):
-    """Cached blocks covering a prompt's first `num_tokens` tokens.
-
-    Valid only until the next `allocate`/`swap_in` of any request (those may evict the blocks), so
-    find it right before allocating. `allocate` raises on a hit whose blocks were evicted.
-    """
-
-    block_ids: list[int]
-    num_tokens: int  # len(block_ids) * block_size
-
-
-@dataclass
-class RequestBlocks:
-    """What the block manager remembers about one request."""
-
-    block_ids: list[int] = field(default_factory=list)  # device block table; empty while swapped out
-    num_published_blocks: int = 0  # table[:num_published_blocks] already offered to the prefix cache
-    last_key: bytes | None = None  # key of table[num_published_blocks - 1]: the next block's parent
-    host_block_ids: list[int] | None = None  # set exactly while swapped out
-
-    @property
-    def is_swapped_out(self) -> bool:
-        return self.host_block_ids is not None
-
-
-class _AllocationPlan(NamedTuple):
-    """What `allocate` would do; computed without changing anything, so failure changes nothing."""
-
-    hit_blocks: Sequence[Block]  # prefix-hit blocks to reference (first allocation only)
-    cow_indices: list[int]  # table indices written this step that must be copied first
-    num_new_blocks: int  # blocks appended to the table
-
-    @property
-    def num_free_blocks_needed(self) -> int:
-        # Hit blocks sitting in the free list stop being free once referenced (a grown request has none).
-        num_revived = sum(block.ref_count == 0 for block in self.hit_blocks) if self.hit_blocks else 0
-        return self.num_new_blocks + len(self.cow_indices) + num_revived
+from vllmlite.core.sliding_window import SlidingWindow
 
 
 class BlockManager:
@@ -59,7 +20,8 @@ class BlockManager:
 
     Invariants (see `check_invariants`): a block's ref_count equals the number of tables holding it,
     plus one while it waits in `_pending_release`; a swapped-out request has an empty device table and
-    owns its host blocks alone; host blocks are free, pending (freed by `swap_in` this step) or owned.
+    owns its host blocks alone; host blocks are free, pending (freed by `swap_in` this step) or owned;
+    a table's placeholders (`sliding_window`: None entries) are exactly its first num_skipped_blocks.
 
     Copies are returned, never executed: the runner applies one step's copies in this order, before the
     forward pass: swap-out pairs (device -> host), swap-in pairs (host -> device), then `take_copies()`
@@ -68,12 +30,14 @@ class BlockManager:
     loses its last reference, and a host block freed by `swap_in`, are held until `take_copies()`.
     """
 
-    def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool, num_host_blocks: int = 0
-    ) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, num_host_blocks: int = 0,
+                 sliding_window: int | None = None) -> None:
+        """`sliding_window`: every layer attends to the last that many positions only; blocks that fall
+        out of every future window are released by `remove_skipped_blocks`. None: full attention."""
         if block_size <= 0:
             raise ValueError(f"bad block_size {block_size}")
         self.block_size = block_size
+        self.window = SlidingWindow(sliding_window, block_size)
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self.host = HostArena(num_host_blocks)
@@ -114,20 +78,50 @@ class BlockManager:
         """Per device block id: 0 free, 1 used, 2 cached and free, 3 cached and used (O(num_blocks))."""
         return self.pool.block_states()
 
-    def block_table(self, request_id: str) -> list[int]:
-        """A copy of the request's device block table; [] for an unknown or swapped-out request."""
+    @property
+    def sliding_window(self) -> int | None:
+        return self.window.window
+
+    def block_table(self, request_id: str) -> list[int | None]:
+        """A copy of the request's device block table; [] for an unknown or swapped-out request.
+        None entries are placeholders for blocks out of the sliding window (sliding_window.py)."""
         state = self._requests.get(request_id)
         return list(state.block_ids) if state is not None else []
+
+    def num_held_blocks(self, request_id: str) -> int:
+        """Blocks of the request's table that are not placeholders, on the device or the host."""
+        state = self._requests.get(request_id)
+        return state.num_held_blocks if state is not None else 0
 
     def is_swapped_out(self, request_id: str) -> bool:
         state = self._requests.get(request_id)
         return state is not None and state.is_swapped_out
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
+        """Release every block out of the window of the request's next query, which sits at position
+        `num_computed_tokens` (`SlidingWindow.num_skipped_blocks`); its entries become placeholders.
+
+        Call after the computed tokens advance, once `publish_full_blocks` has run: a published block
+        released here stays cached (evictable). Later blocks are released first, so in the LRU the
+        prompt's head outlives its tail. Returns the number released (0 without a window, or for an
+        unknown or swapped-out request). O(blocks released).
+        """
+        if self.window.window is None:
+            return 0  # every step of every request calls this: full attention pays one test
+        state = self._requests.get(request_id)
+        if state is None or state.is_swapped_out:
+            return 0
+        released = state.skip_blocks(self.window.num_skipped_blocks(num_computed_tokens))
+        self._release_table(released)
+        return len(released)
 
     def find_prefix_hit(self, token_ids: Sequence[int], extra_keys: tuple = ()) -> PrefixHit:
         """The longest run of published full blocks matching `token_ids` from the start.
 
         Never covers the last token, so at least one token is computed and yields logits:
         bs 4, 8 tokens -> at most (8 - 1) // 4 = 1 block; 9 tokens -> at most 2 blocks.
+        Under a sliding window too, every block from the start must be cached (released published
+        blocks stay so until evicted); `allocate` references only those in the request's window.
         With prefix caching off: always an empty hit. Counts nothing: the caller records a lookup
         once it is used (`record_prefix_lookup`), so a request retried for admission counts once.
         """
@@ -174,8 +168,11 @@ class BlockManager:
             chunk = token_ids[i * bs : (i + 1) * bs]
             key = block_key(state.last_key, chunk, extra_keys)
             # A duplicate key (another request computed the same prefix) leaves this block unpublished;
-            # the chain still advances, since the key names the tokens, not the block.
-            self.pool.publish(self.pool.blocks[state.block_ids[i]], key, chunk)
+            # the chain still advances, since the key names the tokens, not the block. So it does over
+            # a placeholder (a request swapped back in publishes from block 0 again).
+            block_id = state.block_ids[i]
+            if block_id is not None:
+                self.pool.publish(self.pool.blocks[block_id], key, chunk)
             state.last_key = key
         state.num_published_blocks = max(state.num_published_blocks, num_full_blocks)
 
@@ -201,7 +198,8 @@ class BlockManager:
             if state is None:
                 num_computed_tokens = prefix_hit.num_tokens if prefix_hit is not None else 0
             else:
-                last_block_start = max(len(state.block_ids) - 1, 0) * self.block_size
+                # A table the window emptied entirely (w < bs) resumes at its end.
+                last_block_start = max(len(state.block_ids) - 1, state.num_skipped_blocks, 0) * self.block_size
                 num_computed_tokens = min(last_block_start, num_tokens)
         plan = self._plan(request_id, num_computed_tokens, num_tokens, prefix_hit)
         return plan is None or plan.num_free_blocks_needed <= self.pool.num_free_blocks
@@ -230,10 +228,13 @@ class BlockManager:
             return False
         state = self._requests.get(request_id)
         if state is None:
-            # Reference the hit blocks before allocating, so allocation cannot evict them.
-            for block in plan.hit_blocks:
+            # Reference the hit blocks before allocating, so allocation cannot evict them; those already
+            # out of the window become placeholders at once.
+            for block in plan.referenced_hit_blocks:
                 self.pool.touch(block)
-            state = RequestBlocks([block.block_id for block in plan.hit_blocks])
+            num_skipped = plan.num_skipped_hit_blocks
+            state = RequestBlocks([None] * num_skipped + [b.block_id for b in plan.referenced_hit_blocks],
+                                  num_skipped_blocks=num_skipped)
             if plan.hit_blocks:
                 state.num_published_blocks = len(plan.hit_blocks)
                 state.last_key = plan.hit_blocks[-1].block_key
@@ -265,9 +266,10 @@ class BlockManager:
             raise ValueError(f"cannot fork {parent_id!r}: unknown or swapped out")
         if child_id in self._requests:
             raise ValueError(f"cannot fork into existing request {child_id!r}")
-        for block_id in parent.block_ids:
+        for block_id in parent.held_block_ids:
             self.pool.touch(self.pool.blocks[block_id])
-        child = RequestBlocks(list(parent.block_ids), parent.num_published_blocks, parent.last_key)
+        child = RequestBlocks(list(parent.block_ids), parent.num_published_blocks, parent.last_key,
+                              num_skipped_blocks=parent.num_skipped_blocks)
         self._requests[child_id] = child
 
     def free(self, request_id: str) -> None:
@@ -280,7 +282,7 @@ class BlockManager:
         state = self._requests.pop(request_id, None)
         if state is None:
             return
-        self._release_table(state.block_ids)
+        self._release_table(state.held_block_ids)
         if state.host_block_ids is not None:
             self.host.free(state.host_block_ids)
 
@@ -288,12 +290,12 @@ class BlockManager:
         """Shrink the table to the blocks that hold `num_tokens` tokens, releasing the rest.
 
         Used after speculative verification: slots taken for rejected drafts go back to the pool.
-        Published blocks are never trimmed (they hold computed tokens only).
+        Published blocks are never trimmed (they hold computed tokens only), nor placeholders.
         """
         state = self._requests.get(request_id)
         if state is None or state.is_swapped_out:
             return
-        keep = max(ceil_div(num_tokens, self.block_size), state.num_published_blocks)
+        keep = max(ceil_div(num_tokens, self.block_size), state.num_published_blocks, state.num_skipped_blocks)
         if keep < len(state.block_ids):
             tail = state.block_ids[keep:]
             del state.block_ids[keep:]
@@ -302,23 +304,25 @@ class BlockManager:
     def can_swap_out(self, request_id: str) -> bool:
         state = self._requests.get(request_id)
         is_resident = state is not None and not state.is_swapped_out
-        return is_resident and self.host.can_allocate(len(state.block_ids))
+        return is_resident and self.host.can_allocate(len(state.held_block_ids))
 
     def swap_out(self, request_id: str) -> list[tuple[int, int]]:
         """Move the request to host blocks. Returns (device_block_id, host_block_id) pairs to copy.
 
         The device blocks are released at once (others may reuse them this step: swap-out copies run
         first). Its device table becomes empty; the request keeps its place in the manager.
-        Raises ValueError unless `can_swap_out`.
+        Placeholders are not copied: they come back as placeholders. Raises ValueError unless
+        `can_swap_out`.
         """
         if not self.can_swap_out(request_id):
             raise ValueError(f"cannot swap out {request_id!r}")
         state = self._requests[request_id]
         # A block whose copy-on-write is still queued holds nothing yet: read its source instead.
         source_of = {dst: src for src, dst in self._copies}
-        host_block_ids = self.host.allocate(len(state.block_ids))
-        pairs = [(source_of.get(d, d), h) for d, h in zip(state.block_ids, host_block_ids)]
-        self._release_table(state.block_ids)
+        held = state.held_block_ids
+        host_block_ids = self.host.allocate(len(held))
+        pairs = [(source_of.get(d, d), h) for d, h in zip(held, host_block_ids)]
+        self._release_table(held)
         state.block_ids = []
         state.host_block_ids = host_block_ids
         # The blocks swapped back in are new and unpublished: publishing restarts from block 0.
@@ -333,20 +337,22 @@ class BlockManager:
     def swap_in(self, request_id: str) -> list[tuple[int, int]]:
         """Move the request back to fresh device blocks. Returns (host_block_id, device_block_id) pairs.
 
-        The table gets the same length it had when swapped out. Raises ValueError unless `can_swap_in`.
+        The table gets the same length and placeholders it had when swapped out. Raises ValueError
+        unless `can_swap_in`.
         """
         if not self.can_swap_in(request_id):
             raise ValueError(f"cannot swap in {request_id!r}")
         state = self._requests[request_id]
         host_block_ids = state.host_block_ids or []
-        state.block_ids = [self.pool.allocate().block_id for _ in host_block_ids]
+        device_block_ids = [self.pool.allocate().block_id for _ in host_block_ids]
+        state.block_ids = [None] * state.num_skipped_blocks + device_block_ids
         state.host_block_ids = None
         self.host.free_after_step(host_block_ids)
-        return list(zip(host_block_ids, state.block_ids))
+        return list(zip(host_block_ids, device_block_ids))
 
     def _plan(
         self, request_id: str, num_computed_tokens: int, num_tokens: int, prefix_hit: PrefixHit | None
-    ) -> _AllocationPlan | None:
+    ) -> AllocationPlan | None:
         """Work out what `allocate` needs, validating the counts; changes nothing. None: nothing at all
         (a known request whose table already holds every slot written, in blocks only it holds and
         unpublished: most steps of a decode)."""
@@ -361,6 +367,10 @@ class BlockManager:
         block_ids = state.block_ids if state is not None else [block.block_id for block in hit_blocks]
         if num_computed_tokens > len(block_ids) * self.block_size:
             raise ValueError(f"{num_computed_tokens} computed tokens but only {len(block_ids)} blocks")
+        num_skipped = state.num_skipped_blocks if state is not None else \
+            min(len(hit_blocks), self.window.num_skipped_blocks(num_computed_tokens))
+        if num_tokens > num_computed_tokens and num_computed_tokens // self.block_size < num_skipped:
+            raise ValueError(f"position {num_computed_tokens} lies in a block released by the sliding window")
         num_required = ceil_div(num_tokens, self.block_size)
         # Written positions [num_computed, num_tokens) -> block indices; bs 4, computed 6, tokens 9:
         # blocks 1..2 are written, block 1 exists (copied first if shared), block 2 is new. Only the
@@ -375,7 +385,7 @@ class BlockManager:
         num_new_blocks = max(0, num_required - len(block_ids))
         if state is not None and not cow_indices and not num_new_blocks:
             return None
-        return _AllocationPlan(hit_blocks, cow_indices, num_new_blocks)
+        return AllocationPlan(hit_blocks, num_skipped if state is None else 0, cow_indices, num_new_blocks)
 
     def _hit_blocks(self, prefix_hit: PrefixHit | None) -> list[Block]:
         if prefix_hit is None or not prefix_hit.block_ids:
@@ -417,13 +427,11 @@ class BlockManager:
         self.pool.check_invariants()
         holders: Counter[int] = Counter()  # block id -> tables holding it
         for request_id, state in self._requests.items():
-            assert len(set(state.block_ids)) == len(state.block_ids), f"{request_id}: duplicate block"
-            assert 0 <= state.num_published_blocks <= len(state.block_ids), f"{request_id}: published"
-            assert not (state.is_swapped_out and state.block_ids), f"{request_id}: swapped with blocks"
-            holders.update(state.block_ids)
-        held = Counter(self._pending_release)
+            state.check(request_id, self.window.window is not None)
+            holders.update(state.held_block_ids)
+        pending = Counter(self._pending_release)
         for block in self.pool.blocks:
-            num_holders = holders[block.block_id] + held[block.block_id]
+            num_holders = holders[block.block_id] + pending[block.block_id]
             assert block.ref_count == num_holders, (
                 f"block {block.block_id}: ref_count {block.ref_count} but {num_holders} holders"
             )

@@ -194,6 +194,9 @@ class StepLoad:
     prompt_tokens_left: int          # tokens that prompt has still to compute (0: none)
     short_prompt_tokens: int         # tokens left of the waiting prompts no longer than the long-prompt threshold
     num_free_blocks: int
+    # Blocks that prompt may still take at once; None: all of its tokens', ceil(prompt_tokens_left /
+    # block_size). Under a sliding window, only its window's and a chunk's (SlidingWindow.peak_blocks).
+    prompt_blocks_left: int | None = None
 
 
 @dataclass(slots=True)
@@ -328,7 +331,10 @@ class ChunkingPolicy:
             return load.num_free_blocks * self.block_size
         num_steps = ceil_div(load.prompt_tokens_left, max(1, by_time))
         reserve = load.num_decode_rows * ceil_div(num_steps, self.block_size)
-        if ceil_div(load.prompt_tokens_left, self.block_size) + reserve > load.num_free_blocks:
+        prompt_blocks = load.prompt_blocks_left
+        if prompt_blocks is None:
+            prompt_blocks = ceil_div(load.prompt_tokens_left, self.block_size)
+        if prompt_blocks + reserve > load.num_free_blocks:
             return 0
         return (load.num_free_blocks - reserve) * self.block_size
 

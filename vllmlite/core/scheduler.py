@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
-from vllmlite.config import SchedulerConfig, ceil_div
+from vllmlite.config import SchedulerConfig
 from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.core.block_manager import BlockManager, PrefixHit
 from vllmlite.core.chunking import ChunkingPolicy, PrefillShare, StepLoad
@@ -128,12 +128,14 @@ class Scheduler:
         prompt = next((r for r in self.running if r.num_tokens - r.num_computed_tokens > 1), self.waiting.peek())
         threshold = self.chunking.long_prompt_threshold  # None: no prompt is short or long
         short = sum(r.num_tokens for r in self.waiting if r.num_tokens <= threshold) if threshold is not None else 0
+        num_left = prompt.num_tokens - prompt.num_computed_tokens if prompt is not None else 0
         return StepLoad(num_decode_rows=len(decodes) * (1 + self.num_speculative_tokens),
                         decode_attention_pairs=sum(r.num_tokens for r in decodes),
                         prefill_start=prompt.num_computed_tokens if prompt is not None else 0,
-                        prompt_tokens_left=prompt.num_tokens - prompt.num_computed_tokens if prompt is not None else 0,
+                        prompt_tokens_left=num_left,
                         short_prompt_tokens=short,
-                        num_free_blocks=self.block_manager.num_free_blocks)
+                        num_free_blocks=self.block_manager.num_free_blocks,
+                        prompt_blocks_left=self.block_manager.window.peak_blocks(num_left, self.config.max_num_batched_tokens))
 
     def _may_admit(self) -> bool:
         """Continuous batching admits whenever there is room. Static batching (a benchmark baseline)
@@ -194,7 +196,7 @@ class Scheduler:
         while self.swapped and budget > 0 and self._has_seats_for(self.swapped[0]):
             request = self.swapped[0]
             num_new = self._prefill.chunk(request.num_tokens - request.num_computed_tokens, budget)
-            needed = ceil_div(request.num_computed_tokens + num_new, bm.block_size)
+            needed = bm.window.num_blocks_held(request.num_computed_tokens, request.num_computed_tokens + num_new)
             if not num_new or not bm.can_swap_in(request.request_id) or bm.num_free_blocks < needed:
                 break
             if self._guarded(out, request, self._swap_in, out, request, num_new) is not None:
@@ -220,23 +222,32 @@ class Scheduler:
         return sum(map(seats, self.running)) + seats(request) <= self.config.max_num_seqs
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        bm = self.block_manager
         while budget > 0:
             request = self._next_waiting()
             if request is None:
                 return
             if not self._has_seats_for(request):
                 return  # the engine refuses a group larger than max_num_seqs, so this one fits later
-            if ceil_div(request.num_tokens + 1, bm.block_size) > bm.num_blocks:
-                self.finish(request, FinishReason.ERROR, error=(
-                    f"the prompt needs {request.num_tokens} tokens of KV cache but the whole cache holds "
-                    f"{bm.num_blocks * bm.block_size}"), is_client_error=True)
+            error = self._never_fits(request)
+            if error is not None:
+                self.finish(request, FinishReason.ERROR, error=error, is_client_error=True)
                 out.finished.append(request)
                 continue
             num_scheduled = self._guarded(out, request, self._admit, out, request, budget)
             if num_scheduled == 0:
                 return  # no room for the head of the queue: nobody behind it jumps ahead
             budget -= num_scheduled or 0
+
+    def _never_fits(self, request: Request) -> str | None:
+        """Why `request` could never run alone (a step needs more blocks than the cache: peak_blocks), or None."""
+        bm, chunk = self.block_manager, self.config.max_num_batched_tokens
+        if (peak := bm.window.peak_blocks(request.num_tokens + 1, chunk)) <= bm.num_blocks:
+            return None
+        if bm.sliding_window is None:
+            return f"the prompt needs {request.num_tokens} tokens of KV cache but the whole cache holds " \
+                   f"{bm.num_blocks * bm.block_size}"
+        return f"a step of this prompt needs {peak} KV cache blocks at once (sliding window {bm.sliding_window}, " \
+               f"chunks of up to {chunk} tokens) but the whole cache holds {bm.num_blocks}"
 
     def _next_waiting(self) -> Request | None:
         """The head of the waiting queue; but while a long prompt is being prefilled, a long head
@@ -372,8 +383,7 @@ class Scheduler:
         request.num_computed_tokens += len(seq.token_ids)
         if result.prompt_logprobs:
             request.prompt_logprobs.extend(result.prompt_logprobs.get(request.request_id, ()))
-        self.block_manager.publish_full_blocks(request.request_id, request.token_ids,
-                                               request.num_computed_tokens, request.extra_keys)
+        self._computed_advanced(request)
         if seq.pooling is not None:
             self._apply_pooled(seq, result)
             if request.is_finished:
@@ -398,8 +408,13 @@ class Scheduler:
                             result.logprobs.get(request.request_id))
         if not request.is_finished:  # a stop mid-round already freed everything
             self.block_manager.trim(request.request_id, request.num_computed_tokens)
-            self.block_manager.publish_full_blocks(request.request_id, request.token_ids,
-                                                   request.num_computed_tokens, request.extra_keys)
+            self._computed_advanced(request)
+
+    def _computed_advanced(self, request: Request) -> None:
+        """Publish the blocks just filled, then release those out of the sliding window (still cached)."""
+        bm, request_id, num_computed = self.block_manager, request.request_id, request.num_computed_tokens
+        bm.publish_full_blocks(request_id, request.token_ids, num_computed, request.extra_keys)
+        bm.remove_skipped_blocks(request_id, num_computed)
 
     def _apply_pooled(self, seq: ScheduledSequence, result: RunnerOutput) -> None:
         """Hand an embedding request its pooled rows; it finishes once its whole prompt is computed.

@@ -28,13 +28,14 @@ class SchedulerState(Protocol):
 def kv_occupancy(running: list[Request], block_manager: BlockManager) -> KVOccupancy:
     """Tokens held by running requests and blocks in use. Block i of a table holds
     min(block_size, computed - i * block_size) tokens (block size 16, 40 computed tokens:
-    [16, 16, 8]); a block shared through the prefix cache is counted once."""
+    [16, 16, 8]); a block shared through the prefix cache is counted once, a placeholder (out of the
+    sliding window) not at all."""
     bm, size = block_manager, block_manager.block_size
     filled: dict[int, int] = {}  # block id -> tokens held in it
     for request in running:
         for i, block_id in enumerate(bm.block_table(request.request_id)):
             num_held = min(size, request.num_computed_tokens - i * size)
-            if num_held > 0:
+            if num_held > 0 and block_id is not None:
                 filled[block_id] = max(filled.get(block_id, 0), num_held)
     return KVOccupancy(sum(filled.values()), bm.num_blocks - bm.num_free_blocks, len(running))
 

@@ -63,7 +63,8 @@ class LLMEngine:
         num_host_blocks = config.cache.resolve_num_host_blocks(bytes_per_block)
         stop_ids = self.tokenizer.stop_token_ids
         self.block_manager = BlockManager(num_blocks, config.cache.block_size,
-                                          config.cache.enable_prefix_caching, num_host_blocks)
+                                          config.cache.enable_prefix_caching, num_host_blocks,
+                                          config.cache.sliding_window)
         spec = config.speculative
         self.tracer = make_tracer(config.trace, self.tokenizer.decode)  # read on the engine thread only
         self.chunking = ChunkingPolicy(sched, config.cache.block_size)  # fed each step's measured time
@@ -150,7 +151,8 @@ class LLMEngine:
         replicas checks requests with it, without a model of its own)."""
         bm = self.block_manager
         return RequestLimits(self.model_config.vocab_size, self.max_model_len,
-                             self.config.scheduler.max_num_seqs, bm.num_blocks, bm.block_size)
+                             self.config.scheduler.max_num_seqs, bm.num_blocks, bm.block_size,
+                             bm.sliding_window, self.config.scheduler.max_num_batched_tokens)
 
     def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
         """`RequestLimits.check`: the prompt against the vocabulary, context length and KV cache; the

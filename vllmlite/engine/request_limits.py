@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllmlite.config import ceil_div
+from vllmlite.config import SchedulerConfig
+from vllmlite.core.sliding_window import SlidingWindow
 from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import SamplingParams
 
@@ -27,6 +28,8 @@ class RequestLimits:
     max_num_seqs: int
     num_blocks: int
     block_size: int
+    sliding_window: int | None = None  # then a step holds only a window's and a chunk's blocks
+    max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens  # the largest chunk
 
     def check(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
         """Check a prompt against the vocabulary and context length (after `truncate_prompt_tokens`);
@@ -64,7 +67,15 @@ class RequestLimits:
 
     def _check_fits_cache(self, num_prompt_tokens: int) -> None:
         """A prompt whose K/V (and the next token's) exceeds the whole KV cache can never run: the
-        client's size error, said before queueing (the scheduler would end it in error)."""
-        if ceil_div(num_prompt_tokens + 1, self.block_size) > self.num_blocks:
+        client's size error, said before queueing (the scheduler would end it in error). Under a
+        sliding window only the blocks one step holds count (SlidingWindow.peak_blocks)."""
+        window = SlidingWindow(self.sliding_window, self.block_size)
+        peak = window.peak_blocks(num_prompt_tokens + 1, self.max_num_batched_tokens)
+        if peak <= self.num_blocks:
+            return
+        if self.sliding_window is None:
             raise ValueError(f"the prompt has {num_prompt_tokens} tokens but this server's KV cache holds at most "
                              f"{self.num_blocks * self.block_size - 1} prompt tokens")
+        raise ValueError(f"a step of this prompt needs {peak} KV cache blocks at once (sliding window "
+                         f"{self.sliding_window}, chunks of up to {self.max_num_batched_tokens} tokens) but this "
+                         f"server's KV cache holds {self.num_blocks}")
