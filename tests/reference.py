@@ -7,8 +7,8 @@ import numpy as np
 from vllmlite.config import ModelConfig
 from vllmlite.kernels import reference as kernels
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
-from vllmlite.models.llama import rope_inv_freq
 from vllmlite.models.loader import LoadedModel, ModelWeights
+from vllmlite.models.rope import rope_inv_freq
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -16,7 +16,7 @@ from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 # Where arrays live: numpy's memory, so these are numpy itself (see Kernels in __init__.py).
 zeros, empty, host_zeros = np.zeros, np.empty, np.zeros
 name = "numpy"
-feature_major = True  # activations as transposed [features, tokens] arrays (BLAS-friendly, see LlamaModel)
+feature_major = True  # activations as transposed [features, tokens] arrays (BLAS-friendly, see DecoderModel)
 
 
 def to_device(array: np.ndarray | QuantizedMatrix, dtype=None) -> np.ndarray | QuantizedMatrix:
@@ -78,6 +78,12 @@ def silu_and_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
     gate, up = np.split(gate_up, 2, axis=-1)
     with np.errstate(over="ignore"):  # exp(-gate) = inf for very negative gates: gate / inf = -0
         out[...] = gate / (1 + np.exp(-gate)) * up
+
+
+def softcap(x: np.ndarray, cap: float) -> None:
+    """In place: x = cap * tanh(x / cap) (Gemma 2's final-logit soft-cap)."""
+    np.tanh(x / cap, out=x)
+    x *= cap
 
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,

@@ -149,6 +149,11 @@ class TorchKernels:
         gate, up = gate_up.chunk(2, dim=-1)
         out.copy_(torch.nn.functional.silu(gate) * up)
 
+    def softcap(self, x: torch.Tensor, cap: float) -> None:
+        """In place: x = cap * tanh(x / cap)."""
+        torch.tanh(x / cap, out=x)
+        x *= cap
+
     def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
         if self._triton(k):
