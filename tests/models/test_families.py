@@ -13,9 +13,13 @@ import numpy as np
 import pytest
 from loader_util import engine_logits
 from paths import GOLDENS
+from torch_facade import triton_interpreted_without_a_gpu
 
 from vllmlite import LLM, SamplingParams
+from vllmlite.kernels import get_kernels
+from vllmlite.kernels.attention_metadata import build_metadata
 from vllmlite.models import registry
+from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import load_model
 
 FAMILIES = GOLDENS / "families"
@@ -47,6 +51,28 @@ def test_logits_match_transformers(name, kind):
     run = engine_logits(source(name, kind), ids, block_size=4, budget=16, dtype="float32")
     assert run.logits.shape == want.shape
     np.testing.assert_allclose(run.logits, want, rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba", "torch", "torch-triton"])
+@pytest.mark.parametrize("name", NAMES)
+def test_logits_match_transformers_on_every_backend(name, backend):
+    """One prefill of the prompt through the decoder on each kernel backend (torch's on the CPU,
+    its Triton kernels in Triton's interpreter)."""
+    if backend == "torch-triton" and not triton_interpreted_without_a_gpu():
+        pytest.skip("triton is not installed")
+    kernels = get_kernels(backend.removesuffix("-triton"))
+    if backend.startswith("torch"):
+        kernels.triton = backend == "torch-triton"   # the backend's choice, forced either way
+    ids, want = expected(name)["input_ids"], np.load(FAMILIES / name / "expected_logits.npy")
+    loaded = load_model(source(name, "safetensors"))
+    c, block_size, n = loaded.config, 4, len(ids)
+    model = DecoderModel(c, loaded.weights, c.max_position_embeddings, kernels)
+    num_blocks = -(-n // block_size)
+    kv_cache = [tuple(kernels.zeros((num_blocks * block_size, c.num_kv_heads, c.head_dim), model.dtype)
+                      for _ in range(2)) for _ in range(c.num_layers)]
+    meta = build_metadata([n], [n], [list(range(num_blocks))], block_size)
+    logits = model.forward(np.array(ids), meta, kv_cache, np.arange(n))
+    np.testing.assert_allclose(logits, want, rtol=0, atol=TOLERANCE)
 
 
 @pytest.mark.parametrize("kind", ["safetensors", "gguf"])
