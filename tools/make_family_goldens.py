@@ -43,6 +43,11 @@ FAMILIES = {
     "qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 16,
               "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False,
               "tie_word_embeddings": True, "use_sliding_window": False, "max_window_layers": 2},
+    # SmolLM3-3B's: every 4th layer without RoPE (4 layers: the last one), tied embeddings.
+    "smollm3": {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "num_hidden_layers": 4,
+                "rms_norm_eps": 1e-6, "rope_theta": 5000000.0, "no_rope_layer_interval": 4,
+                "tie_word_embeddings": True, "use_sliding_window": False, "attention_bias": False,
+                "pad_token_id": 2},
 }
 
 # convert_hf_to_gguf identifies a BPE pre-tokenizer by hashing its output on a test string; the tiny

@@ -32,6 +32,8 @@ ARCHITECTURES = (
     Architecture("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), "qwen2", "Llama with q/k/v biases"),
     Architecture("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), "qwen3",
                  "Llama with per-head q/k RMSNorm, head_dim from the config"),
+    Architecture("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), "smollm3",
+                 "Llama with no RoPE on some layers (every 4th by default)"),
 )
 
 

@@ -74,6 +74,19 @@ def hf_config(raw: dict, name: str, **features) -> ModelConfig:
     return ModelConfig(**(fields | features))
 
 
+def hf_sliding_layers(raw: dict) -> dict:
+    """layer_types and sliding_window from a config whose `layer_types` names "sliding_attention"
+    layers, when its `use_sliding_window` (default on) keeps them; else nothing (all full)."""
+    types, window = raw.get("layer_types"), raw.get("sliding_window")
+    if not types or not window or not raw.get("use_sliding_window", True) or "sliding_attention" not in types:
+        return {}
+    kinds = {"full_attention": "full", "sliding_attention": "sliding"}
+    unknown = set(types) - set(kinds)
+    if unknown:
+        raise ValueError(f"layer_types {sorted(unknown)} are not supported ({sorted(kinds)})")
+    return {"layer_types": tuple(kinds[t] for t in types[:raw["num_hidden_layers"]]), "sliding_window": int(window)}
+
+
 def hf_rope_theta(raw: dict) -> float:
     params = raw.get("rope_parameters") or {}
     return float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
