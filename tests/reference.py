@@ -54,7 +54,8 @@ def dense_hidden(loaded: LoadedModel, token_ids: list[int]) -> np.ndarray:
 
 def _final_hidden(c: ModelConfig, w: ModelWeights, token_ids: list[int]) -> np.ndarray:
     llama_like = dict(norm_placement="pre", hidden_act="silu", embedding_multiplier=1.0, attention_scale=None,
-                      attn_logit_softcap=None, final_logit_softcap=None, logit_multiplier=1.0, layer_types=None,
+                      attn_logit_softcap=None, final_logit_softcap=None, logit_multiplier=1.0, residual_multiplier=1.0,
+                      layer_types=None,
                       rope_layers=None, partial_rotary_factor=1.0)
     unsupported = [name for name, value in llama_like.items() if getattr(c, name) != value]
     if unsupported or c.qk_norm not in (None, "head"):

@@ -48,6 +48,12 @@ FAMILIES = {
                 "rms_norm_eps": 1e-6, "rope_theta": 5000000.0, "no_rope_layer_interval": 4,
                 "tie_word_embeddings": True, "use_sliding_window": False, "attention_bias": False,
                 "pad_token_id": 2},
+    # Granite 3.x's: muP multipliers (attention 1/head_dim, embedding 12, residual 0.22, logits / 8),
+    # tied embeddings, head_dim = hidden / heads.
+    "granite": {"architectures": ["GraniteForCausalLM"], "model_type": "granite", "rms_norm_eps": 1e-5,
+                "rope_theta": 10000000.0, "attention_multiplier": 0.125, "embedding_multiplier": 12.0,
+                "residual_multiplier": 0.22, "logits_scaling": 8.0, "tie_word_embeddings": True,
+                "attention_bias": False, "mlp_bias": False, "pad_token_id": 2},
 }
 
 # convert_hf_to_gguf identifies a BPE pre-tokenizer by hashing its output on a test string; the tiny

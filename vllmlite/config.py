@@ -84,6 +84,7 @@ class ModelConfig:
     attn_logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
     final_logit_softcap: float | None = None  # the same on the logits
     logit_multiplier: float = 1.0  # logits are scaled by it (Granite: 1 / logits_scaling)
+    residual_multiplier: float = 1.0  # each sublayer's output is scaled by it before the residual add (Granite)
     layer_types: tuple[str, ...] | None = None  # per layer, a LAYER_TYPES name; None: all "full"
     sliding_window: int | None = None  # tokens a "sliding" layer sees, itself included
     rope_layers: tuple[bool, ...] | None = None  # per layer, whether it applies RoPE; None: all do

@@ -214,6 +214,8 @@ class DecoderModel:
         k, eps = self.kernels, self.config.rms_norm_eps
         if post_norm is not None:
             k.rms_norm(buf.out, post_norm, eps, buf.out)
+        if self.config.residual_multiplier != 1.0:
+            buf.out *= self.config.residual_multiplier
         if next_norm is None:
             buf.residual += buf.out
             buf.hidden[...] = buf.residual

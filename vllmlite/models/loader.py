@@ -244,7 +244,8 @@ def _load_gguf(path: Path, matrices: _Matrices) -> LoadedModel:
     # llama.cpp's converter permutes llama-arch Q and K rows for its rotary layout; others are stored as is.
     weights = _read_weights(_TensorSource(set(tensors), matrix, get), family.GGUF_NAMES, config, matrices,
                             family.GGUF_PERMUTES_QK, f"Loading {path.name}", freq_factors)
-    return LoadedModel(config, family.finish(config, weights), tokenizer, str(path))
+    config, weights = family.finish(config, weights)
+    return LoadedModel(config, weights, tokenizer, str(path))
 
 
 def _unpermute_rows(weight: Rows, num_heads: int) -> Rows:
@@ -287,7 +288,8 @@ def _load_hf_directory(path: Path, matrices: _Matrices) -> LoadedModel:
     float_matrices = _Matrices(matrices.dtype, "none")   # quantized after the family's folds
     weights = _read_weights(_TensorSource(set(state), get, get), family.HF_NAMES, config, float_matrices, False,
                             "Reading layers")
-    weights = matrices.convert(family.finish(config, weights))
+    config, weights = family.finish(config, weights)
+    weights = matrices.convert(weights)
     tokenizer = HFTokenizer.from_directory(path)
     return LoadedModel(config, weights, tokenizer, str(path))
 

@@ -34,6 +34,8 @@ ARCHITECTURES = (
                  "Llama with per-head q/k RMSNorm, head_dim from the config"),
     Architecture("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), "smollm3",
                  "Llama with no RoPE on some layers (every 4th by default)"),
+    Architecture("granite", ("GraniteForCausalLM",), ("granite",), "granite",
+                 "Llama with embedding, attention, residual and logit multipliers"),
 )
 
 

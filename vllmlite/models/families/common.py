@@ -3,9 +3,12 @@ family reads the same way (HF config.json and GGUF metadata). Knows nothing of f
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 from vllmlite.config import ModelConfig, RopeScaling
+from vllmlite.kernels.quant import scale_rows
 
 
 @dataclass(frozen=True)
@@ -144,4 +147,22 @@ def gguf_config(fields: dict, name: str, tensors: dict, **features) -> ModelConf
 
 def unchanged(config: ModelConfig, weights):
     """`finish` for a family with nothing to fold at load."""
-    return weights
+    return config, weights
+
+
+def fold_attention_scale(config: ModelConfig, weights):
+    """A softmax scale other than 1/sqrt(head_dim), folded into Q: Q's rows (and bias) times
+    scale * sqrt(head_dim), or the q norm's weight where one follows the projection. Exact in real
+    arithmetic (Q enters attention only through q.k, scaled before any soft-cap), and it leaves the
+    kernels their default scale. Returns (config without the scale, weights)."""
+    if config.attention_scale is None:
+        return config, weights
+    factor, q_rows = config.attention_scale * math.sqrt(config.head_dim), config.num_heads * config.head_dim
+
+    def fold(layer):
+        if layer.q_norm is not None:
+            return dataclasses.replace(layer, q_norm=layer.q_norm * factor)
+        bias = None if layer.bqkv is None else scale_rows(layer.bqkv, factor, q_rows)
+        return dataclasses.replace(layer, wqkv=scale_rows(layer.wqkv, factor, q_rows), bqkv=bias)
+    layers = [fold(layer) for layer in weights.layers]
+    return dataclasses.replace(config, attention_scale=None), dataclasses.replace(weights, layers=layers)
