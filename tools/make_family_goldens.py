@@ -54,6 +54,10 @@ FAMILIES = {
                 "rope_theta": 10000000.0, "attention_multiplier": 0.125, "embedding_multiplier": 12.0,
                 "residual_multiplier": 0.22, "logits_scaling": 8.0, "tie_word_embeddings": True,
                 "attention_bias": False, "mlp_bias": False, "pad_token_id": 2},
+    # OLMo-2-1B's: post-norms, q/k norms over the whole projection, as many KV heads as heads.
+    "olmo2": {"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "num_key_value_heads": 4,
+              "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "tie_word_embeddings": False,
+              "attention_bias": False, "pad_token_id": 2},
 }
 
 # convert_hf_to_gguf identifies a BPE pre-tokenizer by hashing its output on a test string; the tiny

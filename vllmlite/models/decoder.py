@@ -124,6 +124,22 @@ def layer_plans(config: ModelConfig, weights: ModelWeights, num_positions: int, 
     return plans
 
 
+PLACEMENT_NORMS = {"pre": ("attn_norm", "ffn_norm"), "post": ("post_attn_norm", "post_ffn_norm"),
+                   "sandwich": ("attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm")}
+
+
+def check_norms(config: ModelConfig, weights: ModelWeights) -> None:
+    """Each layer holds exactly the norms its placement and q/k norm use: one missing would be
+    skipped silently by the forward pass, one extra ignored."""
+    wanted = set(PLACEMENT_NORMS[config.norm_placement]) | ({"q_norm", "k_norm"} if config.qk_norm else set())
+    for i, layer in enumerate(weights.layers):
+        present = {name for name in ("attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm", "q_norm", "k_norm")
+                   if getattr(layer, name) is not None}
+        if present != wanted:
+            raise ValueError(f"layer {i} has norms {sorted(present)}; {config.architecture} with norm_placement "
+                             f"{config.norm_placement!r} and qk_norm {config.qk_norm!r} uses {sorted(wanted)}")
+
+
 def require_kernels(k: Kernels, config: ModelConfig, plans: list[LayerPlan]) -> None:
     """A clear error when this model needs an operation the backend does not have (yet)."""
     act = f"{config.hidden_act}_and_mul"
@@ -148,6 +164,7 @@ class DecoderModel:
                  kernels: Kernels | None = None) -> None:
         self.config = config
         self.kernels = k = kernels if kernels is not None else get_kernels()
+        check_norms(config, weights)
         self.weights = on_backend(weights, k)
         self.dtype = self.weights.dtype                       # numpy's, or the backend's (torch.bfloat16)
         num_positions = max(max_positions, WARM_UP_TOKENS)   # warm_up's passes reach position 19

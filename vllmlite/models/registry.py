@@ -36,6 +36,8 @@ ARCHITECTURES = (
                  "Llama with no RoPE on some layers (every 4th by default)"),
     Architecture("granite", ("GraniteForCausalLM",), ("granite",), "granite",
                  "Llama with embedding, attention, residual and logit multipliers"),
+    Architecture("olmo2", ("Olmo2ForCausalLM",), ("olmo2",), "olmo2",
+                 "post-sublayer norms; q/k RMSNorm over the whole projection"),
 )
 
 
