@@ -58,7 +58,21 @@ FAMILIES = {
     "olmo2": {"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "num_key_value_heads": 4,
               "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "tie_word_embeddings": False,
               "attention_bias": False, "pad_token_id": 2},
+    # Phi-4-mini's: fused qkv_proj and gate_up_proj, RoPE on 3/4 of each head, longrope with an
+    # original context (32) below the model's (128), tied embeddings, GQA.
+    "phi3": {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "rms_norm_eps": 1e-5,
+             "rope_theta": 10000.0, "partial_rotary_factor": 0.75, "original_max_position_embeddings": 32,
+             "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.25, 1.5],
+                              "long_factor": [1.5, 4.0, 12.0]},
+             "sliding_window": None, "tie_word_embeddings": True, "pad_token_id": 2},
 }
+# The converter reads Phi-3's vocabulary from a SentencePiece file unless the class is GPT-2's, as
+# Phi-4-mini's is (the same byte-level BPE tokenizer.json either way).
+TOKENIZER_CLASS = {"phi3": "GPT2Tokenizer"}
+# Families whose RoPE depends on the context the engine runs with (longrope): logits and greedy
+# tokens again for a context of `max_model_len`, on the prompt's first `prompt_len` tokens
+# (transformers picks the factors by the sequence's length, so the whole run stays within it).
+SHORT_CONTEXT = {"phi3": {"max_model_len": 32, "prompt_len": 24}}
 
 # convert_hf_to_gguf identifies a BPE pre-tokenizer by hashing its output on a test string; the tiny
 # trained tokenizer matches none, so it is named "gpt-2" (GPT-2's byte-level split, which it uses).
@@ -106,11 +120,11 @@ def randomize(model, seed: int) -> None:
 
 
 @torch.no_grad()
-def greedy(model, ids: list[int]) -> tuple[list[int], float]:
-    """NUM_GREEDY argmax tokens, each from a full recompute (no cache, no EOS stop), and the
+def greedy(model, ids: list[int], num_tokens: int = NUM_GREEDY) -> tuple[list[int], float]:
+    """`num_tokens` argmax tokens, each from a full recompute (no cache, no EOS stop), and the
     smallest gap between the best two logits along the way."""
     ids, out, margin = list(ids), [], float("inf")
-    for _ in range(NUM_GREEDY):
+    for _ in range(num_tokens):
         logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
         top = torch.topk(logits, 2).values
         margin = min(margin, float(top[0] - top[1]))
@@ -135,7 +149,7 @@ def make_family(name: str, fields: dict, seed: int, out_dir: Path, tree: Path) -
     tokenizer = build_tiny_tokenizer()
     tokenizer.save(str(directory / "tokenizer.json"))
     write_json(directory / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
+        "tokenizer_class": TOKENIZER_CLASS.get(name, "PreTrainedTokenizerFast"), "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
         "pad_token": "<|im_end|>", "unk_token": None, "model_max_length": 128,
         "clean_up_tokenization_spaces": False, "chat_template": TINY_CHAT_TEMPLATE})
     # The checkpoint as saved, read back: what vllmlite reads is what transformers ran.
@@ -145,11 +159,21 @@ def make_family(name: str, fields: dict, seed: int, out_dir: Path, tree: Path) -
     greedy_ids, margin = greedy(model, input_ids)
     assert margin > MIN_MARGIN, f"{name}: greedy margin {margin} too close to a tie; pick another seed"
     np.save(directory / "expected_logits.npy", logits.astype(np.float32))
-    write_json(directory / "expected.json", {"prompt": PROMPT, "input_ids": input_ids, "greedy_ids": greedy_ids,
-                                             "greedy_min_margin": margin})
+    expected = {"prompt": PROMPT, "input_ids": input_ids, "greedy_ids": greedy_ids, "greedy_min_margin": margin}
+    if name in SHORT_CONTEXT:
+        short = dict(SHORT_CONTEXT[name])
+        ids = input_ids[:short.pop("prompt_len")]
+        short_logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
+        short_ids, short_margin = greedy(model, ids, short["max_model_len"] - len(ids))
+        assert short_margin > MIN_MARGIN, f"{name}: short-context greedy margin {short_margin}"
+        np.save(directory / "expected_logits_short.npy", short_logits.astype(np.float32))
+        expected["short_context"] = {**short, "input_ids": ids, "greedy_ids": short_ids, "greedy_min_margin": short_margin}
+    write_json(directory / "expected.json", expected)
     env = {**os.environ, "PYTHONPATH": str(tree / "gguf-py")}
-    subprocess.run([sys.executable, "-c", CONVERT, str(tree), str(directory), "--outtype", "f32",
-                    "--outfile", str(directory / "model.gguf")], check=True, env=env, capture_output=True)
+    converted = subprocess.run([sys.executable, "-c", CONVERT, str(tree), str(directory), "--outtype", "f32",
+                                "--outfile", str(directory / "model.gguf")], env=env, capture_output=True, text=True)
+    if converted.returncode != 0:
+        sys.exit(f"{name}: convert_hf_to_gguf.py failed:\n{converted.stderr[-3000:]}")
     for path in directory.iterdir():
         path.chmod(0o644)  # safetensors creates its file owner-only
     print(f"{name}: {len(input_ids)} prompt tokens, greedy margin {margin:.4f}, "

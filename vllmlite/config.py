@@ -41,19 +41,26 @@ def check_quantization(quantization: str, dtype: str) -> None:
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Rotary scaling: "linear" divides every frequency; "llama3" scales only the low ones."""
+    """Rotary scaling: "linear" divides every frequency; "llama3" scales only the low ones;
+    "longrope" (Phi-3) divides frequency i by short_factor[i], or by long_factor[i] when the
+    engine's context exceeds original_max_position_embeddings (llama.cpp's choice, made once)."""
 
-    rope_type: Literal["linear", "llama3"]
+    rope_type: Literal["linear", "llama3", "longrope"]
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     attention_factor: float = 1.0  # scales cos and sin (longrope's magnitude correction)
+    short_factor: tuple[float, ...] | None = None  # longrope: [rotary_dim / 2]
+    long_factor: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        _require(self.rope_type in ("linear", "llama3"),
-                 f"rope_scaling type {self.rope_type!r} is not supported (linear, llama3)")
+        _require(self.rope_type in ("linear", "llama3", "longrope"),
+                 f"rope_scaling type {self.rope_type!r} is not supported (linear, llama3, longrope)")
         _require(self.factor > 0, f"rope_scaling factor must be > 0, got {self.factor}")
+        _require(self.rope_type != "longrope" or (self.short_factor is not None and self.long_factor is not None
+                                                  and len(self.short_factor) == len(self.long_factor)),
+                 "longrope needs short_factor and long_factor of one length")
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,9 @@ class ModelConfig:
         _require(self.num_heads % self.num_kv_heads == 0,
                  f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         _require(self.rotary_dim % 2 == 0 and self.rotary_dim >= 2, "the rotary dims must be even and >= 2")
+        factors = self.rope_scaling.short_factor if self.rope_scaling is not None else None
+        _require(factors is None or len(factors) == self.rotary_dim // 2,
+                 f"longrope factors must number rotary_dim / 2 = {self.rotary_dim // 2}")
         _require(self.qk_norm in (None,) + QK_NORMS, f"qk_norm must be one of {QK_NORMS} or None, got {self.qk_norm!r}")
         _require(self.norm_placement in NORM_PLACEMENTS,
                  f"norm_placement must be one of {NORM_PLACEMENTS}, got {self.norm_placement!r}")

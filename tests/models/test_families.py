@@ -85,14 +85,29 @@ def test_greedy_tokens_match_transformers(name, kind):
     assert list(output.outputs[0].token_ids) == golden["greedy_ids"]
 
 
+@pytest.mark.parametrize("kind", ["safetensors", "gguf"])
+@pytest.mark.parametrize("name", [n for n in NAMES if "short_context" in expected(n)])
+def test_a_context_within_the_original_one_uses_the_short_rope_factors(name, kind):
+    """longrope: with max_model_len within original_max_position_embeddings the engine rotates by
+    the short factors (above it, the tests above: the long ones), as transformers does for a
+    sequence that short. Logits and greedy tokens, up to the last position of that context."""
+    short = expected(name)["short_context"]
+    want = np.load(FAMILIES / name / "expected_logits_short.npy")
+    run = engine_logits(source(name, kind), short["input_ids"], block_size=4, budget=16, dtype="float32",
+                        max_model_len=short["max_model_len"])
+    np.testing.assert_allclose(run.logits, want, rtol=0, atol=TOLERANCE)
+    llm = LLM(source(name, kind), dtype="float32", num_blocks=64, block_size=4, max_model_len=short["max_model_len"])
+    params = SamplingParams(temperature=0.0, max_tokens=len(short["greedy_ids"]), ignore_eos=True)
+    [output] = llm.generate([{"prompt_token_ids": short["input_ids"]}], params, use_tqdm=False)
+    assert list(output.outputs[0].token_ids) == short["greedy_ids"]
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_gguf_conversion_reads_as_the_checkpoint(name):
     """llama.cpp's converter keeps the structure (config fields, the tokenizer's ids) and the
     weights: every tensor equal after undoing its layout (Q/K permutation, name mapping)."""
     hf, gguf = load_model(source(name, "safetensors")), load_model(source(name, "gguf"))
-    for field in dataclasses.fields(hf.config):   # GGUF stores floats as float32
-        got, want = getattr(gguf.config, field.name), getattr(hf.config, field.name)
-        assert got == (pytest.approx(want, rel=1e-6) if isinstance(want, float) else want), field.name
+    assert_same_fields(gguf.config, hf.config)
     golden = expected(name)
     assert gguf.tokenizer.encode(golden["prompt"]) == hf.tokenizer.encode(golden["prompt"]) == golden["input_ids"]
     for got, want in zip(gguf.weights.layers, hf.weights.layers):
@@ -103,6 +118,18 @@ def test_gguf_conversion_reads_as_the_checkpoint(name):
                 np.testing.assert_array_equal(a, b, err_msg=field.name)
     np.testing.assert_array_equal(gguf.weights.embed, hf.weights.embed)
     assert (gguf.weights.lm_head is gguf.weights.embed) == (hf.weights.lm_head is hf.weights.embed)
+
+
+def assert_same_fields(got, want, path: str = "config") -> None:
+    """Equal dataclasses, floats (and tuples of them) within float32 rounding: GGUF stores float32."""
+    if dataclasses.is_dataclass(want):
+        assert type(got) is type(want), path
+        for field in dataclasses.fields(want):
+            assert_same_fields(getattr(got, field.name), getattr(want, field.name), f"{path}.{field.name}")
+    elif isinstance(want, float) or (isinstance(want, tuple) and want and isinstance(want[0], float)):
+        assert got == pytest.approx(want, rel=1e-6), path
+    else:
+        assert got == want, path
 
 
 def test_unknown_hf_architecture_lists_the_supported_ones(tmp_path: Path):

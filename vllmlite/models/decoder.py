@@ -99,15 +99,18 @@ class LayerPlan(NamedTuple):
     attention_kwargs: dict
 
 
-def layer_plans(config: ModelConfig, weights: ModelWeights, num_positions: int, k: Kernels,
+def layer_plans(config: ModelConfig, weights: ModelWeights, max_positions: int, k: Kernels,
                 dtype) -> list[LayerPlan]:
-    """Each layer's plan; layers sharing a RoPE base share one pair of tables."""
+    """Each layer's plan for a context of `max_positions`; layers sharing a RoPE base share one
+    pair of tables."""
     c, tables = config, {}
     factor = c.rope_scaling.attention_factor if c.rope_scaling is not None else 1.0
 
     def rope(theta: float) -> tuple[np.ndarray, np.ndarray]:
         if theta not in tables:
-            cos, sin = rope_tables(rope_inv_freq(c, weights.rope_freq_factors, theta), num_positions, factor)
+            inv_freq = rope_inv_freq(c, weights.rope_freq_factors, theta, context_len=max_positions)
+            # warm_up's passes reach position WARM_UP_TOKENS - 1, whatever the context
+            cos, sin = rope_tables(inv_freq, max(max_positions, WARM_UP_TOKENS), factor)
             tables[theta] = (k.to_device(cos, dtype), k.to_device(sin, dtype))
         return tables[theta]
 
@@ -167,8 +170,7 @@ class DecoderModel:
         check_norms(config, weights)
         self.weights = on_backend(weights, k)
         self.dtype = self.weights.dtype                       # numpy's, or the backend's (torch.bfloat16)
-        num_positions = max(max_positions, WARM_UP_TOKENS)   # warm_up's passes reach position 19
-        self.plans = layer_plans(config, weights, num_positions, k, self.dtype)
+        self.plans = layer_plans(config, weights, max_positions, k, self.dtype)
         require_kernels(k, config, self.plans)
         self.act_and_mul = getattr(k, f"{config.hidden_act}_and_mul")
         self._workspace = Workspace.allocate(config, 1, self.dtype, k)

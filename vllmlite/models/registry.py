@@ -38,6 +38,8 @@ ARCHITECTURES = (
                  "Llama with embedding, attention, residual and logit multipliers"),
     Architecture("olmo2", ("Olmo2ForCausalLM",), ("olmo2",), "olmo2",
                  "post-sublayer norms; q/k RMSNorm over the whole projection"),
+    Architecture("phi3", ("Phi3ForCausalLM",), ("phi3",), "phi3",
+                 "Phi-3, Phi-4-mini: fused QKV and gate/up, partial RoPE, longrope scaling"),
 )
 
 

@@ -9,9 +9,9 @@ from vllmlite.config import ModelConfig
 
 
 def rope_inv_freq(config: ModelConfig, freq_factors: np.ndarray | None = None,
-                  theta: float | None = None) -> np.ndarray:
+                  theta: float | None = None, context_len: int | None = None) -> np.ndarray:
     """Rotary inverse frequencies [rotary_dim / 2] for base `theta` (default the config's), with
-    linear or llama3 scaling when configured."""
+    the configured scaling; longrope's factors are chosen by `context_len` (default the model's)."""
     d = config.rotary_dim
     theta = config.rope_theta if theta is None else theta
     inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
@@ -22,6 +22,10 @@ def rope_inv_freq(config: ModelConfig, freq_factors: np.ndarray | None = None,
         return inv_freq
     if scaling.rope_type == "linear":
         return inv_freq / scaling.factor
+    if scaling.rope_type == "longrope":
+        context_len = config.max_position_embeddings if context_len is None else context_len
+        is_long = context_len > scaling.original_max_position_embeddings
+        return inv_freq / np.array(scaling.long_factor if is_long else scaling.short_factor, dtype=np.float64)
     # llama3: long wavelengths are divided by `factor`, short ones kept, the middle interpolated.
     old_len = scaling.original_max_position_embeddings
     wavelen = 2 * np.pi / inv_freq

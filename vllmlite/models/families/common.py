@@ -70,7 +70,7 @@ def hf_config(raw: dict, name: str, **features) -> ModelConfig:
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=hf_rope_theta(raw),
-        rope_scaling=hf_rope_scaling(raw.get("rope_scaling") or raw.get("rope_parameters")),
+        rope_scaling=hf_rope_scaling(raw),
         tie_word_embeddings=raw.get("tie_word_embeddings", False),
         attention_bias=raw.get("attention_bias", False),
     )
@@ -95,7 +95,9 @@ def hf_rope_theta(raw: dict) -> float:
     return float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
 
 
-def hf_rope_scaling(scaling: dict | None) -> RopeScaling | None:
+def hf_rope_scaling(raw: dict) -> RopeScaling | None:
+    """config.json's `rope_scaling` (or transformers 5's `rope_parameters`) as a RopeScaling."""
+    scaling = raw.get("rope_scaling") or raw.get("rope_parameters")
     if not scaling:
         return None
     kind = scaling.get("rope_type") or scaling.get("type")
@@ -107,7 +109,37 @@ def hf_rope_scaling(scaling: dict | None) -> RopeScaling | None:
         return RopeScaling("llama3", float(scaling["factor"]), float(scaling["low_freq_factor"]),
                            float(scaling["high_freq_factor"]),
                            int(scaling["original_max_position_embeddings"]))
-    raise ValueError(f"rope_scaling type {kind!r} is not supported (linear, llama3)")
+    if kind == "longrope":
+        return hf_longrope(raw, scaling)
+    raise ValueError(f"rope_scaling type {kind!r} is not supported (linear, llama3, longrope)")
+
+
+def hf_longrope(raw: dict, scaling: dict) -> RopeScaling:
+    """transformers' longrope: without an explicit `factor`, max_position_embeddings over the
+    original; without an explicit `attention_factor`, sqrt(1 + ln(factor) / ln(original))."""
+    original = int(scaling.get("original_max_position_embeddings") or raw["original_max_position_embeddings"])
+    factor = float(scaling.get("factor") or raw["max_position_embeddings"] / original)
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
+    return RopeScaling("longrope", factor, original_max_position_embeddings=original,
+                       attention_factor=float(attention), short_factor=tuple(map(float, scaling["short_factor"])),
+                       long_factor=tuple(map(float, scaling["long_factor"])))
+
+
+def hf_partial_rotary_factor(raw: dict) -> float:
+    params = raw.get("rope_parameters") or {}
+    return float(raw.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0)
+
+
+def hf_capped_context(raw: dict, window_default_on: bool) -> int:
+    """max_position_embeddings, capped at a sliding window when the config turns one on: no
+    sliding-window attention is run for these families, and up to the window it is exact."""
+    max_len = raw.get("max_position_embeddings", 2048)
+    window = raw.get("sliding_window")
+    if window and raw.get("use_sliding_window", window_default_on):
+        max_len = min(max_len, window)
+    return max_len
 
 
 def gguf_config(fields: dict, name: str, tensors: dict, **features) -> ModelConfig:

@@ -12,8 +12,4 @@ __all__ = ["GGUF_NAMES", "GGUF_PERMUTES_QK", "HF_NAMES", "finish", "gguf_config"
 
 
 def hf_config(raw: dict, name: str) -> ModelConfig:
-    max_len = raw.get("max_position_embeddings", 2048)
-    window = raw.get("sliding_window")
-    if window and raw.get("use_sliding_window", True):
-        max_len = min(max_len, window)
-    return common.hf_config(raw, name, max_position_embeddings=max_len)
+    return common.hf_config(raw, name, max_position_embeddings=common.hf_capped_context(raw, True))
