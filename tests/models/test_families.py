@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +147,16 @@ def test_unknown_hf_architecture_lists_the_supported_ones(tmp_path: Path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"]}))
     with pytest.raises(ValueError, match="MambaForCausalLM.*not supported.*qwen3 \\(HF Qwen3ForCausalLM"):
         load_model(str(tmp_path))
+
+
+def test_a_tensor_the_family_needs_is_missing_is_a_clear_error(tmp_path: Path):
+    from safetensors.numpy import load_file, save_file
+    shutil.copytree(FAMILIES / "qwen3", tmp_path / "qwen3")
+    state = load_file(str(tmp_path / "qwen3" / "model.safetensors"))
+    del state["model.layers.1.self_attn.k_norm.weight"]
+    save_file(state, str(tmp_path / "qwen3" / "model.safetensors"))
+    with pytest.raises(ValueError, match="tensor 'model.layers.1.self_attn.k_norm.weight' missing"):
+        load_model(str(tmp_path / "qwen3"))
 
 
 def test_unknown_gguf_architecture_lists_the_supported_ones(tmp_path: Path):

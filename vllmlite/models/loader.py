@@ -226,13 +226,15 @@ def _load_gguf(path: Path, matrices: _Matrices) -> LoadedModel:
     dtype = matrices.dtype
 
     def get(name: str) -> np.ndarray:
+        if name not in tensors:
+            raise ValueError(f"{path.name}: tensor {name!r} missing (a {arch.name} GGUF has it)")
         tensor = tensors[name]
         array = quants.dequantize(tensor.data, tensor.tensor_type)  # float32, numpy shape = reversed GGUF dims
         return np.ascontiguousarray(array.reshape(tuple(int(d) for d in reversed(tensor.shape))), dtype=dtype)
 
     def matrix(name: str) -> Rows:
-        tensor = tensors[name]
-        kind = tensor.tensor_type.name
+        tensor = tensors.get(name)
+        kind = tensor.tensor_type.name if tensor is not None else None
         if matrices.quantization != "none" and kind in GGUF_TYPES:
             return matrices.from_blocks(from_gguf(tensor.data, kind, tuple(int(d) for d in reversed(tensor.shape))),
                                         kind)
