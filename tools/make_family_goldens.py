@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zlib
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -39,6 +40,16 @@ MIN_MARGIN = 1e-3  # a greedy step closer than this to a tie could flip on float
 
 # name -> config.json fields on top of TINY_SHAPE: each family's real structural fields, small.
 FAMILIES = {
+    # Llama-3.2-1B's: GQA, tied embeddings, llama3 RoPE scaling (original context 16 < 128), so the
+    # converter's Q/K permutation and its rope_freqs tensor are both exercised.
+    "llama": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "rms_norm_eps": 1e-5,
+              "rope_theta": 500000.0, "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True,
+              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
+    # Qwen2.5-0.5B's: q/k/v biases, tied embeddings.
+    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rms_norm_eps": 1e-6,
+              "rope_theta": 1000000.0, "tie_word_embeddings": True, "use_sliding_window": False,
+              "max_window_layers": 2},
     # Qwen3-0.6B's structure: head_dim (16) != hidden / heads (8), tied embeddings, no biases.
     "qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 16,
               "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False,
@@ -189,7 +200,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         tree = converter_tree(Path(scratch))
         for name in args.families:
-            make_family(name, FAMILIES[name], 1000 + list(FAMILIES).index(name), Path(args.out), tree)
+            make_family(name, FAMILIES[name], zlib.crc32(name.encode()), Path(args.out), tree)
 
 
 if __name__ == "__main__":

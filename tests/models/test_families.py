@@ -22,6 +22,7 @@ from vllmlite.kernels.attention_metadata import build_metadata
 from vllmlite.models import registry
 from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import load_model
+from vllmlite.models.rope import rope_inv_freq
 
 FAMILIES = GOLDENS / "families"
 NAMES = sorted(p.name for p in FAMILIES.iterdir())
@@ -118,7 +119,12 @@ def test_gguf_conversion_reads_as_the_checkpoint(name):
     """llama.cpp's converter keeps the structure (config fields, the tokenizer's ids) and the
     weights: every tensor equal after undoing its layout (Q/K permutation, name mapping)."""
     hf, gguf = load_model(source(name, "safetensors")), load_model(source(name, "gguf"))
-    assert_same_fields(gguf.config, hf.config)
+    gguf_config = gguf.config
+    if gguf.weights.rope_freq_factors is not None:   # llama3 scaling: llama.cpp stores the divisors
+        np.testing.assert_allclose(rope_inv_freq(gguf_config, gguf.weights.rope_freq_factors),
+                                   rope_inv_freq(hf.config), rtol=1e-6)
+        gguf_config = dataclasses.replace(gguf_config, rope_scaling=hf.config.rope_scaling)
+    assert_same_fields(gguf_config, hf.config)
     golden = expected(name)
     assert gguf.tokenizer.encode(golden["prompt"]) == hf.tokenizer.encode(golden["prompt"]) == golden["input_ids"]
     for got, want in zip(gguf.weights.layers, hf.weights.layers):
