@@ -120,9 +120,10 @@ class ModelConfig:
                  f"layer_types must be {LAYER_TYPES}, got {self.layer_types}")
         _require("sliding" not in (self.layer_types or ()) or (self.sliding_window or 0) >= 1,
                  "sliding layers need sliding_window >= 1")
-        for name in ("attn_logit_softcap", "final_logit_softcap", "attention_scale"):
+        for name in ("attn_logit_softcap", "final_logit_softcap", "attention_scale", "embedding_multiplier",
+                     "logit_multiplier", "residual_multiplier"):
             value = getattr(self, name)
-            _require(value is None or value > 0, f"{name} must be > 0, got {value}")
+            _require(value is None or 0 < value < float("inf"), f"{name} must be finite and > 0, got {value}")
 
     @property
     def rotary_dim(self) -> int:

@@ -168,6 +168,23 @@ def test_a_tensor_the_family_needs_is_missing_is_a_clear_error(tmp_path: Path):
         load_model(str(tmp_path / "qwen3"))
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("logits_scaling", 0, "logits_scaling must be > 0"),
+    ("embedding_multiplier", -1.0, "embedding_multiplier must be finite and > 0"),
+    ("no_rope_layers", [1], "rope_layers must have one entry per layer"),
+    ("partial_rotary_factor", 0.0, "rotary dims must be even"),
+])
+def test_bad_family_fields_are_clear_errors(tmp_path: Path, field, value, message):
+    """config.json is input like any other: a bad value is refused by name, not a crash."""
+    family = {"logits_scaling": "granite", "embedding_multiplier": "granite", "no_rope_layers": "smollm3",
+              "partial_rotary_factor": "phi3"}[field]
+    shutil.copytree(FAMILIES / family, tmp_path / family)
+    config_path = tmp_path / family / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), field: value}))
+    with pytest.raises(ValueError, match=message):
+        load_model(str(tmp_path / family))
+
+
 def test_unknown_gguf_architecture_lists_the_supported_ones(tmp_path: Path):
     import gguf
     path = tmp_path / "mamba.gguf"

@@ -128,8 +128,10 @@ def hf_longrope(raw: dict, scaling: dict) -> RopeScaling:
 
 
 def hf_partial_rotary_factor(raw: dict) -> float:
-    params = raw.get("rope_parameters") or {}
-    return float(raw.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0)
+    for values in (raw, raw.get("rope_parameters") or {}):
+        if values.get("partial_rotary_factor") is not None:
+            return float(values["partial_rotary_factor"])
+    return 1.0
 
 
 def hf_capped_context(raw: dict, window_default_on: bool) -> int:

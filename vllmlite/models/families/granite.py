@@ -17,7 +17,14 @@ def hf_config(raw: dict, name: str) -> ModelConfig:
     return common.hf_config(raw, name, embedding_multiplier=float(raw.get("embedding_multiplier", 1.0)),
                             residual_multiplier=float(raw.get("residual_multiplier", 1.0)),
                             attention_scale=raw.get("attention_multiplier"),
-                            logit_multiplier=1.0 / float(raw.get("logits_scaling", 1.0)))
+                            logit_multiplier=inverse("logits_scaling", float(raw.get("logits_scaling", 1.0))))
+
+
+def inverse(name: str, value: float) -> float:
+    """1 / value, for a divisor read from a file (where 0 is a bad value, not a crash)."""
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    return 1.0 / value
 
 
 def gguf_config(fields: dict, name: str, tensors: dict) -> ModelConfig:
@@ -29,4 +36,4 @@ def gguf_config(fields: dict, name: str, tensors: dict) -> ModelConfig:
     return common.gguf_config(fields, name, tensors, embedding_multiplier=scale("embedding_scale"),
                               residual_multiplier=scale("residual_scale"),
                               attention_scale=scale("attention.scale", None),
-                              logit_multiplier=1.0 / scale("logit_scale"))
+                              logit_multiplier=inverse("logit_scale", scale("logit_scale")))
