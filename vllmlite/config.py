@@ -7,7 +7,7 @@ This module knows nothing of requests, tensors or HTTP.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 DTYPES = ("float32", "float64")
@@ -129,6 +129,12 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         """The dims of each head that RoPE rotates (all, unless partial_rotary_factor < 1)."""
         return int(self.head_dim * self.partial_rotary_factor)
+
+    def first_layers(self, num_layers: int) -> ModelConfig:
+        """The model cut to its first `num_layers` layers (a self-draft), per-layer lists with it."""
+        def cut(values: tuple | None) -> tuple | None:
+            return None if values is None else values[:num_layers]
+        return replace(self, num_layers=num_layers, layer_types=cut(self.layer_types), rope_layers=cut(self.rope_layers))
 
     def layer_type(self, layer: int) -> str:
         return self.layer_types[layer] if self.layer_types else "full"

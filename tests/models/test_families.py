@@ -114,6 +114,17 @@ def test_a_context_within_the_original_one_uses_the_short_rope_factors(name, kin
     assert list(output.outputs[0].token_ids) == short["greedy_ids"]
 
 
+def test_a_self_draft_of_a_family_with_per_layer_rope_keeps_the_tokens():
+    """Speculation is exact: SmolLM3 drafting with its first 3 layers (RoPE on each; the target's
+    4th has none) still gives transformers' greedy tokens."""
+    golden = expected("smollm3")
+    llm = LLM(source("smollm3", "safetensors"), dtype="float32", num_blocks=64, block_size=4,
+              speculative_config={"method": "self_draft", "num_speculative_tokens": 3, "num_draft_layers": 3})
+    params = SamplingParams(temperature=0.0, max_tokens=len(golden["greedy_ids"]), ignore_eos=True)
+    [output] = llm.generate([{"prompt_token_ids": golden["input_ids"]}], params, use_tqdm=False)
+    assert list(output.outputs[0].token_ids) == golden["greedy_ids"]
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_gguf_conversion_reads_as_the_checkpoint(name):
     """llama.cpp's converter keeps the structure (config fields, the tokenizer's ids) and the

@@ -8,7 +8,6 @@ target's). Knows the model and sampler, never the scheduler.
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from typing import NamedTuple
 
@@ -220,7 +219,7 @@ def make_proposer(spec: SpeculativeConfig, target: LoadedModel, config: EngineCo
             raise ValueError(f"num_draft_layers {num_layers} exceeds the model's {target.config.num_layers}")
         w = target.weights  # the draft shares the target's arrays: no extra weight memory
         weights = ModelWeights(w.embed, w.layers[:num_layers], w.final_norm, w.lm_head, w.rope_freq_factors)
-        draft_config = dataclasses.replace(target.config, num_layers=num_layers)
+        draft_config = target.config.first_layers(num_layers)
     else:
         draft = load_model(spec.model, config.dtype, config.seed + 1, config.weight_quantization)
         if draft.config.vocab_size != target.config.vocab_size:
