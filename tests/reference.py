@@ -58,6 +58,8 @@ def _final_hidden(c: ModelConfig, w: ModelWeights, token_ids: list[int]) -> np.n
                       layer_types=None,
                       rope_layers=None, partial_rotary_factor=1.0)
     unsupported = [name for name, value in llama_like.items() if getattr(c, name) != value]
+    if c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope":
+        unsupported.append("rope_scaling longrope")
     if unsupported or c.qk_norm not in (None, "head"):
         raise NotImplementedError(f"the dense reference has no {unsupported or ['qk_norm']} (Llama and Qwen3 only)")
     n = len(token_ids)

@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from vllmlite.config import RopeScaling
 from vllmlite.kernels import reference
 from vllmlite.kernels.attention_metadata import build_metadata
-from vllmlite.models.decoder import DecoderModel
+from vllmlite.models.decoder import DecoderModel, layer_plans
 from vllmlite.models.loader import random_model_config, random_weights
 
 
@@ -57,3 +58,19 @@ def test_a_feature_the_kernels_lack_is_a_clear_error(llama):
         DecoderModel(sliding, weights, 64, bare)
     with pytest.raises(NotImplementedError, match="no gelu_tanh_and_mul"):
         DecoderModel(dataclasses.replace(config, hidden_act="gelu_tanh"), weights, 64, bare)
+
+
+def test_sliding_layers_rotate_at_their_local_base_unscaled_and_global_ones_scaled(llama):
+    """Gemma 3's RoPE: local layers at rope_local_theta without the scaling, global layers at
+    rope_theta with it; a no-RoPE layer gets no tables. Tables are shared, not rebuilt per layer."""
+    config, weights = llama
+    config = dataclasses.replace(config, num_layers=4, layer_types=("sliding", "full", "sliding", "full"),
+                                 sliding_window=8, rope_local_theta=100.0, rope_scaling=RopeScaling("linear", 4.0),
+                                 rope_layers=(True, True, True, False))
+    plans = layer_plans(config, weights, 32, reference, np.float64)
+    half = np.arange(0, config.head_dim, 2) / config.head_dim
+    for plan, theta, factor in ((plans[0], 100.0, 1.0), (plans[1], config.rope_theta, 4.0)):
+        cos, _ = plan.rope
+        np.testing.assert_allclose(cos[5], np.cos(5 / (theta ** half) / factor), rtol=1e-12)
+    assert plans[2].rope[0] is plans[0].rope[0] and plans[3].rope is None
+    assert [p.attention_kwargs for p in plans] == [{"sliding_window": 8}, {}, {"sliding_window": 8}, {}]

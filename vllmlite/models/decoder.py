@@ -101,18 +101,18 @@ class LayerPlan(NamedTuple):
 
 def layer_plans(config: ModelConfig, weights: ModelWeights, max_positions: int, k: Kernels,
                 dtype) -> list[LayerPlan]:
-    """Each layer's plan for a context of `max_positions`; layers sharing a RoPE base share one
-    pair of tables."""
+    """Each layer's plan for a context of `max_positions`. The global layers share one pair of
+    RoPE tables; with rope_local_theta the sliding layers share another (unscaled, see rope_inv_freq)."""
     c, tables = config, {}
-    factor = c.rope_scaling.attention_factor if c.rope_scaling is not None else 1.0
 
-    def rope(theta: float) -> tuple[np.ndarray, np.ndarray]:
-        if theta not in tables:
-            inv_freq = rope_inv_freq(c, weights.rope_freq_factors, theta, context_len=max_positions)
+    def rope(local: bool) -> tuple[np.ndarray, np.ndarray]:
+        if local not in tables:
+            inv_freq = rope_inv_freq(c, weights.rope_freq_factors, context_len=max_positions, local=local)
+            factor = c.rope_scaling.attention_factor if c.rope_scaling is not None and not local else 1.0
             # warm_up's passes reach position WARM_UP_TOKENS - 1, whatever the context
             cos, sin = rope_tables(inv_freq, max(max_positions, WARM_UP_TOKENS), factor)
-            tables[theta] = (k.to_device(cos, dtype), k.to_device(sin, dtype))
-        return tables[theta]
+            tables[local] = (k.to_device(cos, dtype), k.to_device(sin, dtype))
+        return tables[local]
 
     plans = []
     for i in range(c.num_layers):
@@ -122,8 +122,8 @@ def layer_plans(config: ModelConfig, weights: ModelWeights, max_positions: int, 
             kwargs["softcap"] = c.attn_logit_softcap
         if c.attention_scale is not None and c.attention_scale != 1.0 / math.sqrt(c.head_dim):
             kwargs["scale"] = c.attention_scale
-        theta = c.rope_local_theta if sliding and c.rope_local_theta is not None else c.rope_theta
-        plans.append(LayerPlan(rope(theta) if c.uses_rope(i) else None, kwargs))
+        local = sliding and c.rope_local_theta is not None
+        plans.append(LayerPlan(rope(local) if c.uses_rope(i) else None, kwargs))
     return plans
 
 

@@ -8,13 +8,16 @@ import numpy as np
 from vllmlite.config import ModelConfig
 
 
-def rope_inv_freq(config: ModelConfig, freq_factors: np.ndarray | None = None,
-                  theta: float | None = None, context_len: int | None = None) -> np.ndarray:
-    """Rotary inverse frequencies [rotary_dim / 2] for base `theta` (default the config's), with
-    the configured scaling; longrope's factors are chosen by `context_len` (default the model's)."""
+def rope_inv_freq(config: ModelConfig, freq_factors: np.ndarray | None = None, context_len: int | None = None,
+                  local: bool = False) -> np.ndarray:
+    """Rotary inverse frequencies [rotary_dim / 2], with the configured scaling; longrope's factors
+    are chosen by `context_len` (default the model's). local: a sliding layer's, at base
+    rope_local_theta and unscaled (Gemma 3 scales only its global layers)."""
     d = config.rotary_dim
-    theta = config.rope_theta if theta is None else theta
+    theta = config.rope_local_theta if local else config.rope_theta
     inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    if local:
+        return inv_freq
     if freq_factors is not None:
         return inv_freq / freq_factors.astype(np.float64)
     scaling = config.rope_scaling
