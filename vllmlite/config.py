@@ -104,7 +104,8 @@ class ModelConfig:
             _require(getattr(self, name) >= 1, f"{name} must be >= 1")
         _require(self.num_heads % self.num_kv_heads == 0,
                  f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
-        _require(self.rotary_dim % 2 == 0 and self.rotary_dim >= 2, "the rotary dims must be even and >= 2")
+        _require(self.rotary_dim % 2 == 0 and 2 <= self.rotary_dim <= self.head_dim,
+                 f"the rotary dims must be even, >= 2 and <= head_dim {self.head_dim}, got {self.rotary_dim}")
         factors = self.rope_scaling.short_factor if self.rope_scaling is not None else None
         _require(factors is None or len(factors) == self.rotary_dim // 2,
                  f"longrope factors must number rotary_dim / 2 = {self.rotary_dim // 2}")

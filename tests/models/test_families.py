@@ -184,6 +184,7 @@ def test_a_tensor_the_family_needs_is_missing_is_a_clear_error(tmp_path: Path):
     ("embedding_multiplier", -1.0, "embedding_multiplier must be finite and > 0"),
     ("no_rope_layers", [1], "rope_layers must have one entry per layer"),
     ("partial_rotary_factor", 0.0, "rotary dims must be even"),
+    ("partial_rotary_factor", 1.5, "rotary dims must be even, >= 2 and <= head_dim 8, got 12"),
 ])
 def test_bad_family_fields_are_clear_errors(tmp_path: Path, field, value, message):
     """config.json is input like any other: a bad value is refused by name, not a crash."""
