@@ -37,7 +37,7 @@ from vllmlite.kernels import numba as numba_kernels
 from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
 from vllmlite.kernels.numba import attention as numba_attention
 from vllmlite.kernels.prefill_attention import TILE_QUERIES, attend_chunk
-from vllmlite.models.llama import LlamaModel
+from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import LoadedModel, load_model
 
 BLOCK_SIZE = 16
@@ -89,8 +89,8 @@ def prefill(loaded: LoadedModel, num_tokens: int, reps: int) -> dict:
     meta = build_metadata([num_tokens], [num_tokens], [list(range(num_blocks))], BLOCK_SIZE)
     shape = (num_blocks * BLOCK_SIZE, c.num_kv_heads, c.head_dim)
     kv_cache = [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(c.num_layers)]
-    models = {"tiled": LlamaModel(c, loaded.weights, num_tokens, numba_kernels),
-              "dense": LlamaModel(c, loaded.weights, num_tokens, dense_kernels())}
+    models = {"tiled": DecoderModel(c, loaded.weights, num_tokens, numba_kernels),
+              "dense": DecoderModel(c, loaded.weights, num_tokens, dense_kernels())}
     last = np.array([num_tokens - 1])
     logits = {}
 

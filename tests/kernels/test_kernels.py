@@ -154,6 +154,16 @@ def test_rope_matches_the_reference_in_place_on_strided_views(kernels, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_softcap_bounds_logits_by_tanh(kernels, dtype):
+    """Gemma 2's final-logit soft-cap, in place: cap * tanh(x / cap), so |x| < cap."""
+    x = (100 * np.random.default_rng(3).standard_normal((4, 50))).astype(dtype)
+    want = 30.0 * np.tanh(x.astype(np.float64) / 30.0)
+    kernels.softcap(x, 30.0)
+    np.testing.assert_allclose(x, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype] * 30)
+    assert np.abs(x).max() <= 30.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["token_major", "feature_major"])
 def test_silu_and_mul_matches_the_reference(kernels, dtype, layout):
     rng = np.random.default_rng(2)

@@ -17,6 +17,7 @@ from vllmlite.kernels.quant import (
     pack_nibbles,
     quantize,
     quantize_rows,
+    scale_rows,
     tile,
     unpack_nibbles,
     untile,
@@ -77,6 +78,19 @@ def test_tiles_hold_each_row_lane_by_lane_and_untile_exactly(fmt, rows):
     np.testing.assert_array_equal(dequantize(t), dequantize_block_rows(m))
     picked = np.array([last, 0, last, rows // 2])              # embedding lookup: any rows, repeated
     np.testing.assert_array_equal(dequantize(t, picked), dequantize(t)[picked])
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "none"])
+def test_scale_rows_scales_the_first_rows_and_leaves_the_input(fmt):
+    """What folding a multiplier into Q's rows does (families/common.fold_attention_scale)."""
+    w = weights(70, 64)
+    m = w if fmt == "none" else quantize(w, fmt)
+    before = m.copy() if fmt == "none" else dequantize(m)
+    scaled = scale_rows(m, 0.3, num_rows=65)
+    got = scaled if fmt == "none" else dequantize(scaled)
+    np.testing.assert_allclose(got[:65], 0.3 * before[:65], rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(got[65:], before[65:])
+    np.testing.assert_array_equal(m if fmt == "none" else dequantize(m), before)
 
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_1"])

@@ -169,6 +169,24 @@ def untile(m: QuantizedMatrix) -> BlockRows:
     return BlockRows(m.format, rows(m.qs), rows(m.scales), None if m.mins is None else rows(m.mins))
 
 
+def scale_rows(m: np.ndarray | QuantizedMatrix, factor: float, num_rows: int | None = None
+               ) -> np.ndarray | QuantizedMatrix:
+    """A copy of `m` with its first `num_rows` rows (all by default) times `factor`: a quantized
+    matrix scales those rows' block scales and mins, its integers untouched."""
+    if not isinstance(m, QuantizedMatrix):
+        out = m.copy()
+        out[:num_rows] *= factor
+        return out
+    rows = untile(m)
+    scales = rows.scales.copy()
+    scales[:num_rows] *= factor
+    mins = None
+    if rows.mins is not None:
+        mins = rows.mins.copy()
+        mins[:num_rows] *= factor
+    return tile(BlockRows(rows.format, rows.qs, scales, mins))
+
+
 def dequantize_block_rows(m: BlockRows) -> np.ndarray:
     """The float32 [rows, cols] matrix that `m` stands for."""
     rows, num_blocks = m.scales.shape

@@ -18,7 +18,7 @@ from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 zeros, empty, host_zeros = np.zeros, np.empty, np.zeros
 name = "numpy"
 GELU_TANH_SCALE = math.sqrt(2 / math.pi)   # a Python float keeps float32 float32 (NEP 50)
-feature_major = True  # activations as transposed [features, tokens] arrays (BLAS-friendly, see LlamaModel)
+feature_major = True  # activations as transposed [features, tokens] arrays (BLAS-friendly, see DecoderModel)
 
 
 def to_device(array: np.ndarray | QuantizedMatrix, dtype=None) -> np.ndarray | QuantizedMatrix:
@@ -88,6 +88,12 @@ def gelu_tanh_and_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
     gate, up = np.split(gate_up, 2, axis=-1)
     with np.errstate(over="ignore"):  # x^3 = inf for huge gates: tanh(inf) = 1, gelu(x) = x
         out[...] = 0.5 * gate * (1 + np.tanh(GELU_TANH_SCALE * (gate + 0.044715 * gate ** 3))) * up
+
+
+def softcap(x: np.ndarray, cap: float) -> None:
+    """In place: x = cap * tanh(x / cap) (Gemma 2's final-logit soft-cap)."""
+    np.tanh(x / cap, out=x)
+    x *= cap
 
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,

@@ -8,7 +8,6 @@ target's). Knows the model and sampler, never the scheduler.
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from typing import NamedTuple
 
@@ -18,7 +17,7 @@ from vllmlite.config import EngineConfig, SpeculativeConfig
 from vllmlite.core.batch import ScheduledSequence
 from vllmlite.kernels import Kernels
 from vllmlite.kernels.attention_metadata import build_metadata
-from vllmlite.models.llama import LlamaModel
+from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import LoadedModel, ModelWeights, load_model
 from vllmlite.worker.sampling import Sampler, SamplingBatch
 
@@ -90,7 +89,7 @@ class DraftModelProposer(Proposer):
     valid; the draft catches up from there, and rejection rolls it back.
     """
 
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int = 0) -> None:
+    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, seed: int = 0) -> None:
         c = model.config
         self.model = model
         self.block_size = block_size
@@ -220,12 +219,12 @@ def make_proposer(spec: SpeculativeConfig, target: LoadedModel, config: EngineCo
             raise ValueError(f"num_draft_layers {num_layers} exceeds the model's {target.config.num_layers}")
         w = target.weights  # the draft shares the target's arrays: no extra weight memory
         weights = ModelWeights(w.embed, w.layers[:num_layers], w.final_norm, w.lm_head, w.rope_freq_factors)
-        draft_config = dataclasses.replace(target.config, num_layers=num_layers)
+        draft_config = target.config.first_layers(num_layers)
     else:
         draft = load_model(spec.model, config.dtype, config.seed + 1, config.weight_quantization)
         if draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"the draft model's vocabulary ({draft.config.vocab_size}) differs from the "
                              f"target's ({target.config.vocab_size})")
         weights, draft_config = draft.weights, draft.config
-    model = LlamaModel(draft_config, weights, max_model_len, kernels)
+    model = DecoderModel(draft_config, weights, max_model_len, kernels)
     return DraftModelProposer(model, num_blocks, config.cache.block_size, config.seed)

@@ -193,6 +193,11 @@ class TorchKernels:
         total.index_add_(0, tokens, ys.to(compute) * weights[:, None])
         out.copy_(total)
 
+    def softcap(self, x: torch.Tensor, cap: float) -> None:
+        """In place: x = cap * tanh(x / cap)."""
+        torch.tanh(x / cap, out=x)
+        x *= cap
+
     def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
         if self._triton(k):
