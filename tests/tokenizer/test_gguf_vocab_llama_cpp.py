@@ -19,6 +19,11 @@ EXACT = ("command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gp
 # Refused: bert-bge has cases, nomic-bert-moe none.
 REFUSED = {"bert-bge": "'bert' \\(WordPiece\\) is not supported", "nomic-bert-moe": "'t5' \\(Unigram"}
 CASE_SEPARATOR = "\n__ggml_vocab_test__\n"
+ADDS_BOS = {"llama-spm", "phi-3", "gemma-4", "llama-bpe", "command-r", "deepseek-coder", "deepseek-llm"}
+# The token texts llama.cpp's vocabulary loader marks end of generation.
+LLAMA_CPP_EOG = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+                 "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+                 "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<\uff5cend\u2581of\u2581sentence\uff5c>")
 
 
 def vocab_path(name: str) -> Path:
@@ -92,3 +97,29 @@ def test_vocabulary_round_trips_its_cases(vocabulary):
 def test_unsupported_vocabulary_is_refused_naming_supported_models(name, message):
     with pytest.raises(ValueError, match=f"{message}.*supported tokenizer.ggml.model values are 'gpt2', 'llama'"):
         HFTokenizer.from_gguf_fields(load_fields(name))
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3"])
+def test_sentencepiece_every_token_round_trips(name):
+    # llama.cpp's tests/test-tokenizer-1-spm.cpp: each token's text, tokenized with special tokens
+    # parsed, decodes back to that text. Byte tokens that are not UTF-8 alone are left out.
+    tok = HFTokenizer.from_gguf_fields(load_fields(name))
+    texts = [tok.decode([token_id]) for token_id in range(tok.vocab_size)]
+    texts = [text for text in texts if "\ufffd" not in text]
+    wrong = [text for text in texts if tok.decode(tok.encode(text, add_special_tokens=False)) != text]
+    assert len(texts) > 31000
+    assert not wrong, f"{name}: {len(wrong)} of {len(texts)} token texts do not round-trip; first: {wrong[0]!r}"
+
+
+def test_vocabulary_adds_bos_as_llama_cpp_does(vocabulary):
+    # SentencePiece adds BOS unless told not to, llama-bpe's family does too, Gemma 4 always; the
+    # rest as tokenizer.ggml.add_bos_token says (command-r and deepseek-* set it).
+    name, tok = vocabulary
+    plain = tok.encode("hi", add_special_tokens=False)
+    assert tok.encode("hi") == ([tok.bos_token_id, *plain] if name in ADDS_BOS else plain)
+
+
+def test_vocabulary_stops_at_llama_cpp_end_of_generation_tokens(vocabulary):
+    name, tok = vocabulary
+    eog = {tok.token_to_id(text) for text in LLAMA_CPP_EOG} & tok.special_token_ids
+    assert eog | {tok.eos_token_id} <= tok.stop_token_ids

@@ -25,7 +25,8 @@ from vllmlite.tokenizer.gguf_vocab import gguf_vocabulary, set_bos_eos, unicode_
 # special token of the vocabulary stops generation, besides EOS: chat turns often end with one.
 END_OF_TURN_TOKENS = (
     "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-    "<|endoftext|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+    "<|endoftext|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<turn|>", "<eos>",
+    "[EOT]", "[EOS]", "<|flush|>", "<|calls|>", "<｜end▁of▁sentence｜>",
 )
 _BYTE_FALLBACK_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -142,8 +143,8 @@ class HFTokenizer(Tokenizer):
 
     @classmethod
     def from_gguf_fields(cls, fields: dict[str, Any]) -> HFTokenizer:
-        """The tokenizer transformers builds from a GGUF file's `tokenizer.*` metadata (see
-        `gguf_vocabulary`: byte-level BPE only, ValueError for any other model)."""
+        """The tokenizer llama.cpp builds from a GGUF file's `tokenizer.*` metadata (see
+        `gguf_vocabulary`: byte-level BPE, SentencePiece and Gemma 4 BPE; ValueError for others)."""
         vocab = gguf_vocabulary(fields)
         return cls(vocab.backend, vocab.bos_token, vocab.eos_token, vocab.chat_template, pad_token=vocab.pad_token)
 
