@@ -279,6 +279,8 @@ def test_gguf_sentencepiece_space_prefix_bos_and_byte_fallback():
         ab_score=-6.0, **{"tokenizer.ggml.add_space_prefix": False, "tokenizer.ggml.add_bos_token": False}))
     assert no_prefix.encode("a b") == [259 + 1, 259 + 5]
     assert no_prefix.decode(no_prefix.encode("a b")) == "a b"
+    # Logprob text as llama.cpp's token_to_piece: the leading space kept, a lone byte shown as bytes.
+    assert (tok.token_text(259 + 3), tok.token_text(3 + 0x20), tok.token_text(1)) == (" a", " ", "<s>")
     assert tok.token_text(3 + 0xC3) == "bytes:\\xc3"
 
 
