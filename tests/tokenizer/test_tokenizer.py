@@ -14,7 +14,13 @@ from paths import find_default_gguf
 from tokenizers import pre_tokenizers
 from tokenizers.models import BPE
 
-from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, bytes_to_unicode, read_gguf_fields
+from vllmlite.tokenizer import (
+    GGUF_PRE_TOKENIZERS,
+    ByteTokenizer,
+    HFTokenizer,
+    bytes_to_unicode,
+    read_gguf_fields,
+)
 
 GOLDENS = GOLDEN_DIR / "smollm2_tokenizer.json"
 
@@ -204,6 +210,14 @@ def test_gguf_pre_tokenizer_follows_ggml_pre():
     assert words() == ["x", "Ġ", "1", "2", "3", "4"]
     assert words(**{"tokenizer.ggml.pre": "gpt-2"}) == ["x", "Ġ1234"]
     assert words(**{"tokenizer.ggml.pre": "llama-bpe"}) == ["x", "Ġ", "123", "4"]
+
+
+@pytest.mark.parametrize("pre", sorted(name for name, spec in GGUF_PRE_TOKENIZERS.items()
+                                        if not spec.sentencepiece_style))
+def test_gguf_every_supported_pre_tokenizer_builds_and_round_trips(pre):
+    tok = HFTokenizer.from_gguf_fields(tiny_gguf_fields(**{"tokenizer.ggml.pre": pre}))
+    text = "Hello, y'all! 3333 Привет 你好 🦙\n\t x  "
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
 
 
 def test_gguf_unknown_pre_tokenizer_is_refused_naming_supported():

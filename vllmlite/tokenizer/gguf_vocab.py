@@ -67,27 +67,8 @@ def gguf_vocabulary(fields: dict[str, Any]) -> GGUFVocabulary:
     model = fields.get("tokenizer.ggml.model")
     tokens: list[str] = fields["tokenizer.ggml.tokens"]
     _check_unique(tokens)
+    backend, add_bos = _model_backend(model, tokens, fields)
     token_types = fields.get("tokenizer.ggml.token_type") or [TokenType.NORMAL] * len(tokens)
-    pre = fields.get("tokenizer.ggml.pre")
-    if model == "llama":
-        scores = fields.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
-        unk = tokens[fields.get("tokenizer.ggml.unknown_token_id", 0)]
-        backend = _sentencepiece_bpe(tokens, scores, unk, fields.get("tokenizer.ggml.add_space_prefix", True))
-        add_bos = fields.get("tokenizer.ggml.add_bos_token", True)
-    elif model == "gemma4" or (model == "gpt2" and pre_tokenizer_spec(pre).sentencepiece_style):
-        backend = _sentencepiece_style_bpe(tokens, fields["tokenizer.ggml.merges"])
-        add_bos = True  # llama.cpp forces BOS on for Gemma 4 whatever the file says
-    elif model == "gpt2":
-        spec = pre_tokenizer_spec(pre)
-        backend = _byte_level_bpe(tokens, fields["tokenizer.ggml.merges"], spec.ignore_merges)
-        backend.pre_tokenizer = pre_tokenizers.Sequence([
-            *split_pre_tokenizer(spec), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        add_bos = fields.get("tokenizer.ggml.add_bos_token", spec.add_bos)
-    else:
-        kind = _UNSUPPORTED_TOKENIZER_MODELS.get(model, "unknown")
-        raise ValueError(
-            f"GGUF tokenizer model {model!r} ({kind}) is not supported: supported tokenizer.ggml.model values "
-            f"are {', '.join(map(repr, SUPPORTED_TOKENIZER_MODELS))}; use an HF directory with tokenizer.json")
     _add_gguf_added_tokens(backend, tokens, token_types)
 
     def token_of(key: str, default: int | None = None) -> str | None:
@@ -103,6 +84,29 @@ def gguf_vocabulary(fields: dict[str, Any]) -> GGUFVocabulary:
             backend.add_special_tokens([AddedToken(name, special=True, normalized=False)])
     set_bos_eos(backend, bos, eos, add_bos, fields.get("tokenizer.ggml.add_eos_token", False))
     return GGUFVocabulary(backend, bos, eos, pad, fields.get("tokenizer.chat_template"))
+
+
+def _model_backend(model: str | None, tokens: list[str], fields: dict[str, Any]) -> tuple[tokenizers.Tokenizer, bool]:
+    """The backend for `tokenizer.ggml.model`, and whether llama.cpp adds BOS for it."""
+    pre = fields.get("tokenizer.ggml.pre")
+    if model == "llama":
+        scores = fields.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+        unk = tokens[fields.get("tokenizer.ggml.unknown_token_id", 0)]
+        backend = _sentencepiece_bpe(tokens, scores, unk, fields.get("tokenizer.ggml.add_space_prefix", True))
+        return backend, fields.get("tokenizer.ggml.add_bos_token", True)
+    if model == "gemma4" or (model == "gpt2" and pre_tokenizer_spec(pre).sentencepiece_style):
+        # llama.cpp forces BOS on for Gemma 4 whatever the file says
+        return _sentencepiece_style_bpe(tokens, fields["tokenizer.ggml.merges"]), True
+    if model == "gpt2":
+        spec = pre_tokenizer_spec(pre)
+        backend = _byte_level_bpe(tokens, fields["tokenizer.ggml.merges"], spec.ignore_merges)
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            *split_pre_tokenizer(spec), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        return backend, fields.get("tokenizer.ggml.add_bos_token", spec.add_bos)
+    kind = _UNSUPPORTED_TOKENIZER_MODELS.get(model, "unknown")
+    raise ValueError(
+        f"GGUF tokenizer model {model!r} ({kind}) is not supported: supported tokenizer.ggml.model values "
+        f"are {', '.join(map(repr, SUPPORTED_TOKENIZER_MODELS))}; use an HF directory with tokenizer.json")
 
 
 def read_gguf_fields(reader: gguf.GGUFReader, prefix: str = "tokenizer.") -> dict[str, Any]:
@@ -179,7 +183,7 @@ def _sentencepiece_bpe(tokens: list[str], scores: Sequence[float], unk: str,
             left, right = token[:cut], token[cut:]
             if left in vocab and right in vocab:
                 ranked.append((-score, vocab[left], vocab[right], left, right))
-    ranked.sort(key=lambda merge: merge[:3])
+    ranked.sort()  # (-score, left id, right id) are unique, so the strings are never compared
     backend = tokenizers.Tokenizer(BPE(vocab=vocab, merges=[(left, right) for *_, left, right in ranked],
                                        dropout=None, unk_token=unk, fuse_unk=True, byte_fallback=True))
     # tokenizers normalizes each run of text between added tokens apart, so Prepend gives llama.cpp's
