@@ -35,7 +35,7 @@ def vocab_path(name: str) -> Path:
 
 def load_fields(name: str) -> dict:
     gguf = import_or_skip_unless_ci("gguf")
-    return read_gguf_fields(gguf.GGUFReader(vocab_path(name)))
+    return read_gguf_fields(gguf.GGUFReader(vocab_path(name)), prefix="")  # all fields, as the loader reads them
 
 
 def read_cases(vocab: Path) -> list[tuple[str, list[int]]]:
@@ -93,6 +93,15 @@ def test_vocabulary_round_trips_its_cases(vocabulary):
     assert not wrong, f"{name}: {len(wrong)} of {len(texts)} cases do not round-trip; first: {wrong[0]!r}"
 
 
+@pytest.mark.parametrize("name", ["aquila", "baichuan", "gpt-neox"])
+def test_vocabulary_without_cases_builds_and_round_trips(name):
+    # aquila and gpt-neox name no pre-tokenizer (llama.cpp's "default" regexes); baichuan is SentencePiece.
+    tok = HFTokenizer.from_gguf_fields(load_fields(name))
+    text = "Hello, y'all! 1314151 天～ 🦙\n\t  end"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids and tok.decode(ids) == text
+
+
 @pytest.mark.parametrize("name, message", REFUSED.items())
 def test_unsupported_vocabulary_is_refused_naming_supported_models(name, message):
     with pytest.raises(ValueError, match=f"{message}.*supported tokenizer.ggml.model values are 'gpt2', 'llama'"):
@@ -123,3 +132,15 @@ def test_vocabulary_stops_at_llama_cpp_end_of_generation_tokens(vocabulary):
     name, tok = vocabulary
     eog = {tok.token_to_id(text) for text in LLAMA_CPP_EOG} & tok.special_token_ids
     assert eog | {tok.eos_token_id} <= tok.stop_token_ids
+
+
+def test_phi_3_special_tokens_swallow_the_whitespace_after_them():
+    # llama.cpp sets RSTRIP on Phi-3's special tokens (general.name "Phi3"), so a chat prompt's
+    # newline after "<|user|>" is not tokenized; BOS and <|endoftext|> keep theirs.
+    fields = load_fields("phi-3")
+    tok = HFTokenizer.from_gguf_fields(fields)
+    hi = tok.encode("Hi", add_special_tokens=False)
+    assert tok.encode("<|user|>\nHi<|end|>\n<|assistant|>\n", add_special_tokens=False) == [32010, *hi, 32007, 32001]
+    assert tok.encode("<s> Hi", add_special_tokens=False) == [1, *tok.encode(" Hi", add_special_tokens=False)]
+    plain = HFTokenizer.from_gguf_fields({key: value for key, value in fields.items() if key != "general.name"})
+    assert plain.encode("<|user|>\nHi", add_special_tokens=False)[:2] == [32010, tok.encode("\n", add_special_tokens=False)[0]]

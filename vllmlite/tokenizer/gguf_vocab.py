@@ -69,7 +69,7 @@ def gguf_vocabulary(fields: dict[str, Any]) -> GGUFVocabulary:
     _check_unique(tokens)
     backend, add_bos = _model_backend(model, tokens, fields)
     token_types = fields.get("tokenizer.ggml.token_type") or [TokenType.NORMAL] * len(tokens)
-    _add_gguf_added_tokens(backend, tokens, token_types)
+    _add_gguf_added_tokens(backend, tokens, token_types, rstrip=_is_phi3(fields))
 
     def token_of(key: str, default: int | None = None) -> str | None:
         token_id = fields.get(f"tokenizer.ggml.{key}", default)
@@ -208,17 +208,29 @@ def _sentencepiece_style_bpe(tokens: list[str], merges: list[str]) -> tokenizers
     return backend
 
 
-def _add_gguf_added_tokens(backend: tokenizers.Tokenizer, tokens: list[str], token_types: Sequence[int]) -> None:
+def _add_gguf_added_tokens(backend: tokenizers.Tokenizer, tokens: list[str], token_types: Sequence[int],
+                           rstrip: bool) -> None:
     """llama.cpp cuts text at these before the model runs: CONTROL and UNKNOWN tokens only where
-    special tokens are parsed (special added tokens), USER_DEFINED ones always (plain added ones)."""
-    special = [AddedToken(token, normalized=False, special=True) for token, kind in zip(tokens, token_types)
+    special tokens are parsed (special added tokens), USER_DEFINED ones always (plain added ones).
+    With `rstrip` each also swallows the whitespace after it, but for BOS, UNK and <|endoftext|>."""
+    def added(token: str, special: bool) -> AddedToken:
+        strip = rstrip and token not in ("<unk>", "<s>", "<|endoftext|>")
+        return AddedToken(token, normalized=False, special=special, rstrip=strip)
+
+    special = [added(token, True) for token, kind in zip(tokens, token_types)
                if kind in (TokenType.CONTROL, TokenType.UNKNOWN)]
     if special:
         backend.add_special_tokens(special)
-    user_defined = [AddedToken(token, normalized=False, special=False)
-                    for token, kind in zip(tokens, token_types) if kind == TokenType.USER_DEFINED]
+    user_defined = [added(token, False) for token, kind in zip(tokens, token_types) if kind == TokenType.USER_DEFINED]
     if user_defined:
         backend.add_tokens(user_defined)
+
+
+def _is_phi3(fields: dict[str, Any]) -> bool:
+    """llama.cpp makes Phi-3's special tokens eat the whitespace after them (as its tokenizer.json
+    does), recognising the model by `general.name`; absent when only `tokenizer.*` is given."""
+    name = str(fields.get("general.name", "")).lower()
+    return "phi-3" in name or "phi3" in name
 
 
 def set_bos_eos(backend: tokenizers.Tokenizer, bos: str | None, eos: str | None, add_bos: bool, add_eos: bool) -> None:
