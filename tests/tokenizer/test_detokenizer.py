@@ -229,3 +229,21 @@ def test_numpy_token_ids_accepted():
     np = pytest.importorskip("numpy")
     detok = IncrementalDetokenizer(BYTES, np.array(byte_ids("ab"), dtype=np.int64))
     assert detok.add_tokens(np.array(byte_ids("é!"), dtype=np.int64)).text == "é!"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sentencepiece_stream_keeps_spaces_after_the_prompt(seed):
+    # SentencePiece drops the text's leading "▁" when decoding from the start, so the first output
+    # token's space survives only because the prompt is decoded as left context.
+    from llama_cpp_source import llama_cpp_source
+
+    gguf = import_or_skip_unless_ci("gguf")
+    tree = llama_cpp_source()
+    if tree is None:
+        skip_unless_ci("llama.cpp's vocabulary files are not available")
+    tok = HFTokenizer.from_gguf_fields(read_gguf_fields(gguf.GGUFReader(tree / "models" / "ggml-vocab-llama-spm.gguf")))
+    prompt = tok.encode("Question: what?")
+    output = tok.encode("The answer is ½, é 🦙\n  and  more", add_special_tokens=False)  # "▁The ..."
+    pieces = stream(IncrementalDetokenizer(tok, prompt), output, random.Random(seed))
+    full, context = tok.decode(prompt + output, skip_special_tokens=True), tok.decode(prompt, skip_special_tokens=True)
+    assert "".join(pieces) == full[len(context):] == " The answer is ½, é 🦙\n  and  more"

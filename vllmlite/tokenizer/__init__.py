@@ -7,11 +7,11 @@ Chat templates are in chat_template.py, incremental detokenization in detokenize
 
 from vllmlite.tokenizer.base import BatchEncoding, Tokenizer, format_token_bytes
 from vllmlite.tokenizer.byte import BYTE_SPECIAL_TOKENS, ByteTokenizer
+from vllmlite.tokenizer.gguf_pre_tokenizers import GGUF_PRE_TOKENIZERS, UNSUPPORTED_PRE_TOKENIZERS
 from vllmlite.tokenizer.gguf_vocab import (
-    GGUF_PRE_TOKENIZER_SPLITS,
-    TOKEN_TYPE_CONTROL,
-    TOKEN_TYPE_USER_DEFINED,
+    SUPPORTED_TOKENIZER_MODELS,
     GGUFVocabulary,
+    TokenType,
     bytes_to_unicode,
     gguf_vocabulary,
     read_gguf_fields,
@@ -20,7 +20,7 @@ from vllmlite.tokenizer.gguf_vocab import (
 from vllmlite.tokenizer.hf import END_OF_TURN_TOKENS, HFTokenizer
 
 __all__ = [
-    "BYTE_SPECIAL_TOKENS", "END_OF_TURN_TOKENS", "GGUF_PRE_TOKENIZER_SPLITS", "TOKEN_TYPE_CONTROL",
-    "TOKEN_TYPE_USER_DEFINED", "BatchEncoding", "ByteTokenizer", "GGUFVocabulary", "HFTokenizer", "Tokenizer",
-    "bytes_to_unicode", "format_token_bytes", "gguf_vocabulary", "read_gguf_fields", "unicode_to_bytes",
+    "BYTE_SPECIAL_TOKENS", "END_OF_TURN_TOKENS", "GGUF_PRE_TOKENIZERS", "SUPPORTED_TOKENIZER_MODELS",
+    "UNSUPPORTED_PRE_TOKENIZERS", "BatchEncoding", "ByteTokenizer", "GGUFVocabulary", "HFTokenizer", "TokenType",
+    "Tokenizer", "bytes_to_unicode", "format_token_bytes", "gguf_vocabulary", "read_gguf_fields", "unicode_to_bytes",
 ]

@@ -19,13 +19,14 @@ import tokenizers
 from tokenizers import decoders
 
 from vllmlite.tokenizer.base import Tokenizer, format_token_bytes
-from vllmlite.tokenizer.gguf_vocab import gguf_vocabulary, set_bos_eos, unicode_to_bytes
+from vllmlite.tokenizer.gguf_vocab import SPIECE_SPACE, gguf_vocabulary, set_bos_eos, unicode_to_bytes
 
 # Token names llama.cpp treats as end of generation (its EOG detection). Any of these that is a
 # special token of the vocabulary stops generation, besides EOS: chat turns often end with one.
 END_OF_TURN_TOKENS = (
     "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-    "<|endoftext|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+    "<|endoftext|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<turn|>", "<eos>",
+    "[EOT]", "[EOS]", "<|flush|>", "<|calls|>", "<｜end▁of▁sentence｜>",
 )
 _BYTE_FALLBACK_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -125,10 +126,18 @@ class HFTokenizer(Tokenizer):
         return self.backend.token_to_id(token)
 
     def token_text(self, token_id: int) -> str:
+        piece = self.id_to_token(token_id)
+        if not self._is_byte_level and token_id not in self._added_token_ids:
+            # As llama.cpp's token_to_piece: decode() would drop a SentencePiece leading space.
+            data = self._token_bytes(piece)
+            if data is not None:
+                return data.decode("utf-8") if data.isascii() else format_token_bytes(data)
+            if SPIECE_SPACE in piece:
+                return piece.replace(SPIECE_SPACE, " ")
         text = self.decode([token_id], skip_special_tokens=False)
         if "\ufffd" not in text or token_id in self._added_token_ids:
             return text
-        data = self._token_bytes(self.backend.id_to_token(token_id))
+        data = self._token_bytes(piece)
         return text if data is None else format_token_bytes(data)
 
     def _token_bytes(self, piece: str) -> bytes | None:
@@ -142,8 +151,8 @@ class HFTokenizer(Tokenizer):
 
     @classmethod
     def from_gguf_fields(cls, fields: dict[str, Any]) -> HFTokenizer:
-        """The tokenizer transformers builds from a GGUF file's `tokenizer.*` metadata (see
-        `gguf_vocabulary`: byte-level BPE only, ValueError for any other model)."""
+        """The tokenizer llama.cpp builds from a GGUF file's `tokenizer.*` metadata (see
+        `gguf_vocabulary`: byte-level BPE, SentencePiece and Gemma 4 BPE; ValueError for others)."""
         vocab = gguf_vocabulary(fields)
         return cls(vocab.backend, vocab.bos_token, vocab.eos_token, vocab.chat_template, pad_token=vocab.pad_token)
 
