@@ -204,8 +204,7 @@ def load_tokenizer(model: str) -> tuple[Tokenizer, str]:
         return ByteTokenizer(), source
     if Path(source).is_dir():
         return HFTokenizer.from_directory(source), source
-    import gguf
-    return HFTokenizer.from_gguf_fields(read_gguf_fields(gguf.GGUFReader(source), prefix="")), source
+    return HFTokenizer.from_gguf_fields(read_gguf_fields(source, prefix="")), source
 
 
 def _round_to_blocks(num_tokens: int, block_size: int = 16) -> int:

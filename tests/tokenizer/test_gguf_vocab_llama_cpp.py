@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import import_or_skip_unless_ci, skip_unless_ci
+from conftest import skip_unless_ci
 from llama_cpp_source import llama_cpp_source
 
 from vllmlite.tokenizer import HFTokenizer, read_gguf_fields
@@ -34,8 +34,7 @@ def vocab_path(name: str) -> Path:
 
 
 def load_fields(name: str) -> dict:
-    gguf = import_or_skip_unless_ci("gguf")
-    return read_gguf_fields(gguf.GGUFReader(vocab_path(name)), prefix="")  # all fields, as the loader reads them
+    return read_gguf_fields(vocab_path(name), prefix="")  # all fields, as the loader reads them
 
 
 def read_cases(vocab: Path) -> list[tuple[str, list[int]]]:
@@ -72,7 +71,7 @@ def test_case_reader_matches_llama_cpp_format():
 
 @pytest.fixture(scope="module", params=EXACT)
 def vocabulary(request) -> tuple[str, HFTokenizer]:
-    """One vocabulary, read once for all its tests (GGUFReader takes up to a minute on the largest)."""
+    """One vocabulary, read once for all its tests."""
     return request.param, HFTokenizer.from_gguf_fields(load_fields(request.param))
 
 

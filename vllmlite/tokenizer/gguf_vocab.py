@@ -13,16 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import IntEnum
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, NamedTuple
+from os import PathLike
+from typing import Any, NamedTuple
 
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import BPE
 
 from vllmlite.tokenizer.gguf_pre_tokenizers import pre_tokenizer_spec, split_pre_tokenizer
-
-if TYPE_CHECKING:
-    import gguf
+from vllmlite.utils.gguf_file import GGUFFile
 
 SPIECE_SPACE = "\u2581"  # "▁", SentencePiece's spelling of a space
 
@@ -109,13 +108,11 @@ def _model_backend(model: str | None, tokens: list[str], fields: dict[str, Any])
         f"are {', '.join(map(repr, SUPPORTED_TOKENIZER_MODELS))}; use an HF directory with tokenizer.json")
 
 
-def read_gguf_fields(reader: gguf.GGUFReader, prefix: str = "tokenizer.") -> dict[str, Any]:
-    """The GGUF metadata under `prefix` as python values (str, int, bool, list).
-
-    `ReaderField.contents()` turns SmolLM2's 49k tokens into strings in ~20 ms (building the
-    GGUFReader itself is the slow part: it parses every array element up front).
-    """
-    return {key: field.contents() for key, field in reader.fields.items() if key.startswith(prefix)}
+def read_gguf_fields(source: str | PathLike[str] | GGUFFile, prefix: str = "tokenizer.") -> dict[str, Any]:
+    """The metadata under `prefix` of a GGUF file (a path, or one already read) as Python values
+    (str, int, float, bool, list)."""
+    file = source if isinstance(source, GGUFFile) else GGUFFile(source)
+    return {key: value for key, value in file.fields.items() if key.startswith(prefix)}
 
 
 @lru_cache(maxsize=1)
