@@ -17,13 +17,17 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return out
 
 
-def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray) -> np.ndarray:
-    """Causal attention of q [n, heads, d] at q_positions over k, v [ctx, kv_heads, d] at 0..ctx-1."""
+def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray,
+                    window: int | None = None) -> np.ndarray:
+    """Causal attention of q [n, heads, d] at q_positions over k, v [ctx, kv_heads, d] at 0..ctx-1;
+    with a window, each query sees only the `window` positions ending at its own."""
     group = q.shape[1] // k.shape[1]
     k = np.repeat(k, group, axis=1)                                  # [ctx, heads, d]
     v = np.repeat(v, group, axis=1)
     scores = np.einsum("nhd,lhd->hnl", q, k) / np.sqrt(q.shape[-1])  # [heads, n, ctx]
     allowed = np.arange(k.shape[0])[None, :] <= q_positions[:, None]  # [n, ctx]
+    if window is not None:
+        allowed &= np.arange(k.shape[0])[None, :] > q_positions[:, None] - window
     scores = np.where(allowed[None], scores, -np.inf)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
@@ -54,17 +58,16 @@ def dense_hidden(loaded: LoadedModel, token_ids: list[int]) -> np.ndarray:
 
 def _final_hidden(c: ModelConfig, w: ModelWeights, token_ids: list[int]) -> np.ndarray:
     llama_like = dict(norm_placement="pre", hidden_act="silu", embedding_multiplier=1.0, attention_scale=None,
-                      attn_logit_softcap=None, final_logit_softcap=None, logit_multiplier=1.0, layer_types=None,
-                      rope_layers=None, partial_rotary_factor=1.0)
+                      attn_logit_softcap=None, final_logit_softcap=None, logit_multiplier=1.0, rope_layers=None, partial_rotary_factor=1.0)
     unsupported = [name for name, value in llama_like.items() if getattr(c, name) != value]
     if unsupported or c.qk_norm not in (None, "head"):
-        raise NotImplementedError(f"the dense reference has no {unsupported or ['qk_norm']} (Llama and Qwen3 only)")
+        raise NotImplementedError(f"the dense reference has no {unsupported or ['qk_norm']} (Llama, Mistral, Qwen3 only)")
     n = len(token_ids)
     positions = np.arange(n)
     angles = np.outer(positions, rope_inv_freq(c, w.rope_freq_factors))    # [n, head_dim / 2]
     cos, sin = np.cos(angles).astype(w.embed.dtype), np.sin(angles).astype(w.embed.dtype)
     x = w.embed[np.asarray(token_ids)]
-    for layer in w.layers:
+    for i, layer in enumerate(w.layers):
         h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
         qkv = h @ layer.wqkv.T
         if layer.bqkv is not None:
@@ -78,7 +81,8 @@ def _final_hidden(c: ModelConfig, w: ModelWeights, token_ids: list[int]) -> np.n
         kernels.rope(q, positions, cos, sin)
         kernels.rope(k, positions, cos, sin)
         v = qkv[:, k_end:].reshape(n, c.num_kv_heads, c.head_dim)
-        x = x + dense_attention(q, k, v, positions).reshape(n, q_end) @ layer.wo.T
+        window = c.sliding_window if c.layer_type(i) == "sliding" else None
+        x = x + dense_attention(q, k, v, positions, window).reshape(n, q_end) @ layer.wo.T
         h = rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
         act = np.empty((n, c.intermediate_size), x.dtype)
         kernels.silu_and_mul(h @ layer.w_gate_up.T, act)

@@ -48,6 +48,11 @@ FAMILIES = {
                 "rms_norm_eps": 1e-6, "rope_theta": 5000000.0, "no_rope_layer_interval": 4,
                 "tie_word_embeddings": True, "use_sliding_window": False, "attention_bias": False,
                 "pad_token_id": 2},
+    # Mistral-7B-v0.1's: a sliding window on every layer (8 tokens here, a fifth of the prompt),
+    # untied LM head, rope_theta 10000.
+    "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "head_dim": 8,
+                "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "sliding_window": 8,
+                "tie_word_embeddings": False},
 }
 
 # convert_hf_to_gguf identifies a BPE pre-tokenizer by hashing its output on a test string; the tiny

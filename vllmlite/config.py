@@ -121,6 +121,14 @@ class ModelConfig:
     def layer_type(self, layer: int) -> str:
         return self.layer_types[layer] if self.layer_types else "full"
 
+    @property
+    def uniform_sliding_window(self) -> int | None:
+        """The window when every layer is sliding (Mistral): no token older than it is ever read
+        again, so the KV blocks before it can be freed. None when any layer sees the whole context."""
+        if self.layer_types is None or "full" in self.layer_types:
+            return None
+        return self.sliding_window
+
     def uses_rope(self, layer: int) -> bool:
         return self.rope_layers[layer] if self.rope_layers else True
 

@@ -13,10 +13,11 @@ from vllmlite.sampling_params import SamplingParams
 MAX_TOKENS = 12
 
 
-@pytest.fixture(scope="module", params=["random", "qwen3"])
+@pytest.fixture(scope="module", params=["random", "qwen3", "mistral"])
 def tiny_model(request) -> LoadedModel:
-    """The random Llama, and a family whose layers do more (Qwen3's per-head q/k norms, head_dim
-    twice hidden / heads, tied embeddings), in float64."""
+    """The random Llama, and families whose layers do more (Qwen3's per-head q/k norms, head_dim
+    twice hidden / heads, tied embeddings; Mistral's 8-token sliding window on every layer, far
+    shorter than most prompts), in float64."""
     model = "random" if request.param == "random" else str(GOLDENS / "families" / request.param)
     return load_model(model, dtype="float64")
 

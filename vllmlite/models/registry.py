@@ -28,7 +28,7 @@ ARCHITECTURES = (
     Architecture("llama", ("LlamaForCausalLM",), ("llama",), "llama",
                  "RMSNorm, RoPE (linear and llama3 scaling), GQA, SwiGLU"),
     Architecture("mistral", ("MistralForCausalLM",), (), "mistral",
-                 "Llama; a sliding window caps the context (GGUF: llama)"),
+                 "Llama with a sliding window on every layer (GGUF: llama, window dropped)"),
     Architecture("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), "qwen2", "Llama with q/k/v biases"),
     Architecture("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), "qwen3",
                  "Llama with per-head q/k RMSNorm, head_dim from the config"),
