@@ -53,6 +53,13 @@ FAMILIES = {
     "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "head_dim": 8,
                 "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "sliding_window": 8,
                 "tie_word_embeddings": False},
+    # Gemma-2-2B's: head_dim (16) != hidden / heads (8) with query_pre_attn_scalar = head_dim (llama.cpp
+    # assumes it except for the 27B), GeGLU, sandwich norms, soft-caps 50 / 30, sliding window on
+    # alternate layers (6 tokens here), tied embeddings.
+    "gemma2": {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "num_hidden_layers": 4,
+               "head_dim": 16, "query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh",
+               "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 6, "attn_logit_softcapping": 50.0,
+               "final_logit_softcapping": 30.0, "tie_word_embeddings": True, "pad_token_id": 1},
 }
 
 # convert_hf_to_gguf identifies a BPE pre-tokenizer by hashing its output on a test string; the tiny
@@ -63,6 +70,9 @@ tree = sys.argv.pop(1)
 sys.path.insert(0, tree)
 from conversion import base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+# Gemma 2's converter reads only SentencePiece's tokenizer.model; the tiny BPE one goes Gemma 3's way.
+from conversion import gemma
+gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
 sys.argv[0] = tree + "/convert_hf_to_gguf.py"
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -85,12 +95,14 @@ def converter_tree(scratch: Path) -> Path:
 
 
 def randomize(model, seed: int) -> None:
-    """Every parameter random (tied ones once): norms near 1 and biases nonzero so mistakes show."""
+    """Every parameter random (tied ones once): norms near 1 and biases nonzero so mistakes show.
+    Gemma's norms scale by 1 + weight, so theirs are stored near 0 (still near 1 in effect)."""
     generator = torch.Generator().manual_seed(seed)
+    norm_base = 0.0 if model.config.model_type.startswith("gemma") else 1.0
     for name, param in model.named_parameters():
         noise = torch.randn(param.shape, generator=generator)
         if "norm" in name:
-            value = 1.0 + 0.2 * noise
+            value = norm_base + 0.2 * noise
         elif name.endswith(".bias"):
             value = 0.3 * noise
         elif "embed_tokens" in name:

@@ -32,6 +32,9 @@ ARCHITECTURES = (
     Architecture("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), "qwen2", "Llama with q/k/v biases"),
     Architecture("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), "qwen3",
                  "Llama with per-head q/k RMSNorm, head_dim from the config"),
+    Architecture("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), "gemma2",
+                 "(1 + w) sandwich RMSNorms, GeGLU, sqrt(hidden) embeddings, soft-caps, sliding window "
+                 "on alternate layers"),
     Architecture("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), "smollm3",
                  "Llama with no RoPE on some layers (every 4th by default)"),
 )

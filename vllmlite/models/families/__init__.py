@@ -4,5 +4,7 @@ tensor names (HF and GGUF) mapped onto the shared weight layout (families/common
 A family module provides `hf_config(raw, name) -> ModelConfig`, `gguf_config(fields, name,
 tensors) -> ModelConfig`, `HF_NAMES` and `GGUF_NAMES` (LayerNames), `GGUF_PERMUTES_QK` (whether
 llama.cpp's converter permuted Q and K rows) and `finish(config, weights) -> ModelWeights` (exact
-load-time folds, or the weights as they are).
+load-time folds, or the weights as they are). Optionally `HF_NORM_OFFSET`: added to every
+"*norm.weight" of a safetensors checkpoint (Gemma's RMSNorm scales by 1 + weight; llama.cpp's
+converter has already added it in the GGUF).
 """
