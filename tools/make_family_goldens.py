@@ -60,10 +60,19 @@ FAMILIES = {
                "head_dim": 16, "query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh",
                "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 6, "attn_logit_softcapping": 50.0,
                "final_logit_softcapping": 30.0, "tie_word_embeddings": True, "pad_token_id": 1},
+    # Gemma-3-4B's (text): per-head q/k norms, no attention soft-cap, 5 sliding layers to 1 global,
+    # local RoPE base 10000, global base 1e6 with linear scaling 8; hub-style keys, as its config.json.
+    "gemma3": {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 6,
+               "head_dim": 16, "query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh",
+               "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+               "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 6,
+               "sliding_window_pattern": 6, "final_logit_softcapping": None, "attn_logit_softcapping": None,
+               "tie_word_embeddings": True, "pad_token_id": 1},
 }
 
 # convert_hf_to_gguf identifies a BPE pre-tokenizer by hashing its output on a test string; the tiny
 # trained tokenizer matches none, so it is named "gpt-2" (GPT-2's byte-level split, which it uses).
+# Its specials are fewer than the vocabulary's 300 rows, so Gemma 3's converter trims no embedding row.
 CONVERT = """
 import runpy, sys
 tree = sys.argv.pop(1)

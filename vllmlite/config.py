@@ -87,7 +87,7 @@ class ModelConfig:
     layer_types: tuple[str, ...] | None = None  # per layer, a LAYER_TYPES name; None: all "full"
     sliding_window: int | None = None  # tokens a "sliding" layer sees, itself included
     rope_layers: tuple[bool, ...] | None = None  # per layer, whether it applies RoPE; None: all do
-    rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3); None: rope_theta
+    rope_local_theta: float | None = None  # RoPE base of the sliding layers, unscaled (Gemma 3); None: rope_theta
     partial_rotary_factor: float = 1.0  # RoPE rotates the first factor * head_dim dims of each head
 
     def __post_init__(self) -> None:

@@ -101,15 +101,17 @@ class LayerPlan(NamedTuple):
 
 def layer_plans(config: ModelConfig, weights: ModelWeights, num_positions: int, k: Kernels,
                 dtype) -> list[LayerPlan]:
-    """Each layer's plan; layers sharing a RoPE base share one pair of tables."""
+    """Each layer's plan; layers sharing a RoPE base share one pair of tables. The sliding layers'
+    own base (rope_local_theta) comes without the global layers' scaling, as Gemma 3 has it."""
     c, tables = config, {}
     factor = c.rope_scaling.attention_factor if c.rope_scaling is not None else 1.0
 
-    def rope(theta: float) -> tuple[np.ndarray, np.ndarray]:
-        if theta not in tables:
-            cos, sin = rope_tables(rope_inv_freq(c, weights.rope_freq_factors, theta), num_positions, factor)
-            tables[theta] = (k.to_device(cos, dtype), k.to_device(sin, dtype))
-        return tables[theta]
+    def rope(theta: float, scaled: bool) -> tuple[np.ndarray, np.ndarray]:
+        if (theta, scaled) not in tables:
+            inv_freq = rope_inv_freq(c, weights.rope_freq_factors, theta, scaled)
+            cos, sin = rope_tables(inv_freq, num_positions, factor if scaled else 1.0)
+            tables[theta, scaled] = (k.to_device(cos, dtype), k.to_device(sin, dtype))
+        return tables[theta, scaled]
 
     plans = []
     for i in range(c.num_layers):
@@ -119,8 +121,9 @@ def layer_plans(config: ModelConfig, weights: ModelWeights, num_positions: int, 
             kwargs["softcap"] = c.attn_logit_softcap
         if c.attention_scale is not None and c.attention_scale != 1.0 / math.sqrt(c.head_dim):
             kwargs["scale"] = c.attention_scale
-        theta = c.rope_local_theta if sliding and c.rope_local_theta is not None else c.rope_theta
-        plans.append(LayerPlan(rope(theta) if c.uses_rope(i) else None, kwargs))
+        local = sliding and c.rope_local_theta is not None
+        theta = c.rope_local_theta if local else c.rope_theta
+        plans.append(LayerPlan(rope(theta, not local) if c.uses_rope(i) else None, kwargs))
     return plans
 
 

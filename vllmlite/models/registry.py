@@ -35,6 +35,9 @@ ARCHITECTURES = (
     Architecture("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), "gemma2",
                  "(1 + w) sandwich RMSNorms, GeGLU, sqrt(hidden) embeddings, soft-caps, sliding window "
                  "on alternate layers"),
+    Architecture("gemma3", ("Gemma3ForCausalLM",), ("gemma3",), "gemma3",
+                 "Gemma 2 with per-head q/k norms, no attention soft-cap, 5 sliding : 1 global layers, "
+                 "local and global RoPE"),
     Architecture("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), "smollm3",
                  "Llama with no RoPE on some layers (every 4th by default)"),
 )

@@ -9,12 +9,14 @@ from vllmlite.config import ModelConfig
 
 
 def rope_inv_freq(config: ModelConfig, freq_factors: np.ndarray | None = None,
-                  theta: float | None = None) -> np.ndarray:
+                  theta: float | None = None, scaled: bool = True) -> np.ndarray:
     """Rotary inverse frequencies [rotary_dim / 2] for base `theta` (default the config's), with
-    linear or llama3 scaling when configured."""
+    linear or llama3 scaling when configured, unless not `scaled` (Gemma 3's local layers)."""
     d = config.rotary_dim
     theta = config.rope_theta if theta is None else theta
     inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    if not scaled:
+        return inv_freq
     if freq_factors is not None:
         return inv_freq / freq_factors.astype(np.float64)
     scaling = config.rope_scaling
