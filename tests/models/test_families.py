@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from loader_util import engine_logits
 from paths import GOLDENS
+from reference import dense_logits
 from torch_facade import triton_interpreted_without_a_gpu
 
 from vllmlite import LLM, SamplingParams
@@ -77,6 +78,13 @@ def test_logits_match_transformers_on_every_backend(name, backend):
     meta = build_metadata([n], [n], [list(range(num_blocks))], block_size)
     logits = model.forward(np.array(ids), meta, kv_cache, np.arange(n))
     np.testing.assert_allclose(logits, want, rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_dense_reference_matches_transformers(name):
+    """tests/reference.py, the invariance suite's oracle, computes each family as transformers does."""
+    ids, want = expected(name)["input_ids"], np.load(FAMILIES / name / "expected_logits.npy")
+    np.testing.assert_allclose(dense_logits(load_model(source(name, "safetensors")), ids), want, rtol=0, atol=TOLERANCE)
 
 
 @pytest.mark.parametrize("name, kind", KINDS)

@@ -13,11 +13,12 @@ from vllmlite.sampling_params import SamplingParams
 MAX_TOKENS = 12
 
 
-@pytest.fixture(scope="module", params=["random", "qwen3", "mistral"])
+@pytest.fixture(scope="module", params=["random", "qwen3", "mistral", "gemma2", "gemma3"])
 def tiny_model(request) -> LoadedModel:
     """The random Llama, and families whose layers do more (Qwen3's per-head q/k norms, head_dim
     twice hidden / heads, tied embeddings; Mistral's 8-token sliding window on every layer, far
-    shorter than most prompts), in float64."""
+    shorter than most prompts; Gemma 2's soft-caps and 6-token window on alternate layers; Gemma 3's
+    5 sliding : 1 full layers with two RoPEs), in float64."""
     model = "random" if request.param == "random" else str(GOLDENS / "families" / request.param)
     return load_model(model, dtype="float64")
 
