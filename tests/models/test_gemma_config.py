@@ -37,6 +37,8 @@ def test_gemma2_defaults_alternate_layers_and_read_the_query_scalar():
     assert config.attention_scale == 144 ** -0.5
     assert config.embedding_multiplier == pytest.approx(32 ** 0.5, rel=1e-7)
     assert config.uniform_sliding_window is None
+    every_layer_full = gemma2.hf_config(raw | {"layer_types": ["full_attention"] * 4}, "gemma2")
+    assert every_layer_full.layer_types is None and every_layer_full.sliding_window is None
 
 
 def test_unsupported_gemma_fields_are_clear_errors():

@@ -55,7 +55,7 @@ def hf_features(raw: dict, default_pattern: int) -> dict:
     act = raw.get("hidden_activation", "gelu_pytorch_tanh")
     if act not in ACTIVATIONS:
         raise ValueError(f"hidden_activation {act!r} is not supported ({sorted(ACTIVATIONS)})")
-    layers = common.hf_sliding_layers(raw) or {
+    layers = common.hf_sliding_layers(raw) if raw.get("layer_types") else {   # the hub's older configs
         "layer_types": sliding_pattern(raw["num_hidden_layers"], raw.get("sliding_window_pattern", default_pattern)),
         "sliding_window": int(raw.get("sliding_window") or 4096)}
     return dict(norm_placement="sandwich", hidden_act=ACTIVATIONS[act],
