@@ -26,9 +26,9 @@ from vllmlite.models.loader import load_model
 FAMILIES = GOLDENS / "families"
 NAMES = sorted(p.name for p in FAMILIES.iterdir())
 TOLERANCE = 1e-4  # float32 logits, max abs
-# llama.cpp converts Mistral as a "llama" GGUF without its sliding window (and runs it so): that
-# GGUF is checked on its own terms below, not against transformers' windowed logits.
-DROPS_WINDOW = {"mistral"}
+# llama.cpp converts these without their sliding window (and runs them so; Mistral as a "llama"
+# GGUF): those GGUFs are checked on their own terms below, not against transformers' windowed logits.
+DROPS_WINDOW = {"mistral": "llama", "qwen2": "qwen2"}  # name -> the GGUF's architecture
 KINDS = [(name, kind) for name in NAMES for kind in ("safetensors", "gguf")
          if not (kind == "gguf" and name in DROPS_WINDOW)]
 
@@ -103,7 +103,7 @@ def test_gguf_conversion_reads_as_the_checkpoint(name):
     hf, gguf = load_model(source(name, "safetensors")), load_model(source(name, "gguf"))
     want = hf.config
     if name in DROPS_WINDOW:
-        want = dataclasses.replace(want, architecture="llama", layer_types=None, sliding_window=None)
+        want = dataclasses.replace(want, architecture=DROPS_WINDOW[name], layer_types=None, sliding_window=None)
     assert dataclasses.replace(gguf.config, rms_norm_eps=hf.config.rms_norm_eps) == want
     assert gguf.config.rms_norm_eps == pytest.approx(hf.config.rms_norm_eps, rel=1e-6)
     golden = expected(name)
@@ -120,14 +120,22 @@ def test_gguf_conversion_reads_as_the_checkpoint(name):
 
 @pytest.mark.parametrize("name", sorted(DROPS_WINDOW))
 def test_gguf_without_the_window_matches_transformers_only_inside_it(name):
-    """The converted Mistral runs full attention: transformers' logits while the prompt fits in the
+    """The converted model runs full attention: transformers' logits while the prompt fits in the
     window, different ones past it (so the window matters in the safetensors test above)."""
     ids, want = expected(name)["input_ids"], np.load(FAMILIES / name / "expected_logits.npy")
-    window = load_model(source(name, "safetensors")).config.uniform_sliding_window
-    assert window is not None and load_model(source(name, "gguf")).config.uniform_sliding_window is None
+    window = load_model(source(name, "safetensors")).config.sliding_window
+    assert window is not None and load_model(source(name, "gguf")).config.layer_types is None
     run = engine_logits(source(name, "gguf"), ids, block_size=4, budget=16, dtype="float32")
     np.testing.assert_allclose(run.logits[:window], want[:window], rtol=0, atol=TOLERANCE)
     assert np.abs(run.logits[window:] - want[window:]).max(axis=1).min() > 100 * TOLERANCE
+
+
+def test_qwen2_config_without_layer_types_slides_from_max_window_layers():
+    saved = json.loads((FAMILIES / "qwen2" / "config.json").read_text())
+    hub = {k: v for k, v in saved.items() if k != "layer_types"}
+    config = registry.from_hf(["Qwen2ForCausalLM"]).module().hf_config(hub, "qwen2")
+    assert config == load_model(source("qwen2", "safetensors")).config
+    assert config.layer_types == ("full", "sliding") and config.sliding_window == 8
 
 
 def test_unknown_hf_architecture_lists_the_supported_ones(tmp_path: Path):
