@@ -53,11 +53,6 @@ FAMILIES = {
     "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "head_dim": 8,
                 "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "sliding_window": 8,
                 "tie_word_embeddings": False},
-    # Qwen2's with use_sliding_window on (off in the released models): layers from max_window_layers
-    # on slide (the second of 2 here, 8 tokens), q/k/v biases, untied.
-    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rms_norm_eps": 1e-6,
-              "rope_theta": 1000000.0, "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1,
-              "tie_word_embeddings": False},
     # Gemma-2-2B's: head_dim (16) != hidden / heads (8) with query_pre_attn_scalar = head_dim (llama.cpp
     # assumes it except for the 27B), GeGLU, sandwich norms, soft-caps 50 / 30, sliding window on
     # alternate layers (6 tokens here), tied embeddings.
@@ -73,6 +68,11 @@ FAMILIES = {
                "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 6,
                "sliding_window_pattern": 6, "final_logit_softcapping": None, "attn_logit_softcapping": None,
                "tie_word_embeddings": True, "pad_token_id": 1},
+    # Qwen2's with use_sliding_window on (off in the released models): layers from max_window_layers
+    # on slide (the second of 2 here, 8 tokens), q/k/v biases, untied.
+    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rms_norm_eps": 1e-6,
+              "rope_theta": 1000000.0, "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1,
+              "tie_word_embeddings": False},
 }
 
 # convert_hf_to_gguf identifies a BPE pre-tokenizer by hashing its output on a test string; the tiny
