@@ -17,13 +17,22 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return out
 
 
-def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray) -> np.ndarray:
-    """Causal attention of q [n, heads, d] at q_positions over k, v [ctx, kv_heads, d] at 0..ctx-1."""
+def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray,
+                    window: int | None = None, scale: float | None = None,
+                    softcap: float | None = None) -> np.ndarray:
+    """Causal attention of q [n, heads, d] at q_positions over k, v [ctx, kv_heads, d] at 0..ctx-1;
+    with a window, each query sees only the `window` positions ending at its own. scale defaults to
+    1/sqrt(d); softcap turns scores s into softcap * tanh(s / softcap) before the mask."""
     group = q.shape[1] // k.shape[1]
     k = np.repeat(k, group, axis=1)                                  # [ctx, heads, d]
     v = np.repeat(v, group, axis=1)
-    scores = np.einsum("nhd,lhd->hnl", q, k) / np.sqrt(q.shape[-1])  # [heads, n, ctx]
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    scores = np.einsum("nhd,lhd->hnl", q, k) * scale                 # [heads, n, ctx]
+    if softcap is not None:
+        scores = softcap * np.tanh(scores / softcap)
     allowed = np.arange(k.shape[0])[None, :] <= q_positions[:, None]  # [n, ctx]
+    if window is not None:
+        allowed &= np.arange(k.shape[0])[None, :] > q_positions[:, None] - window
     scores = np.where(allowed[None], scores, -np.inf)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
@@ -43,8 +52,9 @@ def dequantized(w: ModelWeights) -> ModelWeights:
 def dense_logits(loaded: LoadedModel, token_ids: list[int]) -> np.ndarray:
     """Logits at every position of one sequence, recomputed from scratch. [len, vocab]
     Quantized weights count as their dequantized float32 matrices."""
-    w = dequantized(loaded.weights)
-    return _final_hidden(loaded.config, w, token_ids) @ w.lm_head.T
+    c, w = loaded.config, dequantized(loaded.weights)
+    logits = (_final_hidden(c, w, token_ids) @ w.lm_head.T) * c.logit_multiplier
+    return logits if c.final_logit_softcap is None else c.final_logit_softcap * np.tanh(logits / c.final_logit_softcap)
 
 
 def dense_hidden(loaded: LoadedModel, token_ids: list[int]) -> np.ndarray:
@@ -52,22 +62,28 @@ def dense_hidden(loaded: LoadedModel, token_ids: list[int]) -> np.ndarray:
     return _final_hidden(loaded.config, dequantized(loaded.weights), token_ids)
 
 
+def _rope_tables(c: ModelConfig, w: ModelWeights, n: int, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [n, head_dim / 2] of one layer: the global base with its scaling, or a sliding
+    layer's own base (rope_local_theta) unscaled."""
+    local = c.layer_type(layer) == "sliding" and c.rope_local_theta is not None
+    inv_freq = rope_inv_freq(c, w.rope_freq_factors, local=local)
+    angles = np.outer(np.arange(n), inv_freq)                        # [n, head_dim / 2]
+    return np.cos(angles).astype(w.embed.dtype), np.sin(angles).astype(w.embed.dtype)
+
+
 def _final_hidden(c: ModelConfig, w: ModelWeights, token_ids: list[int]) -> np.ndarray:
-    llama_like = dict(norm_placement="pre", hidden_act="silu", embedding_multiplier=1.0, attention_scale=None,
-                      attn_logit_softcap=None, final_logit_softcap=None, logit_multiplier=1.0, residual_multiplier=1.0,
-                      layer_types=None,
-                      rope_layers=None, partial_rotary_factor=1.0)
-    unsupported = [name for name, value in llama_like.items() if getattr(c, name) != value]
-    if c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope":
-        unsupported.append("rope_scaling longrope")
-    if unsupported or c.qk_norm not in (None, "head"):
-        raise NotImplementedError(f"the dense reference has no {unsupported or ['qk_norm']} (Llama and Qwen3 only)")
+    longrope = c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope"
+    if (c.norm_placement not in ("pre", "sandwich") or c.qk_norm not in (None, "head") or c.partial_rotary_factor != 1
+            or c.residual_multiplier != 1.0 or longrope):
+        raise NotImplementedError("the dense reference has pre and sandwich norms, per-head q/k norms, full rotary "
+                                  "dims, no residual multiplier and no longrope only; got "
+                                  f"{c.norm_placement!r}, {c.qk_norm!r}, {c.partial_rotary_factor}, "
+                                  f"{c.residual_multiplier}, {c.rope_scaling}")
     n = len(token_ids)
     positions = np.arange(n)
-    angles = np.outer(positions, rope_inv_freq(c, w.rope_freq_factors))    # [n, head_dim / 2]
-    cos, sin = np.cos(angles).astype(w.embed.dtype), np.sin(angles).astype(w.embed.dtype)
-    x = w.embed[np.asarray(token_ids)]
-    for layer in w.layers:
+    x = w.embed[np.asarray(token_ids)] * w.embed.dtype.type(c.embedding_multiplier)
+    act_and_mul = getattr(kernels, f"{c.hidden_act}_and_mul")
+    for i, layer in enumerate(w.layers):
         h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
         qkv = h @ layer.wqkv.T
         if layer.bqkv is not None:
@@ -78,15 +94,24 @@ def _final_hidden(c: ModelConfig, w: ModelWeights, token_ids: list[int]) -> np.n
         k = qkv[:, q_end:k_end].reshape(n, c.num_kv_heads, c.head_dim).copy()
         if c.qk_norm == "head":                                          # over each head's head_dim
             q, k = rms_norm(q, layer.q_norm, c.rms_norm_eps), rms_norm(k, layer.k_norm, c.rms_norm_eps)
-        kernels.rope(q, positions, cos, sin)
-        kernels.rope(k, positions, cos, sin)
+        if c.uses_rope(i):
+            cos, sin = _rope_tables(c, w, n, i)
+            kernels.rope(q, positions, cos, sin)
+            kernels.rope(k, positions, cos, sin)
         v = qkv[:, k_end:].reshape(n, c.num_kv_heads, c.head_dim)
-        x = x + dense_attention(q, k, v, positions).reshape(n, q_end) @ layer.wo.T
+        window = c.sliding_window if c.layer_type(i) == "sliding" else None
+        out = dense_attention(q, k, v, positions, window, c.attention_scale, c.attn_logit_softcap).reshape(n, q_end)
+        x = x + _post_norm(out @ layer.wo.T, layer.post_attn_norm, c.rms_norm_eps)
         h = rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
         act = np.empty((n, c.intermediate_size), x.dtype)
-        kernels.silu_and_mul(h @ layer.w_gate_up.T, act)
-        x = x + act @ layer.w_down.T
+        act_and_mul(h @ layer.w_gate_up.T, act)
+        x = x + _post_norm(act @ layer.w_down.T, layer.post_ffn_norm, c.rms_norm_eps)
     return rms_norm(x, w.final_norm, c.rms_norm_eps)
+
+
+def _post_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+    """A sublayer's output, normed where the family norms it (Gemma's sandwich)."""
+    return x if weight is None else rms_norm(x, weight, eps)
 
 
 def dense_greedy(loaded: LoadedModel, prompt: list[int], max_tokens: int) -> list[int]:

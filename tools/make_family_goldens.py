@@ -46,13 +46,6 @@ FAMILIES = {
               "rope_theta": 500000.0, "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True,
               "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
-    # Mistral-7B-v0.3's: GQA, no sliding window, separate LM head (llama.cpp converts it as llama).
-    "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "rms_norm_eps": 1e-5,
-                "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False},
-    # Qwen2.5-0.5B's: q/k/v biases, tied embeddings.
-    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rms_norm_eps": 1e-6,
-              "rope_theta": 1000000.0, "tie_word_embeddings": True, "use_sliding_window": False,
-              "max_window_layers": 2},
     # Qwen3-0.6B's structure: head_dim (16) != hidden / heads (8), tied embeddings, no biases.
     "qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 16,
               "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False,
@@ -79,9 +72,34 @@ FAMILIES = {
              "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.25, 1.5],
                               "long_factor": [1.5, 4.0, 12.0]},
              "sliding_window": None, "tie_word_embeddings": True, "pad_token_id": 2},
+    # Mistral-7B-v0.1's: a sliding window on every layer (8 tokens here, a fifth of the prompt),
+    # untied LM head, rope_theta 10000.
+    "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "head_dim": 8,
+                "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "sliding_window": 8,
+                "tie_word_embeddings": False},
+    # Gemma-2-2B's: head_dim (16) != hidden / heads (8) with query_pre_attn_scalar = head_dim (llama.cpp
+    # assumes it except for the 27B), GeGLU, sandwich norms, soft-caps 50 / 30, sliding window on
+    # alternate layers (6 tokens here), tied embeddings.
+    "gemma2": {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "num_hidden_layers": 4,
+               "head_dim": 16, "query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh",
+               "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 6, "attn_logit_softcapping": 50.0,
+               "final_logit_softcapping": 30.0, "tie_word_embeddings": True, "pad_token_id": 1},
+    # Gemma-3-4B's (text): per-head q/k norms, no attention soft-cap, 5 sliding layers to 1 global,
+    # local RoPE base 10000, global base 1e6 with linear scaling 8; hub-style keys, as its config.json.
+    "gemma3": {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 6,
+               "head_dim": 16, "query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh",
+               "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+               "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 6,
+               "sliding_window_pattern": 6, "final_logit_softcapping": None, "attn_logit_softcapping": None,
+               "tie_word_embeddings": True, "pad_token_id": 1},
+    # Qwen2's with use_sliding_window on (off in the released models): layers from max_window_layers
+    # on slide (the second of 2 here, 8 tokens), q/k/v biases, untied.
+    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rms_norm_eps": 1e-6,
+              "rope_theta": 1000000.0, "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1,
+              "tie_word_embeddings": False},
 }
 # Seed offsets for families whose first seed gave a greedy step within MIN_MARGIN of a tie.
-RESEED = {"mistral": 1}
+RESEED: dict[str, int] = {}
 # The converter reads Phi-3's vocabulary from a SentencePiece file unless the class is GPT-2's, as
 # Phi-4-mini's is (the same byte-level BPE tokenizer.json either way).
 TOKENIZER_CLASS = {"phi3": "GPT2Tokenizer"}
@@ -92,12 +110,16 @@ SHORT_CONTEXT = {"phi3": {"max_model_len": 32, "prompt_len": 24}}
 
 # convert_hf_to_gguf identifies a BPE pre-tokenizer by hashing its output on a test string; the tiny
 # trained tokenizer matches none, so it is named "gpt-2" (GPT-2's byte-level split, which it uses).
+# Its specials are fewer than the vocabulary's 300 rows, so Gemma 3's converter trims no embedding row.
 CONVERT = """
 import runpy, sys
 tree = sys.argv.pop(1)
 sys.path.insert(0, tree)
 from conversion import base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+# Gemma 2's converter reads only SentencePiece's tokenizer.model; the tiny BPE one goes Gemma 3's way.
+from conversion import gemma
+gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
 sys.argv[0] = tree + "/convert_hf_to_gguf.py"
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -120,12 +142,14 @@ def converter_tree(scratch: Path) -> Path:
 
 
 def randomize(model, seed: int) -> None:
-    """Every parameter random (tied ones once): norms near 1 and biases nonzero so mistakes show."""
+    """Every parameter random (tied ones once): norms near 1 and biases nonzero so mistakes show.
+    Gemma's norms scale by 1 + weight, so theirs are stored near 0 (still near 1 in effect)."""
     generator = torch.Generator().manual_seed(seed)
+    norm_base = 0.0 if model.config.model_type.startswith("gemma") else 1.0
     for name, param in model.named_parameters():
         noise = torch.randn(param.shape, generator=generator)
         if "norm" in name:
-            value = 1.0 + 0.2 * noise
+            value = norm_base + 0.2 * noise
         elif name.endswith(".bias"):
             value = 0.3 * noise
         elif "embed_tokens" in name:

@@ -140,6 +140,14 @@ class ModelConfig:
     def layer_type(self, layer: int) -> str:
         return self.layer_types[layer] if self.layer_types else "full"
 
+    @property
+    def uniform_sliding_window(self) -> int | None:
+        """The window when every layer is sliding (Mistral): no token older than it is ever read
+        again, so the KV blocks before it can be freed. None when any layer sees the whole context."""
+        if self.layer_types is None or "full" in self.layer_types:
+            return None
+        return self.sliding_window
+
     def uses_rope(self, layer: int) -> bool:
         return self.rope_layers[layer] if self.rope_layers else True
 
@@ -165,9 +173,6 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     swap_space: float = 1.0  # GiB of host memory for swapped-out blocks (preemption_mode="swap")
-    # The model's attention window in tokens (Mistral; vLLM's CacheConfig.sliding_window): blocks out
-    # of every window are freed (core/sliding_window.py). Not a user knob: the model decides it.
-    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.block_size, int) and 1 <= self.block_size <= 1024,
@@ -181,8 +186,6 @@ class CacheConfig:
         _require(self.preemption_mode in PREEMPTION_MODES,
                  f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         _require(self.swap_space >= 0, f"swap_space must be >= 0 GiB, got {self.swap_space}")
-        _require(self.sliding_window is None or self.sliding_window >= 1,
-                 f"sliding_window must be >= 1 or None, got {self.sliding_window!r}")
 
     def resolve_num_blocks(self, bytes_per_block: int) -> int:
         """Blocks in the device pool: num_blocks if given, else the memory budget divided by block bytes."""

@@ -192,10 +192,8 @@ class EngineArgs:
                  f"tokenizer must be unset or the model ({self.model!r}): a separate tokenizer is not "
                  f"supported, got {self.tokenizer!r}")
         return EngineConfig(model=self.model, dtype=self.resolved_dtype, seed=self.seed,
-                            # sliding_window is the model's, not a knob: none until families declare one
                             cache=CacheConfig(**self._values_for(CacheConfig, kv_cache_memory=self._kv_budget(),
-                                                                 gpu_memory_utilization=self._gpu_fraction(),
-                                                                 sliding_window=None)),
+                                                                 gpu_memory_utilization=self._gpu_fraction())),
                             scheduler=SchedulerConfig(**self._values_for(SchedulerConfig)),
                             speculative=self._speculative(), kernels=self._or_env("kernels"),
                             quantization=self._or_env("quantization"),

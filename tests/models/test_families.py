@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from loader_util import engine_logits
 from paths import GOLDENS
+from reference import dense_logits
 from torch_facade import triton_interpreted_without_a_gpu
 
 from vllmlite import LLM, SamplingParams
@@ -27,6 +28,11 @@ from vllmlite.models.rope import rope_inv_freq
 FAMILIES = GOLDENS / "families"
 NAMES = sorted(p.name for p in FAMILIES.iterdir())
 TOLERANCE = 1e-4  # float32 logits, max abs
+# llama.cpp converts these without their sliding window (and runs them so; Mistral as a "llama"
+# GGUF): those GGUFs are checked on their own terms below, not against transformers' windowed logits.
+DROPS_WINDOW = {"mistral": "llama", "qwen2": "qwen2"}  # name -> the GGUF's architecture
+KINDS = [(name, kind) for name in NAMES for kind in ("safetensors", "gguf")
+         if not (kind == "gguf" and name in DROPS_WINDOW)]
 
 
 def expected(name: str) -> dict:
@@ -44,8 +50,7 @@ def test_every_family_has_goldens_and_an_architecture():
         assert registry.from_hf(config["architectures"]).name == name
 
 
-@pytest.mark.parametrize("kind", ["safetensors", "gguf"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name, kind", KINDS)
 def test_logits_match_transformers(name, kind):
     """Every prompt position, in 16-token chunks over 4-token blocks (so attention reads the paged
     cache across chunks), within 1e-4 of transformers in float32."""
@@ -55,8 +60,7 @@ def test_logits_match_transformers(name, kind):
     np.testing.assert_allclose(run.logits, want, rtol=0, atol=TOLERANCE)
 
 
-@pytest.mark.parametrize("kind", ["safetensors", "gguf"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name, kind", KINDS)
 def test_int8_weights_stay_close_to_transformers(name, kind):
     """Every family's matrices (fused or not, folded multipliers included) quantize: int8 logits
     within 6% of the largest logit (measured: 0.4-3.5% on these random tiny models)."""
@@ -87,8 +91,23 @@ def test_logits_match_transformers_on_every_backend(name, backend):
     np.testing.assert_allclose(logits, want, rtol=0, atol=TOLERANCE)
 
 
-@pytest.mark.parametrize("kind", ["safetensors", "gguf"])
+BEYOND_THE_REFERENCE = {"granite", "olmo2", "phi3"}  # residual multiplier, post-norms, partial RoPE and longrope
+
+
 @pytest.mark.parametrize("name", NAMES)
+def test_dense_reference_matches_transformers(name):
+    """tests/reference.py, the invariance suite's oracle, computes each family as transformers does,
+    or refuses it (so the invariance suite cannot run against a wrong oracle)."""
+    ids, want = expected(name)["input_ids"], np.load(FAMILIES / name / "expected_logits.npy")
+    loaded = load_model(source(name, "safetensors"))
+    if name in BEYOND_THE_REFERENCE:
+        with pytest.raises(NotImplementedError, match="the dense reference"):
+            dense_logits(loaded, ids)
+        return
+    np.testing.assert_allclose(dense_logits(loaded, ids), want, rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("name, kind", KINDS)
 def test_greedy_tokens_match_transformers(name, kind):
     golden = expected(name)
     llm = LLM(source(name, kind), dtype="float32", num_blocks=64, block_size=4)
@@ -131,9 +150,10 @@ def test_gguf_conversion_reads_as_the_checkpoint(name):
     weights: every tensor equal after undoing its layout (Q/K permutation, name mapping)."""
     hf, gguf = load_model(source(name, "safetensors")), load_model(source(name, "gguf"))
     gguf_config = gguf.config
-    if not next(a for a in registry.ARCHITECTURES if a.name == name).gguf_names:
-        assert gguf_config.architecture == "llama"   # llama.cpp converts Mistral as llama
-        gguf_config = dataclasses.replace(gguf_config, architecture=hf.config.architecture)
+    if name in DROPS_WINDOW:   # llama.cpp converts Mistral as llama, and drops Mistral's and Qwen2's window
+        assert gguf_config.architecture == DROPS_WINDOW[name]
+        gguf_config = dataclasses.replace(gguf_config, architecture=hf.config.architecture,
+                                          layer_types=hf.config.layer_types, sliding_window=hf.config.sliding_window)
     if gguf.weights.rope_freq_factors is not None:   # llama3 scaling: llama.cpp stores the divisors
         np.testing.assert_allclose(rope_inv_freq(gguf_config, gguf.weights.rope_freq_factors),
                                    rope_inv_freq(hf.config), rtol=1e-6)
@@ -161,6 +181,26 @@ def assert_same_fields(got, want, path: str = "config") -> None:
         assert got == pytest.approx(want, rel=1e-6), path
     else:
         assert got == want, path
+
+
+@pytest.mark.parametrize("name", sorted(DROPS_WINDOW))
+def test_gguf_without_the_window_matches_transformers_only_inside_it(name):
+    """The converted model runs full attention: transformers' logits while the prompt fits in the
+    window, different ones past it (so the window matters in the safetensors test above)."""
+    ids, want = expected(name)["input_ids"], np.load(FAMILIES / name / "expected_logits.npy")
+    window = load_model(source(name, "safetensors")).config.sliding_window
+    assert window is not None and load_model(source(name, "gguf")).config.layer_types is None
+    run = engine_logits(source(name, "gguf"), ids, block_size=4, budget=16, dtype="float32")
+    np.testing.assert_allclose(run.logits[:window], want[:window], rtol=0, atol=TOLERANCE)
+    assert np.abs(run.logits[window:] - want[window:]).max(axis=1).min() > 100 * TOLERANCE
+
+
+def test_qwen2_config_without_layer_types_slides_from_max_window_layers():
+    saved = json.loads((FAMILIES / "qwen2" / "config.json").read_text())
+    hub = {k: v for k, v in saved.items() if k != "layer_types"}
+    config = registry.from_hf(["Qwen2ForCausalLM"]).module().hf_config(hub, "qwen2")
+    assert config == load_model(source("qwen2", "safetensors")).config
+    assert config.layer_types == ("full", "sliding") and config.sliding_window == 8
 
 
 def test_unknown_hf_architecture_lists_the_supported_ones(tmp_path: Path):

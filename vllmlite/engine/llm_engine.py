@@ -62,9 +62,10 @@ class LLMEngine:
         num_blocks = self._num_blocks(bytes_per_block)
         num_host_blocks = config.cache.resolve_num_host_blocks(bytes_per_block)
         stop_ids = self.tokenizer.stop_token_ids
+        # When every layer slides (Mistral), the blocks out of every window are freed (core/sliding_window.py).
         self.block_manager = BlockManager(num_blocks, config.cache.block_size,
                                           config.cache.enable_prefix_caching, num_host_blocks,
-                                          config.cache.sliding_window)
+                                          loaded.config.uniform_sliding_window)
         spec = config.speculative
         self.tracer = make_tracer(config.trace, self.tokenizer.decode)  # read on the engine thread only
         self.chunking = ChunkingPolicy(sched, config.cache.block_size)  # fed each step's measured time

@@ -287,8 +287,13 @@ def _load_hf_directory(path: Path, matrices: _Matrices) -> LoadedModel:
             raise ValueError(f"{path}: tensor {name!r} missing (a {arch.name} checkpoint has it)")
         return np.ascontiguousarray(state[name], dtype=matrices.dtype)
 
+    offset = getattr(family, "HF_NORM_OFFSET", 0.0)
+
+    def vector(name: str) -> np.ndarray:
+        return get(name) + offset if offset and name.endswith("norm.weight") else get(name)
+
     float_matrices = _Matrices(matrices.dtype, "none")   # quantized after the family's folds
-    weights = _read_weights(_TensorSource(set(state), get, get), family.HF_NAMES, config, float_matrices, False,
+    weights = _read_weights(_TensorSource(set(state), get, vector), family.HF_NAMES, config, float_matrices, False,
                             "Reading layers")
     config, weights = family.finish(config, weights)
     weights = matrices.convert(weights)

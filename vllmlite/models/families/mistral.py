@@ -1,5 +1,6 @@
-"""Mistral: Llama's structure. Its sliding window is not run here: the context is capped at the
-window so every position stays exact. (llama.cpp converts it as a "llama" GGUF.)"""
+"""Mistral: Llama with a sliding window on every layer (config.json's `sliding_window`: each token
+attends to itself and the window - 1 tokens before it). llama.cpp converts it as a "llama" GGUF and
+drops the window, so a Mistral GGUF loads (and runs, as in llama.cpp) as Llama."""
 
 from vllmlite.config import ModelConfig
 from vllmlite.models.families import common
@@ -12,4 +13,7 @@ __all__ = ["GGUF_NAMES", "GGUF_PERMUTES_QK", "HF_NAMES", "finish", "gguf_config"
 
 
 def hf_config(raw: dict, name: str) -> ModelConfig:
-    return common.hf_config(raw, name, max_position_embeddings=common.hf_capped_context(raw, True))
+    window = raw.get("sliding_window")
+    if not window:
+        return common.hf_config(raw, name)
+    return common.hf_config(raw, name, layer_types=("sliding",) * raw["num_hidden_layers"], sliding_window=int(window))

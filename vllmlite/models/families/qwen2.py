@@ -1,5 +1,6 @@
-"""Qwen2: Llama with biases on Q, K and V (always, whatever config.json says). Its sliding window,
-when a config turns it on, caps the context as Mistral's does."""
+"""Qwen2: Llama with biases on Q, K and V (always, whatever config.json says). With
+`use_sliding_window` (off in the released models) the layers from `max_window_layers` on slide
+(transformers' rule; `layer_types` when the config lists them). llama.cpp's GGUF drops the window."""
 
 from vllmlite.config import ModelConfig
 from vllmlite.models.families import common
@@ -12,4 +13,10 @@ __all__ = ["GGUF_NAMES", "GGUF_PERMUTES_QK", "HF_NAMES", "finish", "gguf_config"
 
 
 def hf_config(raw: dict, name: str) -> ModelConfig:
-    return common.hf_config(raw, name, max_position_embeddings=common.hf_capped_context(raw, False), attention_bias=True)
+    layers = {}
+    if raw.get("use_sliding_window", False) and raw.get("sliding_window"):
+        first = raw.get("max_window_layers", 28)
+        types = raw.get("layer_types") or ["sliding_attention" if i >= first else "full_attention"
+                                           for i in range(raw["num_hidden_layers"])]
+        layers = common.hf_sliding_layers(raw | {"layer_types": types})
+    return common.hf_config(raw, name, attention_bias=True, **layers)
