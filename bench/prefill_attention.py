@@ -37,7 +37,7 @@ from vllmlite.kernels import numba as numba_kernels
 from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
 from vllmlite.kernels.numba import attention as numba_attention
 from vllmlite.kernels.prefill_attention import TILE_QUERIES, attend_chunk
-from vllmlite.models.llama import LlamaModel
+from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import LoadedModel, load_model
 
 BLOCK_SIZE = 16
@@ -47,9 +47,11 @@ def dense_paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarra
                           out: np.ndarray) -> None:
     """The numba backend's paged_attention with each long chunk through the dense reference."""
     scale = q.dtype.type(1.0 / np.sqrt(q.shape[-1]))
-    parts = numba_attention._decode_parts(meta.query_start, meta.seq_lens)
+    window, no_softcap = numba_attention.NO_WINDOW, q.dtype.type(0)
+    parts = numba_attention._decode_parts(meta.query_start, meta.seq_lens, window)
     numba_attention._paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
-                                     meta.block_size, numba_attention.MAX_BATCHED_QUERY_LEN, scale, *parts, out)
+                                     meta.block_size, numba_attention.MAX_BATCHED_QUERY_LEN, scale, window, no_softcap,
+                                     *parts, out)
     for group in meta.long_groups:
         reference.attend_group(q, k_cache, v_cache, group, meta.block_size, out)
 
@@ -88,8 +90,8 @@ def prefill(loaded: LoadedModel, num_tokens: int, reps: int) -> dict:
     meta = build_metadata([num_tokens], [num_tokens], [list(range(num_blocks))], BLOCK_SIZE)
     shape = (num_blocks * BLOCK_SIZE, c.num_kv_heads, c.head_dim)
     kv_cache = [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(c.num_layers)]
-    models = {"tiled": LlamaModel(c, loaded.weights, num_tokens, numba_kernels),
-              "dense": LlamaModel(c, loaded.weights, num_tokens, dense_kernels())}
+    models = {"tiled": DecoderModel(c, loaded.weights, num_tokens, numba_kernels),
+              "dense": DecoderModel(c, loaded.weights, num_tokens, dense_kernels())}
     last = np.array([num_tokens - 1])
     logits = {}
 

@@ -30,13 +30,13 @@ from vllmlite.engine_args import EngineArgs
 from vllmlite.kernels import get_kernels
 from vllmlite.kernels.attention_metadata import build_metadata
 from vllmlite.kernels.reference import linear  # BLAS: the GEMM-only bound
-from vllmlite.models.llama import LlamaModel
+from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import load_model
 
 BLOCK_SIZE = 16
 
 
-def gemm_only(model: LlamaModel, num_tokens: int, num_logits: int) -> None:
+def gemm_only(model: DecoderModel, num_tokens: int, num_logits: int) -> None:
     """Exactly the forward pass's matrix products (same shapes, same buffers), nothing else."""
     w = model.weights
     buf = model.workspace(num_tokens)
@@ -53,7 +53,7 @@ def median_seconds(fn, min_seconds: float) -> float:
     return timed(fn, reps=3, min_seconds=min_seconds, warm_up=True).median_s
 
 
-def kv_for(model: LlamaModel, num_seqs: int, context: int, rng: np.random.Generator):
+def kv_for(model: DecoderModel, num_seqs: int, context: int, rng: np.random.Generator):
     """A KV cache holding `num_seqs` contexts in shuffled, distinct blocks; the block tables."""
     c = model.config
     blocks_per_seq = -(-(context + 1) // BLOCK_SIZE)
@@ -66,7 +66,7 @@ def kv_for(model: LlamaModel, num_seqs: int, context: int, rng: np.random.Genera
     return kv, tables
 
 
-def decode_row(model: LlamaModel, num_seqs: int, context: int, min_seconds: float, rng) -> dict:
+def decode_row(model: DecoderModel, num_seqs: int, context: int, min_seconds: float, rng) -> dict:
     kv, tables = kv_for(model, num_seqs, context, rng)
     meta = build_metadata([1] * num_seqs, [context + 1] * num_seqs, tables, BLOCK_SIZE)
     input_ids = rng.integers(0, model.config.vocab_size, num_seqs)
@@ -77,7 +77,7 @@ def decode_row(model: LlamaModel, num_seqs: int, context: int, min_seconds: floa
             "ratio": forward / gemm, "tokens_per_s": num_seqs / forward}
 
 
-def prefill_row(model: LlamaModel, prompt_len: int, min_seconds: float, rng) -> dict:
+def prefill_row(model: DecoderModel, prompt_len: int, min_seconds: float, rng) -> dict:
     kv, tables = kv_for(model, 1, prompt_len, rng)
     meta = build_metadata([prompt_len], [prompt_len], tables, BLOCK_SIZE)
     input_ids = rng.integers(0, model.config.vocab_size, prompt_len)
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"machine": machine_info(), "command": module_command("bench.step_bench", argv), "model": args.model,
               "kernels": backends, "kernel_warm_up_s": {}, "decode": [], "prefill": []}
     for kernels in backends:
-        model = LlamaModel(loaded.config, loaded.weights, max(contexts) + 1, get_kernels(kernels))
+        model = DecoderModel(loaded.config, loaded.weights, max(contexts) + 1, get_kernels(kernels))
         result["kernel_warm_up_s"][kernels] = model.warm_up()
         print(f"kernels {kernels}; decode: one token per sequence, forward vs GEMM-only (ms)", file=sys.stderr)
         for context in contexts:

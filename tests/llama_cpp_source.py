@@ -18,7 +18,7 @@ from pathlib import Path
 
 VERSION = "0.3.36"  # the llama-cpp-python release whose llama.cpp the serving benchmark's peer is built from
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllmlite" / f"llama-cpp-python-{VERSION}"
-WANTED = ("models/", "convert_hf_to_gguf.py", "gguf-py/")  # what the tests read, under vendor/llama.cpp/
+WANTED = ("models/", "convert_hf_to_gguf.py", "conversion/", "gguf-py/")  # what the tests read, under vendor/llama.cpp/
 
 
 @lru_cache(maxsize=1)

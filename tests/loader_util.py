@@ -18,11 +18,12 @@ class EngineRun(NamedTuple):
 
 
 def engine_logits(model: str, token_ids: list[int], block_size: int, budget: int,
-                  quantization: str = "none") -> EngineRun:
+                  quantization: str = "none", dtype: str | None = None) -> EngineRun:
     """Logits at every position of one prompt, from the engine's own forward passes (paged KV
     cache, chunked prefill when the prompt exceeds `budget`): the LM head is asked for every row.
-    In float64, or float32 for quantized weights."""
-    engine = LLMEngine(EngineConfig(model=model, dtype="float64" if quantization == "none" else "float32",
+    In `dtype`, by default float64, or float32 for quantized weights."""
+    dtype = dtype or ("float64" if quantization == "none" else "float32")
+    engine = LLMEngine(EngineConfig(model=model, dtype=dtype,
                                     cache=CacheConfig(block_size=block_size, num_blocks=64),
                                     scheduler=SchedulerConfig(max_num_batched_tokens=budget),
                                     quantization=quantization))

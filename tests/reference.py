@@ -7,8 +7,8 @@ import numpy as np
 from vllmlite.config import ModelConfig
 from vllmlite.kernels import reference as kernels
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
-from vllmlite.models.llama import rope_inv_freq
 from vllmlite.models.loader import LoadedModel, ModelWeights
+from vllmlite.models.rope import rope_inv_freq
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -53,6 +53,12 @@ def dense_hidden(loaded: LoadedModel, token_ids: list[int]) -> np.ndarray:
 
 
 def _final_hidden(c: ModelConfig, w: ModelWeights, token_ids: list[int]) -> np.ndarray:
+    llama_like = dict(norm_placement="pre", hidden_act="silu", embedding_multiplier=1.0, attention_scale=None,
+                      attn_logit_softcap=None, final_logit_softcap=None, logit_multiplier=1.0, layer_types=None,
+                      rope_layers=None, partial_rotary_factor=1.0)
+    unsupported = [name for name, value in llama_like.items() if getattr(c, name) != value]
+    if unsupported or c.qk_norm not in (None, "head"):
+        raise NotImplementedError(f"the dense reference has no {unsupported or ['qk_norm']} (Llama and Qwen3 only)")
     n = len(token_ids)
     positions = np.arange(n)
     angles = np.outer(positions, rope_inv_freq(c, w.rope_freq_factors))    # [n, head_dim / 2]
@@ -67,6 +73,8 @@ def _final_hidden(c: ModelConfig, w: ModelWeights, token_ids: list[int]) -> np.n
         k_end = q_end + c.num_kv_heads * c.head_dim
         q = qkv[:, :q_end].reshape(n, c.num_heads, c.head_dim).copy()
         k = qkv[:, q_end:k_end].reshape(n, c.num_kv_heads, c.head_dim).copy()
+        if c.qk_norm == "head":                                          # over each head's head_dim
+            q, k = rms_norm(q, layer.q_norm, c.rms_norm_eps), rms_norm(k, layer.k_norm, c.rms_norm_eps)
         kernels.rope(q, positions, cos, sin)
         kernels.rope(k, positions, cos, sin)
         v = qkv[:, k_end:].reshape(n, c.num_kv_heads, c.head_dim)

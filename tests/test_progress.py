@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from bench.report import ProgressBar
-from vllmlite.models.llama import LlamaModel
+from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import load_model
 
 
@@ -19,7 +19,7 @@ class Terminal(io.StringIO):
 
 
 def test_model_warm_up_shows_a_bar_on_a_terminal_only(tiny_model, monkeypatch):
-    model = LlamaModel(tiny_model.config, tiny_model.weights, 64)
+    model = DecoderModel(tiny_model.config, tiny_model.weights, 64)
     for stream, shows in ((Terminal(), True), (io.StringIO(), False)):
         monkeypatch.setattr(sys, "stderr", stream)
         model.warm_up()

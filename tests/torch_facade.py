@@ -36,9 +36,9 @@ class NumpyFacade:
             setattr(self, op, self._wrap(getattr(self.backend, op)))
 
     def _wrap(self, fn):
-        def call(*args):
+        def call(*args, **options):   # options: plain values (paged_attention's scale, window, ...)
             pairs = [(a, self._tensor(a)) for a in args]
-            fn(*(t for _, t in pairs))
+            fn(*(t for _, t in pairs), **options)
             if self.device != "cpu":   # written back: outputs and in-place arguments alike
                 for array, tensor in pairs:
                     if isinstance(array, np.ndarray) and array.flags.writeable:

@@ -14,6 +14,10 @@ DTYPES = ("float32", "float64")
 TORCH_DTYPES = DTYPES + ("bfloat16", "float16")  # the torch backend also computes in half precision
 DEVICES = ("cpu", "cuda")
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+QK_NORMS = ("head", "full")  # RMSNorm of Q and K: per head over head_dim (Qwen3), over the projection (OLMo 2)
+NORM_PLACEMENTS = ("pre", "sandwich", "post")  # Llama; Gemma 2/3 (pre and post); OLMo 2 (post only)
+HIDDEN_ACTS = ("silu", "gelu_tanh")  # the gated MLP's activation
+LAYER_TYPES = ("full", "sliding")  # attention over the whole context, or the last sliding_window tokens
 QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, blocks of 32 (vllmlite/kernels/quant.py)
 KERNEL_BACKENDS = ("numba", "numpy", "torch")  # vllmlite/kernels: compiled (default), numpy references, torch
 PREEMPTION_MODES = ("recompute", "swap")
@@ -44,6 +48,7 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    attention_factor: float = 1.0  # scales cos and sin (longrope's magnitude correction)
 
     def __post_init__(self) -> None:
         _require(self.rope_type in ("linear", "llama3"),
@@ -53,7 +58,9 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The shape of a Llama-family decoder, as read from GGUF metadata or config.json."""
+    """The shape of a decoder, as read from GGUF metadata or config.json by its family module
+    (vllmlite/models/families). The fields after `attention_bias` are the per-family features of
+    the shared forward pass; each defaults to Llama's behaviour."""
 
     architecture: str
     vocab_size: int
@@ -69,6 +76,19 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2 has q/k/v biases
+    qk_norm: str | None = None  # a QK_NORMS name: RMSNorm of Q and K before RoPE
+    norm_placement: str = "pre"  # a NORM_PLACEMENTS name
+    hidden_act: str = "silu"  # a HIDDEN_ACTS name
+    embedding_multiplier: float = 1.0  # the embedding rows are scaled by it (Gemma: sqrt(hidden), Granite)
+    attention_scale: float | None = None  # softmax scale of q.k; None: 1 / sqrt(head_dim)
+    attn_logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
+    final_logit_softcap: float | None = None  # the same on the logits
+    logit_multiplier: float = 1.0  # logits are scaled by it (Granite: 1 / logits_scaling)
+    layer_types: tuple[str, ...] | None = None  # per layer, a LAYER_TYPES name; None: all "full"
+    sliding_window: int | None = None  # tokens a "sliding" layer sees, itself included
+    rope_layers: tuple[bool, ...] | None = None  # per layer, whether it applies RoPE; None: all do
+    rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3); None: rope_theta
+    partial_rotary_factor: float = 1.0  # RoPE rotates the first factor * head_dim dims of each head
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -76,7 +96,33 @@ class ModelConfig:
             _require(getattr(self, name) >= 1, f"{name} must be >= 1")
         _require(self.num_heads % self.num_kv_heads == 0,
                  f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
-        _require(self.head_dim % 2 == 0, "head_dim must be even for rotary embeddings")
+        _require(self.rotary_dim % 2 == 0 and self.rotary_dim >= 2, "the rotary dims must be even and >= 2")
+        _require(self.qk_norm in (None,) + QK_NORMS, f"qk_norm must be one of {QK_NORMS} or None, got {self.qk_norm!r}")
+        _require(self.norm_placement in NORM_PLACEMENTS,
+                 f"norm_placement must be one of {NORM_PLACEMENTS}, got {self.norm_placement!r}")
+        _require(self.hidden_act in HIDDEN_ACTS, f"hidden_act must be one of {HIDDEN_ACTS}, got {self.hidden_act!r}")
+        for name in ("layer_types", "rope_layers"):
+            values = getattr(self, name)
+            _require(values is None or len(values) == self.num_layers,
+                     f"{name} must have one entry per layer ({self.num_layers})")
+        _require(all(t in LAYER_TYPES for t in self.layer_types or ()),
+                 f"layer_types must be {LAYER_TYPES}, got {self.layer_types}")
+        _require("sliding" not in (self.layer_types or ()) or (self.sliding_window or 0) >= 1,
+                 "sliding layers need sliding_window >= 1")
+        for name in ("attn_logit_softcap", "final_logit_softcap", "attention_scale"):
+            value = getattr(self, name)
+            _require(value is None or value > 0, f"{name} must be > 0, got {value}")
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each head that RoPE rotates (all, unless partial_rotary_factor < 1)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def layer_type(self, layer: int) -> str:
+        return self.layer_types[layer] if self.layer_types else "full"
+
+    def uses_rope(self, layer: int) -> bool:
+        return self.rope_layers[layer] if self.rope_layers else True
 
     @property
     def num_queries_per_kv(self) -> int:

@@ -34,7 +34,7 @@ def scattered_tables(seq_lens: list[int], block_size: int, rng: np.random.Genera
 
 
 def run(device: str, query_lens, seq_lens, block_size, heads, kv_heads, head_dim, dtype="float32", seed=0,
-        strided=False, num_sms=None):
+        strided=False, num_sms=None, **options):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     rng = np.random.default_rng(seed)
@@ -45,7 +45,7 @@ def run(device: str, query_lens, seq_lens, block_size, heads, kv_heads, head_dim
     k_cache, v_cache = (rng.standard_normal((num_blocks * block_size, kv_heads, head_dim)).astype(np.float32)
                         for _ in range(2))
     expected = np.zeros_like(q)
-    reference.paged_attention(q, k_cache, v_cache, meta, expected)
+    reference.paged_attention(q, k_cache, v_cache, meta, expected, **options)
     backend = TorchKernels(device, dtype, triton=True)
     if num_sms is not None:   # as many multiprocessors as to make the kernel split the context, or not
         backend.num_sms = num_sms
@@ -54,7 +54,7 @@ def run(device: str, query_lens, seq_lens, block_size, heads, kv_heads, head_dim
     q_device = backend.to_device(q)
     if strided:  # as a feature-major workspace hands them out: no dimension contiguous but the tokens
         q_device = q_device.permute(2, 1, 0).contiguous().permute(2, 1, 0)
-    backend.paged_attention(q_device, *(backend.to_device(a) for a in (k_cache, v_cache)), meta, out)
+    backend.paged_attention(q_device, *(backend.to_device(a) for a in (k_cache, v_cache)), meta, out, **options)
     got = backend.to_numpy(out)
     return np.linalg.norm(got - expected) / np.linalg.norm(expected), got
 
@@ -92,6 +92,17 @@ def test_contexts_split_across_programs_combine_to_the_same_attention(device, qu
     """Few sequences on a device of many multiprocessors: the context is cut into splits whose
     partial softmax states a second kernel combines (some splits hold no key of a short sequence)."""
     error, got = run(device, query_lens, seq_lens, 16, 8, 2, 64, num_sms=64)
+    assert not np.isnan(got).any() and error < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("options", [dict(sliding_window=300), dict(sliding_window=700, softcap=5.0, scale=0.2),
+                                     dict(sliding_window=40)])
+def test_split_contexts_with_a_window_and_softcap(device, options):
+    """A plan made for the whole context (as CUDA graphs capture it) serves a windowed layer: its
+    splits start at each tile's first key, the ones past the window do nothing; a window inside
+    one split and across two; decodes and a multi-row tile."""
+    error, got = run(device, [1, 1, 4], [1100, 260, 1030], 16, 8, 2, 64, num_sms=64, **options)
     assert not np.isnan(got).any() and error < 1e-5
 
 

@@ -18,9 +18,9 @@ from reference import dense_logits
 
 from vllmlite.config import RopeScaling
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize, dequantize_block_rows, quantize_rows
-from vllmlite.models.llama import rope_inv_freq
 from vllmlite.models.loader import LoadedModel, load_model
 from vllmlite.models.model_source import ModelNotFoundError
+from vllmlite.models.rope import rope_inv_freq
 
 TINY_HF = GOLDENS / "tiny_hf"
 HF_VARIANTS = ("llama", "llama3_rope", "qwen2", "mistral")

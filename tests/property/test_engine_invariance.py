@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import pytest
 from conftest import engine_on, greedy, make_prompts, run_to_completion
+from paths import GOLDENS
 from reference import dense_greedy
 
+from vllmlite.models.loader import LoadedModel, load_model
 from vllmlite.sampling_params import SamplingParams
 
 MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module", params=["random", "qwen3"])
+def tiny_model(request) -> LoadedModel:
+    """The random Llama, and a family whose layers do more (Qwen3's per-head q/k norms, head_dim
+    twice hidden / heads, tied embeddings), in float64."""
+    model = "random" if request.param == "random" else str(GOLDENS / "families" / request.param)
+    return load_model(model, dtype="float64")
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from vllmlite.engine.output_processor import OutputProcessor, StopStringHit
 from vllmlite.engine.processor import InputProcessor, NewRequest, Prompt
 from vllmlite.engine.request_limits import RequestLimits
 from vllmlite.kernels import get_kernels
-from vllmlite.models.llama import LlamaModel
+from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import LoadedModel, load_model
 from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllmlite.pooling_params import PoolingParams, PoolingType
@@ -56,7 +56,7 @@ class LLMEngine:
         backend = config.kernel_backend
         kernels = get_kernels(backend, config.device, config.dtype)
         # The model the runner runs; public for tools that measure or spy on its forward pass.
-        self.model = model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, kernels)
+        self.model = model = DecoderModel(loaded.config, loaded.weights, self.max_model_len, kernels)
         itemsize = DTYPE_BYTES[config.dtype]
         bytes_per_block = loaded.config.kv_bytes_per_token(itemsize) * config.cache.block_size
         num_blocks = self._num_blocks(bytes_per_block)

@@ -11,14 +11,14 @@ import logging
 
 import torch
 
-from vllmlite.models.llama import LlamaModel
+from vllmlite.models.decoder import DecoderModel
 
 logger = logging.getLogger(__name__)
 GIB = 1 << 30
 SAMPLER_COPIES = 4   # float64 [rows, vocab] tensors the sampler holds at once (logits, probabilities, sorts)
 
 
-def gpu_kv_budget(model: LlamaModel, fraction: float, max_tokens: int, max_seqs: int) -> int:
+def gpu_kv_budget(model: DecoderModel, fraction: float, max_tokens: int, max_seqs: int) -> int:
     """Bytes of KV cache that keep the engine within `fraction` of the device's memory."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

@@ -69,11 +69,16 @@ class Kernels(Protocol):
 
     def silu_and_mul(self, gate_up: np.ndarray, out: np.ndarray) -> None: ...
 
+    def softcap(self, x: np.ndarray, cap: float) -> None: ...
+
     def write_kv(self, k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
                  slot_mapping: np.ndarray) -> None: ...
 
     def paged_attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                        meta: AttentionMetadata, out: np.ndarray) -> None: ...
+                        meta: AttentionMetadata, out: np.ndarray, *, scale: float | None = None,
+                        sliding_window: int | None = None, softcap: float | None = None) -> None:
+        """Options (reference.paged_attention): scale of q.k (None: 1/sqrt(head_dim)); a query at p
+        sees keys p - sliding_window + 1 .. p only; scores -> softcap * tanh(scores / softcap)."""
 
 
 def resolve_backend(name: str | None = None) -> str:

@@ -8,11 +8,10 @@ slot = block_id * block_size + offset.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
-
-from vllmlite.config import ceil_div
 
 # Sequences with at most this many query tokens (decodes, speculative verification of up to 7
 # tokens) are attended together in one padded batch; longer prefill chunks are attended one
@@ -65,8 +64,7 @@ class AttentionMetadata:
         self.block_size = block_size
         # [num_long] the sequences with more than MAX_BATCHED_QUERY_LEN queries (long prefill chunks)
         self.long_seqs = np.flatnonzero(np.diff(query_start) > MAX_BATCHED_QUERY_LEN)
-        self._short_group: list[AttentionGroup] | None = None
-        self._long_groups: list[AttentionGroup] | None = None
+        self._groups: dict[int | None, list[AttentionGroup]] = {}   # by sliding window (window_groups)
         # What a kernel backend derives from these arrays, built by the first layer of the step
         # and reused by the others.
         self.kernel_cache: dict[str, object] = {}
@@ -77,17 +75,37 @@ class AttentionMetadata:
 
         Sequences with at most MAX_BATCHED_QUERY_LEN queries share one group; each longer
         prefill chunk gets its own (padding every decode to the chunk length would cost more)."""
-        if self._short_group is None:
-            short = np.flatnonzero(np.diff(self.query_start) <= MAX_BATCHED_QUERY_LEN)
-            self._short_group = [_group(short, self)] if len(short) else []
-        return self._short_group + self.long_groups
+        return self.window_groups(None)
 
     @property
     def long_groups(self) -> list[AttentionGroup]:
         """The one-sequence groups of chunks with more than MAX_BATCHED_QUERY_LEN queries."""
-        if self._long_groups is None:
-            self._long_groups = [_group([i], self) for i in self.long_seqs]
-        return self._long_groups
+        groups = self.window_groups(None)
+        return groups[len(groups) - len(self.long_seqs):]   # after the short queries' group
+
+    def window_groups(self, sliding_window: int | None) -> list[AttentionGroup]:
+        """`groups` for queries that see only the last `sliding_window` keys up to their own
+        position (None: every key up to it), built on first use per window and reused by every
+        layer with that window. Each sequence's blocks start at the first block its first query
+        sees, so blocks wholly before the window are never gathered."""
+        groups = self._groups.get(sliding_window)
+        if groups is None:
+            short = np.flatnonzero(np.diff(self.query_start) <= MAX_BATCHED_QUERY_LEN)
+            groups = [_group(short, self, sliding_window)] if len(short) else []
+            groups += [_group([i], self, sliding_window) for i in self.long_seqs]
+            self._groups[sliding_window] = groups
+        return groups
+
+
+def check_attention_options(scale: float | None, sliding_window: int | None, softcap: float | None) -> None:
+    """paged_attention's options, or a ValueError saying what is accepted."""
+    if scale is not None and not (isinstance(scale, (int, float, np.floating)) and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite float or None (1/sqrt(head_dim)), got {scale!r}")
+    if sliding_window is not None and not (isinstance(sliding_window, (int, np.integer)) and sliding_window >= 1):
+        raise ValueError(f"sliding_window must be an int >= 1 or None (no window), got {sliding_window!r}")
+    if softcap is not None and not (isinstance(softcap, (int, float, np.floating)) and softcap > 0
+                                    and math.isfinite(softcap)):
+        raise ValueError(f"softcap must be a finite float > 0 or None (no cap), got {softcap!r}")
 
 
 def build_metadata(query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
@@ -120,20 +138,32 @@ def build_metadata(query_lens: list[int], seq_lens: list[int], block_tables: lis
     return AttentionMetadata(positions, query_start, ctx, slot_mapping, tables, block_size)
 
 
-def _group(seqs, meta: AttentionMetadata) -> AttentionGroup:
+def _group(seqs, meta: AttentionMetadata, sliding_window: int | None) -> AttentionGroup:
+    """The padded group of sequences `seqs`. Example: a decode at position 9, block size 4,
+    window 3 sees keys 7..9, so its blocks start at table entry 7 // 4 = 1 (key positions 4..11)."""
     seqs = np.asarray(seqs, dtype=np.int64)
     bs = meta.block_size
     lens = (meta.query_start[seqs + 1] - meta.query_start[seqs])   # [B]
     ctx = meta.seq_lens[seqs]                                      # [B]
     max_q = int(lens.max())
-    max_blocks = ceil_div(int(ctx.max()), bs)
     offsets = np.arange(max_q)                                     # [max_q]
     query_valid = offsets[None, :] < lens[:, None]                 # [B, max_q]
     query_rows = np.where(query_valid, meta.query_start[seqs][:, None] + offsets[None, :], 0)
-    block_ids = meta.block_tables[seqs, :max_blocks].astype(np.int64)  # [B, max_blocks]
-    # Query j of sequence b sits at position ctx - len + j and sees keys at positions <= it.
+    # Query j of sequence b sits at position ctx - len + j and sees keys at positions <= it (and,
+    # with a window w, > it - w): the first query's first key decides the first block gathered.
     query_pos = ctx[:, None] - lens[:, None] + offsets[None, :]    # [B, max_q]
-    key_pos = np.arange(max_blocks * bs)                           # [max_blocks * block_size]
-    allowed = (key_pos[None, None, :] <= query_pos[:, :, None]) | ~query_valid[:, :, None]
+    first_key = np.zeros_like(ctx) if sliding_window is None else np.maximum(0, ctx - lens - sliding_window + 1)
+    first_block = first_key // bs                                  # [B]
+    end_block = -(-ctx // bs)                                      # [B] past the last block
+    max_blocks = int((end_block - first_block).max())
+    table_index = first_block[:, None] + np.arange(max_blocks)     # [B, max_blocks]
+    in_table = table_index < end_block[:, None]
+    block_ids = np.where(in_table, meta.block_tables[seqs[:, None], np.minimum(table_index, end_block[:, None] - 1)],
+                         0).astype(np.int64)                       # [B, max_blocks] padded with block 0
+    key_pos = (table_index[:, :, None] * bs + np.arange(bs)).reshape(len(seqs), 1, -1)   # [B, 1, max_blocks * bs]
+    allowed = key_pos <= query_pos[:, :, None]                     # [B, max_q, max_blocks * bs]
+    if sliding_window is not None:
+        allowed &= key_pos > query_pos[:, :, None] - sliding_window
+    allowed |= ~query_valid[:, :, None]
     bias = np.where(allowed, np.float32(0.0), np.float32(-np.inf))  # [B, max_q, ctx]
     return AttentionGroup(query_rows, query_valid, block_ids, bias[:, None])

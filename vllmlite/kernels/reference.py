@@ -10,13 +10,13 @@ import math
 
 import numpy as np
 
-from vllmlite.kernels.attention_metadata import AttentionGroup, AttentionMetadata
+from vllmlite.kernels.attention_metadata import AttentionGroup, AttentionMetadata, check_attention_options
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 
 # Where arrays live: numpy's memory, so these are numpy itself (see Kernels in __init__.py).
 zeros, empty, host_zeros = np.zeros, np.empty, np.zeros
 name = "numpy"
-feature_major = True  # activations as transposed [features, tokens] arrays (BLAS-friendly, see LlamaModel)
+feature_major = True  # activations as transposed [features, tokens] arrays (BLAS-friendly, see DecoderModel)
 
 
 def to_device(array: np.ndarray | QuantizedMatrix, dtype=None) -> np.ndarray | QuantizedMatrix:
@@ -80,6 +80,12 @@ def silu_and_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
         out[...] = gate / (1 + np.exp(-gate)) * up
 
 
+def softcap(x: np.ndarray, cap: float) -> None:
+    """In place: x = cap * tanh(x / cap) (Gemma 2's final-logit soft-cap)."""
+    np.tanh(x / cap, out=x)
+    x *= cap
+
+
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
              slot_mapping: np.ndarray) -> None:
     """Store this step's keys and values: caches [num_slots, kv_heads, head_dim], k/v [tokens, ...]."""
@@ -88,7 +94,8 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
-                    out: np.ndarray) -> None:
+                    out: np.ndarray, *, scale: float | None = None, sliding_window: int | None = None,
+                    softcap: float | None = None) -> None:
     """Attend each query token to its own sequence's cached context (which includes this step's K/V).
 
     q, out [num_tokens, num_heads, head_dim]; caches [num_slots, num_kv_heads, head_dim].
@@ -96,21 +103,28 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     seq_lens[i] tokens; query j sees keys at positions <= its own. GQA: query head h reads KV head
     h // (num_heads // num_kv_heads). This reference gathers each sequence's context into a padded
     copy (`meta.groups`) and runs dense softmax attention over it with BLAS.
+
+    Options (the defaults are Llama's): scores are q.k * scale (None: 1/sqrt(head_dim)), then
+    softcap * tanh(scores / softcap) when softcap is given (Gemma 2), then masked and softmaxed;
+    sliding_window w: a query at position p sees only keys p - w + 1 .. p (Mistral, Gemma), and
+    blocks wholly before its window are never read (the block manager may have freed them).
     """
-    for group in meta.groups:
-        attend_group(q, k_cache, v_cache, group, meta.block_size, out)
+    check_attention_options(scale, sliding_window, softcap)
+    for group in meta.window_groups(sliding_window):
+        attend_group(q, k_cache, v_cache, group, meta.block_size, out, scale=scale, softcap=softcap)
 
 
 def attend_group(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, g: AttentionGroup, block_size: int,
-                 out: np.ndarray) -> None:
-    """paged_attention for the sequences of one padded group."""
+                 out: np.ndarray, *, scale: float | None = None, softcap: float | None = None) -> None:
+    """paged_attention for the sequences of one padded group (its mask holds any window)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group_size = num_heads // num_kv_heads
     bs = block_size
     k_blocks = k_cache.reshape(-1, bs, num_kv_heads, head_dim)    # [num_blocks, bs, kv_heads, head_dim]
     v_blocks = v_cache.reshape(-1, bs, num_kv_heads, head_dim)
-    scale = 1.0 / math.sqrt(head_dim)  # a Python float keeps float32 scores float32 (NEP 50)
+    # A Python float keeps float32 scores float32 (NEP 50).
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     num_seqs, max_q = g.query_rows.shape
     ctx_len = g.block_ids.shape[1] * bs
     # [B, max_q, kv, group, d] -> [B, kv, group * max_q, d]: each KV head serves its query heads.
@@ -120,6 +134,8 @@ def attend_group(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, g: Att
     values = v_blocks[g.block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
     scores = qg @ keys.transpose(0, 2, 3, 1)                    # [B, kv, group * max_q, ctx]
     scores = scores.reshape(num_seqs, num_kv_heads, group_size, max_q, ctx_len) * scale
+    if softcap is not None:
+        scores = float(softcap) * np.tanh(scores / float(softcap))
     scores += g.bias[:, :, None]                                # bias [B, 1, 1, max_q, ctx]
     scores -= scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores)

@@ -1,7 +1,8 @@
 """Weights in: GGUF files, HF safetensors directories, or a seeded random model, as numpy arrays.
 
-Owns tensor naming and layout (undoing llama.cpp's Q/K permutation, fusing QKV and gate/up);
-knows nothing of the KV cache, batching or serving.
+Owns the weight layout (undoing llama.cpp's Q/K permutation, fusing QKV and gate/up); which tensor
+names and config fields a family has comes from its module (models/registry.py finds it, see
+models/families). Knows nothing of the KV cache, batching or serving.
 """
 
 from __future__ import annotations
@@ -16,31 +17,34 @@ from pathlib import Path
 
 import numpy as np
 
-from vllmlite.config import ModelConfig, RopeScaling, check_quantization
+from vllmlite.config import ModelConfig, check_quantization
 from vllmlite.kernels.quant import GGUF_TYPES, BlockRows, QuantizedMatrix, from_gguf, quantize_rows, tile
+from vllmlite.models import registry
+from vllmlite.models.families.common import LayerNames
 from vllmlite.models.model_source import RANDOM_MODEL, resolve_model
 from vllmlite.progress import progress
 from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, read_gguf_fields
 
 logger = logging.getLogger(__name__)
 
-GGUF_ARCHITECTURES = ("llama", "qwen2")
-HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                    "Qwen2ForCausalLM": "qwen2"}
-
-
 Matrix = np.ndarray | QuantizedMatrix  # a float array, or blocks of int8/int4 (vllmlite/kernels/quant.py)
 
 
 @dataclass
 class LayerWeights:
-    attn_norm: np.ndarray        # [hidden]
+    """One layer in the shared layout; the optional fields are None where a family has no such tensor."""
+
+    attn_norm: np.ndarray | None  # [hidden]; None: no norm before attention (post-norm OLMo 2)
     wqkv: Matrix                 # [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
     bqkv: np.ndarray | None   # [(num_heads + 2 * num_kv_heads) * head_dim] (Qwen2) or None
     wo: Matrix                   # [hidden, num_heads * head_dim]
-    ffn_norm: np.ndarray         # [hidden]
+    ffn_norm: np.ndarray | None  # [hidden]; None: no norm before the MLP (OLMo 2)
     w_gate_up: Matrix            # [2 * intermediate, hidden]
     w_down: Matrix               # [hidden, intermediate]
+    q_norm: np.ndarray | None = None  # [head_dim] (qk_norm "head") or [heads * head_dim] ("full")
+    k_norm: np.ndarray | None = None  # [head_dim] or [kv_heads * head_dim]
+    post_attn_norm: np.ndarray | None = None  # [hidden] on the attention's output (Gemma, OLMo 2)
+    post_ffn_norm: np.ndarray | None = None   # [hidden] on the MLP's output
 
 
 @dataclass
@@ -169,6 +173,45 @@ class _Matrices:
         return ModelWeights(embed, layers, weights.final_norm, lm_head, weights.rope_freq_factors)
 
 
+# --- reading a family's tensors -------------------------------------------------------------
+
+@dataclass
+class _TensorSource:
+    """A file's tensors by name: `matrix` gives rows to stack (float or quantized blocks), `vector`
+    a float array (norms, biases)."""
+
+    names: set[str]
+    matrix: Callable[[str], Rows]
+    vector: Callable[[str], np.ndarray]
+
+
+def _read_weights(source: _TensorSource, names: LayerNames, config: ModelConfig, matrices: _Matrices,
+                  unpermute_qk: bool, label: str, freq_factors: np.ndarray | None = None) -> ModelWeights:
+    """Every layer by the family's name table (see families/common.LayerNames), under progress `label`."""
+    layers = []
+    for i in progress(range(config.num_layers), label, unit="layer"):
+        def vector(name: str | None, suffix: str = ".weight") -> np.ndarray | None:
+            return None if name is None else source.vector(name.format(i=i) + suffix)
+
+        def matrix(parts: tuple[str, ...] | str) -> Matrix:
+            parts = (parts,) if isinstance(parts, str) else parts
+            return matrices.finish(matrices.stack([source.matrix(p.format(i=i) + ".weight") for p in parts]))
+
+        qkv = [source.matrix(p.format(i=i) + ".weight") for p in names.qkv]
+        if unpermute_qk and len(qkv) == 3:
+            qkv[0], qkv[1] = _unpermute_rows(qkv[0], config.num_heads), _unpermute_rows(qkv[1], config.num_kv_heads)
+        bias = np.concatenate([vector(p, ".bias") for p in names.qkv]) if config.attention_bias else None
+        layers.append(LayerWeights(
+            attn_norm=vector(names.attn_norm), wqkv=matrices.finish(matrices.stack(qkv)), bqkv=bias,
+            wo=matrix(names.wo), ffn_norm=vector(names.ffn_norm), w_gate_up=matrix(names.gate_up),
+            w_down=matrix(names.down), q_norm=vector(names.q_norm), k_norm=vector(names.k_norm),
+            post_attn_norm=vector(names.post_attn_norm), post_ffn_norm=vector(names.post_ffn_norm)))
+    embed = matrices.finish(source.matrix(names.embed + ".weight"))
+    has_head = not config.tie_word_embeddings and names.lm_head + ".weight" in source.names
+    lm_head = matrices.finish(source.matrix(names.lm_head + ".weight")) if has_head else embed
+    return ModelWeights(embed, layers, source.vector(names.final_norm + ".weight"), lm_head, freq_factors)
+
+
 # --- GGUF -------------------------------------------------------------------------------------
 
 def _load_gguf(path: Path, matrices: _Matrices) -> LoadedModel:
@@ -177,9 +220,8 @@ def _load_gguf(path: Path, matrices: _Matrices) -> LoadedModel:
 
     reader = gguf.GGUFReader(str(path))
     fields = read_gguf_fields(reader, prefix="")
-    arch = fields.get("general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
-        raise ValueError(f"{path.name}: GGUF architecture {arch!r} is not supported ({GGUF_ARCHITECTURES})")
+    arch = registry.from_gguf(fields.get("general.architecture"))
+    family = arch.module()
     tensors = {t.name: t for t in reader.tensors}
     dtype = matrices.dtype
 
@@ -196,64 +238,13 @@ def _load_gguf(path: Path, matrices: _Matrices) -> LoadedModel:
                                         kind)
         return matrices.from_float(get(name))
 
-    config = _gguf_config(fields, arch, tensors)
+    config = family.gguf_config(fields, arch.name, tensors)
     tokenizer = HFTokenizer.from_gguf_fields(fields)
-    # llama.cpp's converter permutes Llama's Q and K rows for its rotary layout; qwen2 is stored as is.
-    unpermute = arch == "llama"
-    layers = []
-    for i in progress(range(config.num_layers), f"Loading {path.name}", unit="layer"):
-        p = f"blk.{i}."
-        wq, wk = matrix(p + "attn_q.weight"), matrix(p + "attn_k.weight")
-        if unpermute:
-            wq, wk = _unpermute_rows(wq, config.num_heads), _unpermute_rows(wk, config.num_kv_heads)
-        bias = None
-        if p + "attn_q.bias" in tensors:
-            bias = np.concatenate([get(p + "attn_q.bias"), get(p + "attn_k.bias"), get(p + "attn_v.bias")])
-        layers.append(LayerWeights(
-            attn_norm=get(p + "attn_norm.weight"),
-            wqkv=matrices.finish(matrices.stack([wq, wk, matrix(p + "attn_v.weight")])),
-            bqkv=bias,
-            wo=matrices.finish(matrix(p + "attn_output.weight")),
-            ffn_norm=get(p + "ffn_norm.weight"),
-            w_gate_up=matrices.finish(matrices.stack([matrix(p + "ffn_gate.weight"), matrix(p + "ffn_up.weight")])),
-            w_down=matrices.finish(matrix(p + "ffn_down.weight")),
-        ))
-    embed = matrices.finish(matrix("token_embd.weight"))
-    lm_head = matrices.finish(matrix("output.weight")) if "output.weight" in tensors else embed
     freq_factors = get("rope_freqs.weight") if "rope_freqs.weight" in tensors else None
-    weights = ModelWeights(embed, layers, get("output_norm.weight"), lm_head, freq_factors)
-    return LoadedModel(config, weights, tokenizer, str(path))
-
-
-def _gguf_config(fields: dict, arch: str, tensors: dict) -> ModelConfig:
-    def key(name: str, default=None):
-        return fields.get(f"{arch}.{name}", default)
-
-    num_heads = int(key("attention.head_count"))
-    hidden = int(key("embedding_length"))
-    vocab = key("vocab_size") or len(fields["tokenizer.ggml.tokens"])
-    scaling = None
-    kind = key("rope.scaling.type")
-    if kind == "linear":
-        scaling = RopeScaling("linear", float(key("rope.scaling.factor")))
-    elif kind not in (None, "none"):
-        raise ValueError(f"GGUF rope.scaling.type {kind!r} is not supported (linear; llama3 via rope_freqs)")
-    return ModelConfig(
-        architecture=arch,
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length")),
-        num_layers=int(key("block_count")),
-        num_heads=num_heads,
-        num_kv_heads=int(key("attention.head_count_kv", num_heads)),
-        head_dim=int(key("attention.key_length", hidden // num_heads)),
-        max_position_embeddings=int(key("context_length", 2048)),
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(key("rope.freq_base", 10000.0)),
-        rope_scaling=scaling,
-        tie_word_embeddings="output.weight" not in tensors,
-        attention_bias="blk.0.attn_q.bias" in tensors,
-    )
+    # llama.cpp's converter permutes llama-arch Q and K rows for its rotary layout; others are stored as is.
+    weights = _read_weights(_TensorSource(set(tensors), matrix, get), family.GGUF_NAMES, config, matrices,
+                            family.GGUF_PERMUTES_QK, f"Loading {path.name}", freq_factors)
+    return LoadedModel(config, family.finish(config, weights), tokenizer, str(path))
 
 
 def _unpermute_rows(weight: Rows, num_heads: int) -> Rows:
@@ -278,7 +269,9 @@ def _load_hf_directory(path: Path, matrices: _Matrices) -> LoadedModel:
     if not config_path.is_file():
         raise ValueError(f"{path} has no config.json; expected an HF model directory or a .gguf file")
     raw = json.loads(config_path.read_text())
-    config = _hf_config(raw)
+    arch = registry.from_hf(raw.get("architectures") or [])
+    family = arch.module()
+    config = family.hf_config(raw, arch.name)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{path} has no *.safetensors files")
@@ -287,79 +280,16 @@ def _load_hf_directory(path: Path, matrices: _Matrices) -> LoadedModel:
         state.update(load_file(str(file)))
 
     def get(name: str) -> np.ndarray:
+        if name not in state:
+            raise ValueError(f"{path}: tensor {name!r} missing (a {arch.name} checkpoint has it)")
         return np.ascontiguousarray(state[name], dtype=matrices.dtype)
 
-    layers = [_hf_layer(get, f"model.layers.{i}.", config.attention_bias) for i in range(config.num_layers)]
-    embed = get("model.embed_tokens.weight")
-    lm_head = embed if config.tie_word_embeddings or "lm_head.weight" not in state else get("lm_head.weight")
-    weights = matrices.convert(ModelWeights(embed, layers, get("model.norm.weight"), lm_head, None))
+    float_matrices = _Matrices(matrices.dtype, "none")   # quantized after the family's folds
+    weights = _read_weights(_TensorSource(set(state), get, get), family.HF_NAMES, config, float_matrices, False,
+                            "Reading layers")
+    weights = matrices.convert(family.finish(config, weights))
     tokenizer = HFTokenizer.from_directory(path)
     return LoadedModel(config, weights, tokenizer, str(path))
-
-
-def _hf_layer(get: Callable[[str], np.ndarray], p: str, has_bias: bool) -> LayerWeights:
-    a, m = p + "self_attn.", p + "mlp."
-    bias = None
-    if has_bias:
-        bias = np.concatenate([get(a + "q_proj.bias"), get(a + "k_proj.bias"), get(a + "v_proj.bias")])
-    return LayerWeights(
-        attn_norm=get(p + "input_layernorm.weight"),
-        wqkv=np.concatenate([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]),
-        bqkv=bias,
-        wo=get(a + "o_proj.weight"),
-        ffn_norm=get(p + "post_attention_layernorm.weight"),
-        w_gate_up=np.concatenate([get(m + "gate_proj.weight"), get(m + "up_proj.weight")]),
-        w_down=get(m + "down_proj.weight"),
-    )
-
-
-def _hf_config(raw: dict) -> ModelConfig:
-    names = raw.get("architectures") or []
-    arch = next((HF_ARCHITECTURES[n] for n in names if n in HF_ARCHITECTURES), None)
-    if arch is None:
-        raise ValueError(f"architectures {names} not supported; expected one of {list(HF_ARCHITECTURES)}")
-    hidden, num_heads = raw["hidden_size"], raw["num_attention_heads"]
-    max_len = raw.get("max_position_embeddings", 2048)
-    window = raw.get("sliding_window")
-    if window and raw.get("use_sliding_window", arch == "mistral"):
-        # No sliding-window attention here: cap the context so every position stays exact.
-        max_len = min(max_len, window)
-    return ModelConfig(
-        architecture=arch,
-        vocab_size=raw["vocab_size"],
-        hidden_size=hidden,
-        intermediate_size=raw["intermediate_size"],
-        num_layers=raw["num_hidden_layers"],
-        num_heads=num_heads,
-        num_kv_heads=raw.get("num_key_value_heads", num_heads),
-        head_dim=raw.get("head_dim") or hidden // num_heads,
-        max_position_embeddings=max_len,
-        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-        rope_theta=_hf_rope_theta(raw),
-        rope_scaling=_hf_rope_scaling(raw.get("rope_scaling") or raw.get("rope_parameters")),
-        tie_word_embeddings=raw.get("tie_word_embeddings", False),
-        attention_bias=arch == "qwen2" or raw.get("attention_bias", False),
-    )
-
-
-def _hf_rope_theta(raw: dict) -> float:
-    params = raw.get("rope_parameters") or {}
-    return float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
-
-
-def _hf_rope_scaling(scaling: dict | None) -> RopeScaling | None:
-    if not scaling:
-        return None
-    kind = scaling.get("rope_type") or scaling.get("type")
-    if kind in (None, "default"):
-        return None
-    if kind == "linear":
-        return RopeScaling("linear", float(scaling["factor"]))
-    if kind == "llama3":
-        return RopeScaling("llama3", float(scaling["factor"]), float(scaling["low_freq_factor"]),
-                           float(scaling["high_freq_factor"]),
-                           int(scaling["original_max_position_embeddings"]))
-    raise ValueError(f"rope_scaling type {kind!r} is not supported (linear, llama3)")
 
 
 # --- seeded random model ------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import torch
 from vllmlite.config import ceil_div
 from vllmlite.kernels.attention_metadata import AttentionMetadata
 from vllmlite.kernels.torch import triton_attention
-from vllmlite.models.llama import KVCache, LlamaModel, Workspace
+from vllmlite.models.decoder import DecoderModel, KVCache, Workspace
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def batch_ladder(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: LlamaModel, kv_cache: KVCache, block_size: int, scratch_block: int,
+    def __init__(self, model: DecoderModel, kv_cache: KVCache, block_size: int, scratch_block: int,
                  max_batch: int, max_model_len: int) -> None:
         self.model = model
         self.kv_cache = kv_cache

@@ -14,7 +14,7 @@ import numpy as np
 from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.core.request import Request
 from vllmlite.kernels.attention_metadata import build_metadata
-from vllmlite.models.llama import LlamaModel
+from vllmlite.models.decoder import DecoderModel
 from vllmlite.pooling_params import PoolingType
 from vllmlite.worker.sampling import Sampler, SamplingBatch
 from vllmlite.worker.speculative import Draft, Proposer, verify, verify_greedy
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, num_host_blocks: int,
+    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, num_host_blocks: int,
                  stop_token_ids: frozenset[int], proposer: Proposer | None = None,
                  cuda_graphs: tuple[int, int] | None = None) -> None:
         """cuda_graphs: (largest batch, max_model_len) of the decode steps to replay as CUDA graphs

@@ -18,7 +18,7 @@ from vllmlite.config import EngineConfig, SpeculativeConfig
 from vllmlite.core.batch import ScheduledSequence
 from vllmlite.kernels import Kernels
 from vllmlite.kernels.attention_metadata import build_metadata
-from vllmlite.models.llama import LlamaModel
+from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import LoadedModel, ModelWeights, load_model
 from vllmlite.worker.sampling import Sampler, SamplingBatch
 
@@ -90,7 +90,7 @@ class DraftModelProposer(Proposer):
     valid; the draft catches up from there, and rejection rolls it back.
     """
 
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int = 0) -> None:
+    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, seed: int = 0) -> None:
         c = model.config
         self.model = model
         self.block_size = block_size
@@ -227,5 +227,5 @@ def make_proposer(spec: SpeculativeConfig, target: LoadedModel, config: EngineCo
             raise ValueError(f"the draft model's vocabulary ({draft.config.vocab_size}) differs from the "
                              f"target's ({target.config.vocab_size})")
         weights, draft_config = draft.weights, draft.config
-    model = LlamaModel(draft_config, weights, max_model_len, kernels)
+    model = DecoderModel(draft_config, weights, max_model_len, kernels)
     return DraftModelProposer(model, num_blocks, config.cache.block_size, config.seed)

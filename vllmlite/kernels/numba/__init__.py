@@ -3,7 +3,7 @@
 `get_kernels("numba")` returns; the kernels live by concern in elementwise.py (norms, RoPE, SiLU,
 KV write), linear.py (float and quantized products) and attention.py, compiled as jit.py says.
 
-Every function is compiled for float32 and float64 arrays on first call (`LlamaModel.warm_up` makes
+Every function is compiled for float32 and float64 arrays on first call (`DecoderModel.warm_up` makes
 that happen at start-up) and the machine code is cached next to its module (or in NUMBA_CACHE_DIR),
 so a second start does not recompile. Loops release the GIL (`nogil`), so the HTTP thread keeps
 running while they do.
@@ -18,6 +18,7 @@ from vllmlite.kernels.reference import (  # numpy memory
     empty,
     feature_major,
     host_zeros,
+    softcap,  # once per step on the logits: numpy's tanh is as fast
     to_device,
     to_numpy,
     zeros,
@@ -25,5 +26,4 @@ from vllmlite.kernels.reference import (  # numpy memory
 
 name = "numba"
 __all__ = ["add_rms_norm", "argmax", "copy_slots", "empty", "feature_major", "host_zeros", "linear", "name", "paged_attention", "rms_norm",
-           "rope",
-           "silu_and_mul", "to_device", "to_numpy", "write_kv", "zeros"]
+           "rope", "silu_and_mul", "softcap", "to_device", "to_numpy", "write_kv", "zeros"]

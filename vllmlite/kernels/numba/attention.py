@@ -13,17 +13,18 @@ import numpy as np
 from numba import prange
 
 from vllmlite.kernels import blas
-from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionMetadata
+from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionMetadata, check_attention_options
 from vllmlite.kernels.numba.jit import parallel, serial
 from vllmlite.kernels.prefill_attention import prepare_chunk
 
 
 @serial
-def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries, pos0, scale,
+def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries, pos0, scale, window, softcap,
                  out):  # pragma: no cover - compiled
     """Queries row0 .. row0 + num_queries - 1 of one sequence (at positions pos0 ..), all heads,
-    over the sequence's keys up to their own positions, read in place through `block_table` one
-    block at a time with an online softmax: one pass over K/V, no score matrix beyond a block.
+    over the sequence's keys up to their own positions (and after their position - window), read
+    in place through `block_table` one block at a time, from the block holding the first query's
+    first key, with an online softmax: one pass over K/V, no score matrix beyond a block.
 
     The work is laid out per KV head: the rows sharing KV head h (each query's `group` heads) sit
     together in qt[h], acc[h], so GQA reads each K/V vector once for all of them and the inner
@@ -44,28 +45,37 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
     best = np.full((num_kv_heads, num_rows), -np.inf, dtype=k_cache.dtype)   # running max score
     probs = np.empty((num_kv_heads, num_rows, block_size), dtype=k_cache.dtype)  # this block's
     last_pos = pos0 + num_queries - 1
-    for b in range(last_pos // block_size + 1):
+    for b in range(max(0, pos0 - window + 1) // block_size, last_pos // block_size + 1):
         base = block_table[b] * block_size                              # the block's first slot
         first_pos = b * block_size
         num_keys = min(block_size, last_pos - first_pos + 1)
-        # Key t of the block is seen by the rows of queries at or after its position (causal);
-        # the rows before them get -inf, so exp gives them 0.
+        # Key t of the block is seen by the rows of queries at or after its position (causal) and
+        # before its position + window; the other rows get -inf, so exp gives them 0.
         for t in range(num_keys):
             first_row = min(max(0, first_pos + t - pos0) * group, num_rows)
+            end_row = min(max(0, first_pos + t + window - pos0) * group, num_rows)
             for h in range(num_kv_heads):
                 key = k_cache[base + t, h]
                 for i in range(first_row):
                     probs[h, i, t] = -np.inf
-                for i in range(first_row, num_rows):
+                for i in range(end_row, num_rows):
+                    probs[h, i, t] = -np.inf
+                for i in range(first_row, end_row):
                     dot = qt[h, i, 0] * key[0]
                     for d in range(1, head_dim):
                         dot += qt[h, i, d] * key[d]
+                    if softcap != 0:
+                        dot = softcap * math.tanh(dot / softcap)
                     probs[h, i, t] = dot
         for h in range(num_kv_heads):
             for i in range(num_rows):
                 top = best[h, i]
                 for t in range(num_keys):
                     top = max(top, probs[h, i, t])
+                if top == -np.inf:   # a later query whose window starts past this block: nothing yet
+                    for t in range(num_keys):
+                        probs[h, i, t] = 0
+                    continue
                 rescale = math.exp(best[h, i] - top)                    # 0 on the first block
                 best[h, i] = top
                 row_total = total[h, i] * rescale
@@ -79,9 +89,10 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
                         acc[h, i, d] *= rescale
         for t in range(num_keys):
             first_row = min(max(0, first_pos + t - pos0) * group, num_rows)
+            end_row = min(max(0, first_pos + t + window - pos0) * group, num_rows)
             for h in range(num_kv_heads):
                 value = v_cache[base + t, h]
-                for i in range(first_row, num_rows):
+                for i in range(first_row, end_row):
                     p = probs[h, i, t]
                     for d in range(head_dim):
                         acc[h, i, d] += p * value[d]
@@ -94,12 +105,16 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
 
 # Keys per work item of a decoding sequence: a decode's context is split into parts this long,
 # attended in parallel and combined (flash-decoding), so a lone long sequence uses every core. The
-# parts depend only on the sequence's own length, never on the batch around it.
+# parts depend only on the sequence's own length (and window), never on the batch around it.
 DECODE_PART = 256
+
+# The compiled kernels' sliding window when there is none: wider than any context, so a query at
+# p sees every key 0 .. p (and (p + window) * group cannot overflow).
+NO_WINDOW = 1 << 40
 
 
 @serial
-def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scale, acc, best,
+def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scale, softcap, acc, best,
                  total):  # pragma: no cover - compiled
     """One query q [heads, head_dim] (a decode) over keys first .. last - 1 of its sequence, read in
     place through `block_table`: acc[h] = sum of p * v, best[h] = the largest score, total[h] =
@@ -122,6 +137,8 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
             dot = qs[h, 0] * key[0]
             for d in range(1, head_dim):
                 dot += qs[h, d] * key[d]
+            if softcap != 0:
+                dot = softcap * math.tanh(dot / softcap)
             scores[h, t] = dot
     for h in range(num_heads):
         top = scores[h, 0]
@@ -145,17 +162,19 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
 
 
 @serial
-def _decode_parts(query_start, seq_lens):  # pragma: no cover - compiled
+def _decode_parts(query_start, seq_lens, window):  # pragma: no cover - compiled
     """The work items of `_paged_attention`: sequence s owns items first_item[s] ..
     first_item[s + 1] - 1, and item i belongs to sequence item_seq[i]. A decode (one query) gets
-    one item per DECODE_PART keys of its context, any other sequence one item. (Serial: inside a
+    one item per DECODE_PART keys it sees (its context, or its window), any other sequence one
+    item. (Serial: inside a
     parallel function numba would run each of these array operations as a parallel region.)"""
     num_seqs = seq_lens.shape[0]
     first_item = np.empty(num_seqs + 1, dtype=np.int64)
     first_item[0] = 0
     for s in range(num_seqs):
         decode = query_start[s + 1] - query_start[s] == 1
-        first_item[s + 1] = first_item[s] + ((seq_lens[s] + DECODE_PART - 1) // DECODE_PART if decode else 1)
+        num_keys = min(seq_lens[s], window)
+        first_item[s + 1] = first_item[s] + ((num_keys + DECODE_PART - 1) // DECODE_PART if decode else 1)
     item_seq = np.empty(first_item[num_seqs], dtype=np.int64)
     for s in range(num_seqs):
         for i in range(first_item[s], first_item[s + 1]):
@@ -190,10 +209,11 @@ def _combine_parts(query_start, first_item, acc, best, total, out):  # pragma: n
 
 @parallel
 def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, block_size, max_queries, scale,
-                     first_item, item_seq, out):  # pragma: no cover - compiled
+                     window, softcap, first_item, item_seq, out):  # pragma: no cover - compiled
     """Work items (`_decode_parts`) spread over threads: a decode (one query) is one item per
-    DECODE_PART keys of its context, combined afterwards; a sequence with 2 .. `max_queries`
-    queries is one item (`_attend_tile`). Sequences with more queries are left to the caller."""
+    DECODE_PART keys it sees (the last `window` of its context), combined afterwards; a sequence
+    with 2 .. `max_queries` queries is one item (`_attend_tile`). Sequences with more queries are
+    left to the caller. softcap 0: none."""
     num_items = item_seq.shape[0]
     acc = np.empty((num_items, q.shape[1], q.shape[2]), dtype=k_cache.dtype)
     best = np.empty((num_items, q.shape[1]), dtype=k_cache.dtype)
@@ -202,17 +222,18 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
         s = item_seq[item]
         num_queries = query_start[s + 1] - query_start[s]
         if num_queries == 1:
-            first = (item - first_item[s]) * DECODE_PART
+            first = max(0, seq_lens[s] - window) + (item - first_item[s]) * DECODE_PART
             _attend_keys(q[query_start[s]], k_cache, v_cache, block_tables[s], block_size, first,
-                         min(seq_lens[s], first + DECODE_PART), scale, acc[item], best[item], total[item])
+                         min(seq_lens[s], first + DECODE_PART), scale, softcap, acc[item], best[item], total[item])
         elif num_queries <= max_queries:
             _attend_tile(q, k_cache, v_cache, block_tables[s], block_size, query_start[s], num_queries,
-                         seq_lens[s] - num_queries, scale, out)
+                         seq_lens[s] - num_queries, scale, window, softcap, out)
     _combine_parts(query_start, first_item, acc, best, total, out)
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
-                    out: np.ndarray) -> None:
+                    out: np.ndarray, *, scale: float | None = None, sliding_window: int | None = None,
+                    softcap: float | None = None) -> None:
     """Decodes and short queries (speculative verification, short chunks) in the compiled kernel;
     each long prefill chunk in query tiles with BLAS products (prefill_attention.py), since the
     kernel's inner loops ran there at about half BLAS speed (48 vs 24 ms a layer for a 512-token
@@ -225,15 +246,22 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     2048 tokens, tiles of 128, load average 2-3 on 2 cores: median 751 ms so, 173 on one OpenBLAS
     thread), where whole tiles per thread nearly halve it (one layer of SmolLM2 at 2048 tokens,
     quiet machine: 108 ms on one thread, 56 on two, the dense reference 253; `python -m
-    bench.prefill_attention`)."""
-    scale = q.dtype.type(1.0 / math.sqrt(q.shape[-1]))
-    parts = meta.kernel_cache.get("decode_parts")
-    if parts is None:   # the same for every layer of the step
-        parts = meta.kernel_cache["decode_parts"] = _decode_parts(meta.query_start, meta.seq_lens)
-    _paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
-                     meta.block_size, MAX_BATCHED_QUERY_LEN, scale, *parts, out)
+    bench.prefill_attention`).
+
+    Options as reference.paged_attention's; a window bounds every query's keys, so a decode with
+    one costs O(window) and blocks wholly before it are never read."""
+    check_attention_options(scale, sliding_window, softcap)
+    dtype = q.dtype.type
+    window = NO_WINDOW if sliding_window is None else int(sliding_window)
+    parts = meta.kernel_cache.get(f"decode_parts {window}")
+    if parts is None:   # the same for every layer of the step with this window
+        parts = meta.kernel_cache[f"decode_parts {window}"] = _decode_parts(meta.query_start, meta.seq_lens, window)
+    _paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables, meta.block_size,
+                     MAX_BATCHED_QUERY_LEN, dtype(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), window,
+                     dtype(0 if softcap is None else softcap), *parts, out)
     if len(meta.long_seqs):
-        _attend_long_chunks(q, k_cache, v_cache, meta, out)
+        _attend_long_chunks(q, k_cache, v_cache, meta, out,
+                            dict(scale=scale, sliding_window=sliding_window, softcap=softcap))
 
 
 # Query-key pairs per tile (`Chunk.num_pairs` over the step's tiles) from which a step's long
@@ -250,11 +278,11 @@ _tile_workers = ThreadPoolExecutor(max_workers=numba.config.NUMBA_NUM_THREADS, t
 
 
 def _attend_long_chunks(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
-                        out: np.ndarray) -> None:
+                        out: np.ndarray, options: dict) -> None:
     """The tiles of every long chunk (prefill_attention.py) dealt round robin, tile by tile, to as
     many threads as numba uses, which run them at once: numpy's products and loops release the
-    GIL. Round robin evens out the work, which grows with each tile's keys."""
-    chunks = [prepare_chunk(q, k_cache, v_cache, meta, int(seq)) for seq in meta.long_seqs]
+    GIL. Round robin evens out the work, which grows with each tile's keys. `options`: paged_attention's."""
+    chunks = [prepare_chunk(q, k_cache, v_cache, meta, int(seq), **options) for seq in meta.long_seqs]
     work = [(chunk, h, t0) for chunk in chunks for h, t0 in chunk.tiles]
     num_pairs = sum(chunk.num_pairs for chunk in chunks)
     parallel = num_pairs >= PARALLEL_MIN_TILE_PAIRS * len(work)

@@ -17,7 +17,12 @@ import math
 import numpy as np
 import torch
 
-from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionGroup, AttentionMetadata
+from vllmlite.kernels.attention_metadata import (
+    MAX_BATCHED_QUERY_LEN,
+    AttentionGroup,
+    AttentionMetadata,
+    check_attention_options,
+)
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 
 
@@ -149,6 +154,11 @@ class TorchKernels:
         gate, up = gate_up.chunk(2, dim=-1)
         out.copy_(torch.nn.functional.silu(gate) * up)
 
+    def softcap(self, x: torch.Tensor, cap: float) -> None:
+        """In place: x = cap * tanh(x / cap)."""
+        torch.tanh(x / cap, out=x)
+        x *= cap
+
     def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
         if self._triton(k):
@@ -158,10 +168,14 @@ class TorchKernels:
         v_cache[slot_mapping] = v
 
     def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        meta: AttentionMetadata, out: torch.Tensor) -> None:
+                        meta: AttentionMetadata, out: torch.Tensor, *, scale: float | None = None,
+                        sliding_window: int | None = None, softcap: float | None = None) -> None:
         """Every query through the Triton kernel, reading K/V in place (its tiles, made by the first
-        layer of a step, see attention_tiles); without Triton through the reference's padded groups
-        (kernels/attention_metadata.py), batched on the device."""
+        layer of a step, see attention_tiles, serve every window); without Triton through the
+        reference's padded groups (kernels/attention_metadata.py), batched on the device. Options
+        as reference.paged_attention's."""
+        check_attention_options(scale, sliding_window, softcap)
+        options = dict(scale=scale, softcap=softcap)
         if self._triton(q):
             tiles = meta.kernel_cache.get("torch.tiles")
             if tiles is None:
@@ -169,12 +183,14 @@ class TorchKernels:
             block_tables = self._index(meta, "block_tables")
             kernel = paged_attention_kernel().paged_attention_tiles
             for step_tiles, rows, *splits in tiles:   # type: ignore[union-attr]
-                kernel(q, k_cache, v_cache, step_tiles, rows, block_tables, meta.block_size, out, *splits)
+                kernel(q, k_cache, v_cache, step_tiles, rows, block_tables, meta.block_size, out, *splits,
+                       sliding_window=sliding_window, **options)
             return
-        if "torch.groups" not in meta.kernel_cache:
-            meta.kernel_cache["torch.groups"] = [self._device_group(g) for g in meta.groups]
-        for group in meta.kernel_cache["torch.groups"]:  # type: ignore[union-attr]
-            self._attend_group(q, k_cache, v_cache, group, meta.block_size, out)
+        key = f"torch.groups {sliding_window}"
+        if key not in meta.kernel_cache:
+            meta.kernel_cache[key] = [self._device_group(g) for g in meta.window_groups(sliding_window)]
+        for group in meta.kernel_cache[key]:  # type: ignore[union-attr]
+            self._attend_group(q, k_cache, v_cache, group, meta.block_size, out, **options)
 
     def attention_tiles(self, meta: AttentionMetadata, num_heads: int, num_kv_heads: int) -> list[tuple]:
         """The step's Triton launches: (tiles on the device, rows per tile, splits, split length) for
@@ -201,7 +217,8 @@ class TorchKernels:
         return rows, valid, self.to_device(g.block_ids), bias, rows[valid]
 
     @staticmethod
-    def _attend_group(q, k_cache, v_cache, group, block_size: int, out) -> None:
+    def _attend_group(q, k_cache, v_cache, group, block_size: int, out, scale: float | None,
+                      softcap: float | None) -> None:
         rows, valid, block_ids, bias, out_rows = group
         num_tokens, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[1]
@@ -218,7 +235,10 @@ class TorchKernels:
         scores = qg @ keys.permute(0, 2, 3, 1)                      # [B, kv, group * max_q, ctx]
         compute = torch.float32 if scores.dtype in HALF else scores.dtype
         scores = scores.to(compute).reshape(num_seqs, num_kv_heads, group_size, max_q, ctx_len)
-        scores = scores * (1.0 / math.sqrt(head_dim)) + bias[:, :, None].to(compute)
+        scores = scores * (1.0 / math.sqrt(head_dim) if scale is None else scale)
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        scores = scores + bias[:, :, None].to(compute)
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         probs = probs.reshape(num_seqs, num_kv_heads, group_size * max_q, ctx_len)
         ctx = probs @ values.permute(0, 2, 1, 3)                    # [B, kv, group * max_q, d]

@@ -37,9 +37,10 @@ TILE_FIELDS = 4     # first row, number of rows, sequence, position of the first
 @triton.jit
 def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block_tables_ptr, part_ptr, state_ptr,
                       scale, stride_q_tok, stride_q_head, stride_q_d, stride_o_tok, stride_o_head, stride_o_d,
-                      stride_bt_seq, block_size, num_kv_heads, num_splits, split_len,
+                      stride_bt_seq, block_size, num_kv_heads, num_splits, split_len, window, softcap,
                       GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                      HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                      WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr):
     t = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -58,6 +59,8 @@ def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block
                 mask=q_valid[:, None] & d_valid[None, :], other=0.0)
     position = pos0 + r                                                # [Q] each query sees keys 0..position
     key_start = split * split_len
+    if WINDOWED:   # ... and only position - window + 1 ..: the splits start at the first row's first key
+        key_start += tl.maximum(pos0 - window + 1, 0)
     key_end = tl.minimum(pos0 + count, key_start + split_len)          # past the tile's last position
     m = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)         # running max
     denom = tl.zeros([ROWS * GROUP_PAD], tl.float32)                   # running sum of exp
@@ -71,7 +74,12 @@ def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block
         kv_mask = valid[:, None] & d_valid[None, :]
         k = tl.load(k_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale   # [Q, BLOCK_N]
-        scores = tl.where(valid[None, :] & (n[None, :] <= position[:, None]), scores, float("-inf"))
+        if SOFTCAP:   # softcap * tanh(scores / softcap), tanh(x) = 1 - 2 / (exp(2x) + 1): no libdevice
+            scores = softcap * (1.0 - 2.0 / (tl.exp(2.0 * scores / softcap) + 1.0))
+        seen = valid[None, :] & (n[None, :] <= position[:, None])
+        if WINDOWED:
+            seen = seen & (n[None, :] > position[:, None] - window)
+        scores = tl.where(seen, scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)         # a row with no key yet: no NaN
         p = tl.exp(scores - m_safe[:, None])
@@ -147,7 +155,8 @@ def make_tiles(query_start: np.ndarray, positions: np.ndarray, seqs: np.ndarray,
 def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tiles: torch.Tensor,
                           rows: int, block_tables: torch.Tensor, block_size: int, out: torch.Tensor,
                           num_splits: int = 1, split_len: int = 0, block_n: int = BLOCK_N, num_warps: int = 4,
-                          num_stages: int = 2) -> None:
+                          num_stages: int = 2, *, scale: float | None = None, sliding_window: int | None = None,
+                          softcap: float | None = None) -> None:
     """out[row] = attention of q[row] over its sequence's paged context, for every row of `tiles`
     ([num_tiles, 4] int64 on the device, see make_tiles), written in place.
 
@@ -155,6 +164,10 @@ def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     block_tables [num_seqs, max_blocks] int; num_splits > 1 cuts each tile's context into ranges of
     split_len keys (a multiple of block_n covering the longest context) combined afterwards.
     block_n, num_warps, num_stages: the kernel's tuning (bench/gpu_attention.py sweeps them).
+    scale, sliding_window, softcap: as reference.paged_attention's. With a window each program
+    reads keys from its tile's first row's first key on (the splits too, so a plan made for the
+    whole context stays correct, its later splits left with nothing to do); without one or the
+    other the kernel is compiled without their code.
     """
     num_tiles = tiles.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -171,10 +184,11 @@ def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         part = state = out   # not read
         split_len = 1 << 30
     _attention_kernel[(num_tiles, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, out, tiles, block_tables, part, state, 1.0 / math.sqrt(head_dim),
+        q, k_cache, v_cache, out, tiles, block_tables, part, state, 1.0 / math.sqrt(head_dim) if scale is None else scale,
         *q.stride(), *out.stride(), block_tables.stride(0), block_size, num_kv_heads, num_splits, split_len,
-        BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps,
-        num_stages=num_stages, **shape)
+        sliding_window or 0, softcap or 0.0, BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        WINDOWED=sliding_window is not None, SOFTCAP=softcap is not None, num_warps=num_warps, num_stages=num_stages,
+        **shape)
     if num_splits > 1:
         _combine_kernel[(num_tiles, num_kv_heads)](out, tiles, part, state, *out.stride(), num_kv_heads, num_splits,
                                                    **shape)

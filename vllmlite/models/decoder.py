@@ -1,5 +1,8 @@
-"""The Llama-family decoder in numpy: embedding, RMSNorm, RoPE, GQA attention, SwiGLU, LM head.
+"""The decoder every family runs: embedding, RMSNorm, RoPE, GQA attention, gated MLP, LM head.
 
+What differs between families (q/k norms, norm placement, activation, multipliers, soft-caps,
+per-layer attention type and RoPE) is read from ModelConfig, a few lines each in this one forward
+pass; the family modules (vllmlite/models/families) only map configs and tensor names onto it.
 It runs one flattened batch of tokens from many sequences, each token with its own position.
 Where K/V live and who attends to what comes in as AttentionMetadata; the model knows nothing of
 blocks, requests or sampling.
@@ -8,8 +11,11 @@ blocks, requests or sampling.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import math
 import time
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,31 +24,11 @@ from vllmlite.kernels import Kernels, get_kernels
 from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 from vllmlite.models.loader import LayerWeights, Matrix, ModelWeights
+from vllmlite.models.rope import rope_inv_freq, rope_tables
 from vllmlite.progress import progress
 
 KVCache = list[tuple[np.ndarray, np.ndarray]]  # per layer (K, V), each [num_slots, kv_heads, head_dim]
 WARM_UP_TOKENS = 20  # warm_up's longest prompt: past the few-token/BLAS switch of the linear layers
-
-
-def rope_inv_freq(config: ModelConfig, freq_factors: np.ndarray | None = None) -> np.ndarray:
-    """Rotary inverse frequencies [head_dim / 2], with linear or llama3 scaling when configured."""
-    d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-    if freq_factors is not None:
-        return inv_freq / freq_factors.astype(np.float64)
-    scaling = config.rope_scaling
-    if scaling is None:
-        return inv_freq
-    if scaling.rope_type == "linear":
-        return inv_freq / scaling.factor
-    # llama3: long wavelengths are divided by `factor`, short ones kept, the middle interpolated.
-    old_len = scaling.original_max_position_embeddings
-    wavelen = 2 * np.pi / inv_freq
-    scaled = np.where(wavelen > old_len / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
-    smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-    is_medium = (wavelen >= old_len / scaling.high_freq_factor) & (wavelen <= old_len / scaling.low_freq_factor)
-    return np.where(is_medium, smoothed, scaled)
 
 
 def on_backend(weights: ModelWeights, k: Kernels) -> ModelWeights:
@@ -105,7 +91,53 @@ class Workspace:
         return Workspace(num_tokens, *buffers, feature_major=self.feature_major)
 
 
-class LlamaModel:
+class LayerPlan(NamedTuple):
+    """What one layer does beyond the shared path: its RoPE tables, or None (a no-RoPE layer), and
+    the keyword arguments its paged_attention call needs (only those that differ from default)."""
+
+    rope: tuple[np.ndarray, np.ndarray] | None   # (cos, sin), each [positions, rotary_dim / 2]
+    attention_kwargs: dict
+
+
+def layer_plans(config: ModelConfig, weights: ModelWeights, num_positions: int, k: Kernels,
+                dtype) -> list[LayerPlan]:
+    """Each layer's plan; layers sharing a RoPE base share one pair of tables."""
+    c, tables = config, {}
+    factor = c.rope_scaling.attention_factor if c.rope_scaling is not None else 1.0
+
+    def rope(theta: float) -> tuple[np.ndarray, np.ndarray]:
+        if theta not in tables:
+            cos, sin = rope_tables(rope_inv_freq(c, weights.rope_freq_factors, theta), num_positions, factor)
+            tables[theta] = (k.to_device(cos, dtype), k.to_device(sin, dtype))
+        return tables[theta]
+
+    plans = []
+    for i in range(c.num_layers):
+        sliding = c.layer_type(i) == "sliding"
+        kwargs = {"sliding_window": c.sliding_window} if sliding else {}
+        if c.attn_logit_softcap is not None:
+            kwargs["softcap"] = c.attn_logit_softcap
+        if c.attention_scale is not None and c.attention_scale != 1.0 / math.sqrt(c.head_dim):
+            kwargs["scale"] = c.attention_scale
+        theta = c.rope_local_theta if sliding and c.rope_local_theta is not None else c.rope_theta
+        plans.append(LayerPlan(rope(theta) if c.uses_rope(i) else None, kwargs))
+    return plans
+
+
+def require_kernels(k: Kernels, config: ModelConfig, plans: list[LayerPlan]) -> None:
+    """A clear error when this model needs an operation the backend does not have (yet)."""
+    act = f"{config.hidden_act}_and_mul"
+    if not hasattr(k, act):
+        raise NotImplementedError(f"the {k.name} kernels have no {act}: hidden_act {config.hidden_act!r} "
+                                  "is not supported on them yet")
+    accepted = inspect.signature(k.paged_attention).parameters
+    missing = sorted({name for plan in plans for name in plan.attention_kwargs if name not in accepted})
+    if missing:
+        raise NotImplementedError(f"the {k.name} kernels' paged_attention has no {missing} yet "
+                                  f"(needed by {config.architecture})")
+
+
+class DecoderModel:
     """A forward pass over a flattened batch. Weights are read-only; K/V are written in place.
 
     Every hot operation, the linear layers included, goes through `self.kernels` (see
@@ -118,11 +150,10 @@ class LlamaModel:
         self.kernels = k = kernels if kernels is not None else get_kernels()
         self.weights = on_backend(weights, k)
         self.dtype = self.weights.dtype                       # numpy's, or the backend's (torch.bfloat16)
-        inv_freq = rope_inv_freq(config, weights.rope_freq_factors)
         num_positions = max(max_positions, WARM_UP_TOKENS)   # warm_up's passes reach position 19
-        angles = np.outer(np.arange(num_positions, dtype=np.float64), inv_freq)  # [positions, head_dim/2]
-        self.cos = k.to_device(np.cos(angles), self.dtype)
-        self.sin = k.to_device(np.sin(angles), self.dtype)
+        self.plans = layer_plans(config, weights, num_positions, k, self.dtype)
+        require_kernels(k, config, self.plans)
+        self.act_and_mul = getattr(k, f"{config.hidden_act}_and_mul")
         self._workspace = Workspace.allocate(config, 1, self.dtype, k)
 
     def forward(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache,
@@ -154,19 +185,40 @@ class LlamaModel:
         c, w, k = self.config, self.weights, self.kernels
         buf = workspace.views(len(input_ids)) if workspace is not None else self.workspace(len(input_ids))
         buf.residual[...] = embed_rows(w.embed, k.to_device(input_ids))
-        k.rms_norm(buf.residual, w.layers[0].attn_norm, c.rms_norm_eps, buf.hidden)
+        if c.embedding_multiplier != 1.0:
+            buf.residual *= c.embedding_multiplier
+        self._norm(buf.residual, w.layers[0].attn_norm, buf.hidden)
         # The step's index arrays where the kernels read them, once for every layer.
         positions, slots = k.to_device(meta.positions), k.to_device(meta.slot_mapping)
-        for i, (layer, layer_kv) in enumerate(zip(w.layers, kv_cache)):
-            self._attention(buf, layer, layer_kv, meta, positions, slots)     # -> buf.out
-            k.add_rms_norm(buf.out, buf.residual, layer.ffn_norm, c.rms_norm_eps, buf.hidden)
+        for i, (layer, layer_kv, plan) in enumerate(zip(w.layers, kv_cache, self.plans)):
+            self._attention(buf, layer, layer_kv, plan, meta, positions, slots)     # -> buf.out
+            self._add_to_residual(buf, layer.post_attn_norm, layer.ffn_norm)
             k.linear(buf.hidden, layer.w_gate_up, buf.gate_up)
-            k.silu_and_mul(buf.gate_up, buf.act)
+            self.act_and_mul(buf.gate_up, buf.act)
             k.linear(buf.act, layer.w_down, buf.out)
             # The residual add, then the next layer's input norm (the final norm after the last).
             next_norm = w.layers[i + 1].attn_norm if i + 1 < len(w.layers) else w.final_norm
-            k.add_rms_norm(buf.out, buf.residual, next_norm, c.rms_norm_eps, buf.hidden)
+            self._add_to_residual(buf, layer.post_ffn_norm, next_norm)
         return buf.hidden
+
+    def _norm(self, x: np.ndarray, weight: np.ndarray | None, out: np.ndarray) -> None:
+        """out = rms_norm(x), or a copy of x where the family has no norm there (post-norm OLMo 2)."""
+        if weight is None:
+            out[...] = x
+        else:
+            self.kernels.rms_norm(x, weight, self.config.rms_norm_eps, out)
+
+    def _add_to_residual(self, buf: Workspace, post_norm: np.ndarray | None, next_norm: np.ndarray | None) -> None:
+        """A sublayer's end: buf.out, normed first where the family has post-norms (Gemma, OLMo 2),
+        joins the residual stream; buf.hidden becomes the next sublayer's (normed) input."""
+        k, eps = self.kernels, self.config.rms_norm_eps
+        if post_norm is not None:
+            k.rms_norm(buf.out, post_norm, eps, buf.out)
+        if next_norm is None:
+            buf.residual += buf.out
+            buf.hidden[...] = buf.residual
+        else:
+            k.add_rms_norm(buf.out, buf.residual, next_norm, eps, buf.hidden)
 
     def _logits(self, hidden: np.ndarray, logits_rows: np.ndarray) -> np.ndarray:
         """The LM head on rows `logits_rows` of `hidden`: [num_logits, vocab]."""
@@ -174,10 +226,15 @@ class LlamaModel:
         shape = (lm_head.shape[0], len(logits_rows))                     # [vocab, num_logits]
         logits = k.empty(shape, self.dtype).T if k.feature_major else k.empty(shape[::-1], self.dtype)
         k.linear(hidden[k.to_device(logits_rows)], lm_head, logits)
+        c = self.config
+        if c.logit_multiplier != 1.0:
+            logits *= c.logit_multiplier
+        if c.final_logit_softcap is not None:
+            k.softcap(logits, c.final_logit_softcap)
         return logits
 
-    def _attention(self, buf: Workspace, layer, layer_kv: tuple[np.ndarray, np.ndarray],
-                   meta: AttentionMetadata, positions: np.ndarray, slots: np.ndarray) -> None:
+    def _attention(self, buf: Workspace, layer: LayerWeights, layer_kv: tuple[np.ndarray, np.ndarray],
+                   plan: LayerPlan, meta: AttentionMetadata, positions: np.ndarray, slots: np.ndarray) -> None:
         """buf.hidden (normed) -> buf.out, the attention sublayer's output; K/V written to the cache."""
         c, k = self.config, self.kernels
         num_tokens = buf.capacity
@@ -185,16 +242,25 @@ class LlamaModel:
         k.linear(buf.hidden, layer.wqkv, qkv)
         if layer.bqkv is not None:
             qkv += layer.bqkv
-        k_end = (c.num_heads + c.num_kv_heads) * c.head_dim
+        q_end, k_end = c.num_heads * c.head_dim, (c.num_heads + c.num_kv_heads) * c.head_dim
         # Views into qkv. Q and K heads sit side by side, so one RoPE call rotates both.
         qk = qkv[:, :k_end].reshape(num_tokens, c.num_heads + c.num_kv_heads, c.head_dim)
         q, key = qk[:, :c.num_heads], qk[:, c.num_heads:]
         value = qkv[:, k_end:].reshape(num_tokens, c.num_kv_heads, c.head_dim)
-        k.rope(qk, positions, self.cos, self.sin)
+        if c.qk_norm == "full":                         # over the whole projection (OLMo 2)
+            k.rms_norm(qkv[:, :q_end], layer.q_norm, c.rms_norm_eps, qkv[:, :q_end])
+            k.rms_norm(qkv[:, q_end:k_end], layer.k_norm, c.rms_norm_eps, qkv[:, q_end:k_end])
+        elif c.qk_norm == "head":                       # per head over head_dim (Qwen3, Gemma 3)
+            for head in range(c.num_heads + c.num_kv_heads):
+                weight = layer.q_norm if head < c.num_heads else layer.k_norm
+                k.rms_norm(qk[:, head], weight, c.rms_norm_eps, qk[:, head])
+        if plan.rope is not None:
+            rotated = qk if c.rotary_dim == c.head_dim else qk[:, :, :c.rotary_dim]
+            k.rope(rotated, positions, *plan.rope)
         k_cache, v_cache = layer_kv
         k.write_kv(k_cache, v_cache, key, value, slots)
         attn = buf.attn.reshape(num_tokens, c.num_heads, c.head_dim)           # a view
-        k.paged_attention(q, k_cache, v_cache, meta, attn)
+        k.paged_attention(q, k_cache, v_cache, meta, attn, **plan.attention_kwargs)
         k.linear(buf.attn, layer.wo, buf.out)
 
     def workspace(self, num_tokens: int) -> Workspace:

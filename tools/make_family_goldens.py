@@ -1,0 +1,162 @@
+"""Goldens of each model family: a tiny random checkpoint of the family's real structure, its
+float32 logits and greedy continuation from HF transformers, and the same checkpoint converted to
+GGUF by llama.cpp's convert_hf_to_gguf.py. tests/models/test_families.py reads them.
+
+Runs only in the reference venv (torch + transformers); regenerate from the repo root with:
+
+    HF_HUB_OFFLINE=1 /work/refenv/bin/python tools/make_family_goldens.py [family ...]
+
+Writes tests/goldens/families/<family>/: config.json, model.safetensors, tokenizer files,
+model.gguf (f32), expected.json (prompt ids, greedy ids, smallest top-2 margin) and
+expected_logits.npy [prompt, vocab]. The converter comes from the llama-cpp-python sdist that
+tests/llama_cpp_source.py caches (its vendored llama.cpp: convert_hf_to_gguf.py, conversion/, gguf-py/).
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO_ROOT / "tools"), str(REPO_ROOT / "tests")]
+from llama_cpp_source import CACHE, VERSION, llama_cpp_source  # noqa: E402
+from make_goldens import TINY_CHAT_TEMPLATE, TINY_SHAPE, build_tiny_tokenizer, write_json  # noqa: E402
+
+PROMPT = "The quick brown fox jumps over the lazy dog; the cat sat on the mat."
+NUM_GREEDY = 12
+MIN_MARGIN = 1e-3  # a greedy step closer than this to a tie could flip on float rounding
+
+# name -> config.json fields on top of TINY_SHAPE: each family's real structural fields, small.
+FAMILIES = {
+    # Qwen3-0.6B's structure: head_dim (16) != hidden / heads (8), tied embeddings, no biases.
+    "qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 16,
+              "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False,
+              "tie_word_embeddings": True, "use_sliding_window": False, "max_window_layers": 2},
+    # SmolLM3-3B's: every 4th layer without RoPE (4 layers: the last one), tied embeddings.
+    "smollm3": {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "num_hidden_layers": 4,
+                "rms_norm_eps": 1e-6, "rope_theta": 5000000.0, "no_rope_layer_interval": 4,
+                "tie_word_embeddings": True, "use_sliding_window": False, "attention_bias": False,
+                "pad_token_id": 2},
+}
+
+# convert_hf_to_gguf identifies a BPE pre-tokenizer by hashing its output on a test string; the tiny
+# trained tokenizer matches none, so it is named "gpt-2" (GPT-2's byte-level split, which it uses).
+CONVERT = """
+import runpy, sys
+tree = sys.argv.pop(1)
+sys.path.insert(0, tree)
+from conversion import base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv[0] = tree + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def converter_tree(scratch: Path) -> Path:
+    """convert_hf_to_gguf.py with its conversion/ package and gguf-py, from the cached sdist."""
+    llama_cpp_source()  # fetches the sdist when it is not cached
+    prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
+    wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+    with tarfile.open(CACHE / f"llama_cpp_python-{VERSION}.tar.gz") as archive:
+        members = []
+        for member in archive.getmembers():
+            name = member.name.removeprefix(prefix)
+            if member.name.startswith(prefix) and name.startswith(wanted) and (member.isfile() or member.isdir()):
+                member.name = name
+                members.append(member)
+        archive.extractall(scratch, members=members, filter="data")
+    return scratch
+
+
+def randomize(model, seed: int) -> None:
+    """Every parameter random (tied ones once): norms near 1 and biases nonzero so mistakes show."""
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        noise = torch.randn(param.shape, generator=generator)
+        if "norm" in name:
+            value = 1.0 + 0.2 * noise
+        elif name.endswith(".bias"):
+            value = 0.3 * noise
+        elif "embed_tokens" in name:
+            value = 0.5 * noise
+        else:
+            value = noise / param.shape[-1] ** 0.5
+        param.data.copy_(value)
+
+
+@torch.no_grad()
+def greedy(model, ids: list[int]) -> tuple[list[int], float]:
+    """NUM_GREEDY argmax tokens, each from a full recompute (no cache, no EOS stop), and the
+    smallest gap between the best two logits along the way."""
+    ids, out, margin = list(ids), [], float("inf")
+    for _ in range(NUM_GREEDY):
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
+        top = torch.topk(logits, 2).values
+        margin = min(margin, float(top[0] - top[1]))
+        out.append(int(torch.argmax(logits)))
+        ids.append(out[-1])
+    return out, margin
+
+
+@torch.no_grad()
+def make_family(name: str, fields: dict, seed: int, out_dir: Path, tree: Path) -> None:
+    directory = out_dir / name
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    raw = {**TINY_SHAPE, **fields}
+    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager").eval()
+    randomize(model, seed)
+    model.save_pretrained(directory, safe_serialization=True)
+    (directory / "generation_config.json").unlink(missing_ok=True)
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    write_json(directory / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
+        "pad_token": "<|im_end|>", "unk_token": None, "model_max_length": 128,
+        "clean_up_tokenization_spaces": False, "chat_template": TINY_CHAT_TEMPLATE})
+    # The checkpoint as saved, read back: what vllmlite reads is what transformers ran.
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager").eval()
+    input_ids = AutoTokenizer.from_pretrained(directory)(PROMPT).input_ids
+    logits = model(input_ids=torch.tensor([input_ids]), use_cache=False).logits[0].float().numpy()  # [seq, vocab]
+    greedy_ids, margin = greedy(model, input_ids)
+    assert margin > MIN_MARGIN, f"{name}: greedy margin {margin} too close to a tie; pick another seed"
+    np.save(directory / "expected_logits.npy", logits.astype(np.float32))
+    write_json(directory / "expected.json", {"prompt": PROMPT, "input_ids": input_ids, "greedy_ids": greedy_ids,
+                                             "greedy_min_margin": margin})
+    env = {**os.environ, "PYTHONPATH": str(tree / "gguf-py")}
+    subprocess.run([sys.executable, "-c", CONVERT, str(tree), str(directory), "--outtype", "f32",
+                    "--outfile", str(directory / "model.gguf")], check=True, env=env, capture_output=True)
+    for path in directory.iterdir():
+        path.chmod(0o644)  # safetensors creates its file owner-only
+    print(f"{name}: {len(input_ids)} prompt tokens, greedy margin {margin:.4f}, "
+          f"{sum(p.stat().st_size for p in directory.iterdir()) // 1024} KiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("families", nargs="*", default=list(FAMILIES), help="default: all")
+    parser.add_argument("--out", default=str(REPO_ROOT / "tests" / "goldens" / "families"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # one thread: reduction order, hence the bits, do not depend on the machine
+    with tempfile.TemporaryDirectory() as scratch:
+        tree = converter_tree(Path(scratch))
+        for name in args.families:
+            make_family(name, FAMILIES[name], 1000 + list(FAMILIES).index(name), Path(args.out), tree)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""What the family modules share: tensor-name tables, and the config fields every Llama-like
+family reads the same way (HF config.json and GGUF metadata). Knows nothing of files or kernels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllmlite.config import ModelConfig, RopeScaling
+
+
+@dataclass(frozen=True)
+class LayerNames:
+    """Where each LayerWeights field comes from, as tensor names with `{i}` for the layer index
+    and without the ".weight"/".bias" suffix. Several names are stacked row-wise in order (Q, K,
+    V; gate, up); one name is a tensor already fused. None: the family has no such tensor."""
+
+    attn_norm: str | None
+    qkv: tuple[str, ...]
+    wo: str
+    ffn_norm: str | None
+    gate_up: tuple[str, ...]
+    down: str
+    q_norm: str | None = None
+    k_norm: str | None = None
+    post_attn_norm: str | None = None
+    post_ffn_norm: str | None = None
+    embed: str = "model.embed_tokens"
+    final_norm: str = "model.norm"
+    lm_head: str = "lm_head"
+
+
+HF_LLAMA = LayerNames(
+    attn_norm="model.layers.{i}.input_layernorm",
+    qkv=("model.layers.{i}.self_attn.q_proj", "model.layers.{i}.self_attn.k_proj",
+         "model.layers.{i}.self_attn.v_proj"),
+    wo="model.layers.{i}.self_attn.o_proj",
+    ffn_norm="model.layers.{i}.post_attention_layernorm",
+    gate_up=("model.layers.{i}.mlp.gate_proj", "model.layers.{i}.mlp.up_proj"),
+    down="model.layers.{i}.mlp.down_proj",
+)
+GGUF_LLAMA = LayerNames(
+    attn_norm="blk.{i}.attn_norm",
+    qkv=("blk.{i}.attn_q", "blk.{i}.attn_k", "blk.{i}.attn_v"),
+    wo="blk.{i}.attn_output",
+    ffn_norm="blk.{i}.ffn_norm",
+    gate_up=("blk.{i}.ffn_gate", "blk.{i}.ffn_up"),
+    down="blk.{i}.ffn_down",
+    embed="token_embd", final_norm="output_norm", lm_head="output",
+)
+HF_QK_NORM = {"q_norm": "model.layers.{i}.self_attn.q_norm", "k_norm": "model.layers.{i}.self_attn.k_norm"}
+GGUF_QK_NORM = {"q_norm": "blk.{i}.attn_q_norm", "k_norm": "blk.{i}.attn_k_norm"}
+
+
+def hf_config(raw: dict, name: str, **features) -> ModelConfig:
+    """The fields every family reads the same way from config.json; `features` set or override
+    ModelConfig fields (the family's own)."""
+    hidden, num_heads = raw["hidden_size"], raw["num_attention_heads"]
+    fields = dict(
+        architecture=name,
+        vocab_size=raw["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=raw["intermediate_size"],
+        num_layers=raw["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=raw.get("num_key_value_heads") or num_heads,
+        head_dim=raw.get("head_dim") or hidden // num_heads,
+        max_position_embeddings=raw.get("max_position_embeddings", 2048),
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=hf_rope_theta(raw),
+        rope_scaling=hf_rope_scaling(raw.get("rope_scaling") or raw.get("rope_parameters")),
+        tie_word_embeddings=raw.get("tie_word_embeddings", False),
+        attention_bias=raw.get("attention_bias", False),
+    )
+    return ModelConfig(**(fields | features))
+
+
+def hf_sliding_layers(raw: dict) -> dict:
+    """layer_types and sliding_window from a config whose `layer_types` names "sliding_attention"
+    layers, when its `use_sliding_window` (default on) keeps them; else nothing (all full)."""
+    types, window = raw.get("layer_types"), raw.get("sliding_window")
+    if not types or not window or not raw.get("use_sliding_window", True) or "sliding_attention" not in types:
+        return {}
+    kinds = {"full_attention": "full", "sliding_attention": "sliding"}
+    unknown = set(types) - set(kinds)
+    if unknown:
+        raise ValueError(f"layer_types {sorted(unknown)} are not supported ({sorted(kinds)})")
+    return {"layer_types": tuple(kinds[t] for t in types[:raw["num_hidden_layers"]]), "sliding_window": int(window)}
+
+
+def hf_rope_theta(raw: dict) -> float:
+    params = raw.get("rope_parameters") or {}
+    return float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
+
+
+def hf_rope_scaling(scaling: dict | None) -> RopeScaling | None:
+    if not scaling:
+        return None
+    kind = scaling.get("rope_type") or scaling.get("type")
+    if kind in (None, "default"):
+        return None
+    if kind == "linear":
+        return RopeScaling("linear", float(scaling["factor"]))
+    if kind == "llama3":
+        return RopeScaling("llama3", float(scaling["factor"]), float(scaling["low_freq_factor"]),
+                           float(scaling["high_freq_factor"]),
+                           int(scaling["original_max_position_embeddings"]))
+    raise ValueError(f"rope_scaling type {kind!r} is not supported (linear, llama3)")
+
+
+def gguf_config(fields: dict, name: str, tensors: dict, **features) -> ModelConfig:
+    """The fields every family reads the same way from GGUF metadata (keys `<general.architecture>.*`)."""
+    arch = fields["general.architecture"]
+
+    def key(suffix: str, default=None):
+        return fields.get(f"{arch}.{suffix}", default)
+
+    num_heads = int(key("attention.head_count"))
+    hidden = int(key("embedding_length"))
+    vocab = key("vocab_size") or len(fields["tokenizer.ggml.tokens"])
+    scaling = None
+    kind = key("rope.scaling.type")
+    if kind == "linear":
+        scaling = RopeScaling("linear", float(key("rope.scaling.factor")))
+    elif kind not in (None, "none"):
+        raise ValueError(f"GGUF rope.scaling.type {kind!r} is not supported (linear; llama3 via rope_freqs)")
+    values = dict(
+        architecture=name,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(key("attention.head_count_kv", num_heads)),
+        head_dim=int(key("attention.key_length", hidden // num_heads)),
+        max_position_embeddings=int(key("context_length", 2048)),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+    )
+    return ModelConfig(**(values | features))
+
+
+def unchanged(config: ModelConfig, weights):
+    """`finish` for a family with nothing to fold at load."""
+    return weights

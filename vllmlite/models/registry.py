@@ -1,0 +1,58 @@
+"""Every architecture vllmlite runs: its names in HF configs and GGUF files, the family module that
+maps its config and tensors onto the shared decoder (vllmlite/models/families), and its features.
+
+An architecture not listed here is a clear error naming the supported ones. Knows nothing of
+tensors or files.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str                   # ours: ModelConfig.architecture
+    hf_names: tuple[str, ...]   # config.json "architectures"
+    gguf_names: tuple[str, ...]  # GGUF general.architecture
+    family: str                 # the module in vllmlite/models/families
+    features: str               # what it adds to the Llama decoder (README table, errors)
+
+    def module(self) -> ModuleType:
+        return importlib.import_module(f"vllmlite.models.families.{self.family}")
+
+
+ARCHITECTURES = (
+    Architecture("llama", ("LlamaForCausalLM",), ("llama",), "llama",
+                 "RMSNorm, RoPE (linear and llama3 scaling), GQA, SwiGLU"),
+    Architecture("mistral", ("MistralForCausalLM",), (), "mistral",
+                 "Llama; a sliding window caps the context (GGUF: llama)"),
+    Architecture("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), "qwen2", "Llama with q/k/v biases"),
+    Architecture("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), "qwen3",
+                 "Llama with per-head q/k RMSNorm, head_dim from the config"),
+    Architecture("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), "smollm3",
+                 "Llama with no RoPE on some layers (every 4th by default)"),
+)
+
+
+def supported() -> str:
+    return "; ".join(f"{a.name} (HF {', '.join(a.hf_names)}; GGUF {', '.join(a.gguf_names) or '-'})"
+                     for a in ARCHITECTURES)
+
+
+def from_hf(names: list[str]) -> Architecture:
+    """The first of a config's `architectures` that is supported."""
+    for name in names:
+        for arch in ARCHITECTURES:
+            if name in arch.hf_names:
+                return arch
+    raise ValueError(f"HF architectures {names} are not supported; supported: {supported()}")
+
+
+def from_gguf(name: str | None) -> Architecture:
+    for arch in ARCHITECTURES:
+        if name in arch.gguf_names:
+            return arch
+    raise ValueError(f"GGUF architecture {name!r} is not supported; supported: {supported()}")
