@@ -34,6 +34,13 @@ ARCHITECTURES = (
                  "Llama with per-head q/k RMSNorm, head_dim from the config"),
     Architecture("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), "smollm3",
                  "Llama with no RoPE on some layers (every 4th by default)"),
+    Architecture("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3moe",), "qwen3_moe",
+                 "Qwen3 with routed experts (softmax top-k, norm_topk_prob; dense layers per "
+                 "decoder_sparse_step and mlp_only_layers)"),
+    Architecture("mixtral", ("MixtralForCausalLM",), (), "mixtral",
+                 "Llama with routed experts in every layer (top-k renormalized; GGUF: llama with expert_count)"),
+    Architecture("olmoe", ("OlmoeForCausalLM",), ("olmoe",), "olmoe",
+                 "full-width q/k RMSNorm and routed experts (top-k, norm_topk_prob)"),
 )
 
 
