@@ -58,7 +58,8 @@ def _final_hidden(c: ModelConfig, w: ModelWeights, token_ids: list[int]) -> np.n
                       rope_layers=None, partial_rotary_factor=1.0)
     unsupported = [name for name, value in llama_like.items() if getattr(c, name) != value]
     if unsupported or c.qk_norm not in (None, "head"):
-        raise NotImplementedError(f"the dense reference has no {unsupported or ['qk_norm']} (Llama and Qwen3 only)")
+        raise NotImplementedError(f"the dense reference has no {unsupported or ['qk_norm']} "
+                                  "(Llama, Qwen3 and their routed experts only)")
     n = len(token_ids)
     positions = np.arange(n)
     angles = np.outer(positions, rope_inv_freq(c, w.rope_freq_factors))    # [n, head_dim / 2]
@@ -80,10 +81,28 @@ def _final_hidden(c: ModelConfig, w: ModelWeights, token_ids: list[int]) -> np.n
         v = qkv[:, k_end:].reshape(n, c.num_kv_heads, c.head_dim)
         x = x + dense_attention(q, k, v, positions).reshape(n, q_end) @ layer.wo.T
         h = rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
+        if layer.router is not None:
+            x = x + np.stack([routed_experts(c, layer, row) for row in h])
+            continue
         act = np.empty((n, c.intermediate_size), x.dtype)
         kernels.silu_and_mul(h @ layer.w_gate_up.T, act)
         x = x + act @ layer.w_down.T
     return rms_norm(x, w.final_norm, c.rms_norm_eps)
+
+
+def routed_experts(c: ModelConfig, layer, h: np.ndarray) -> np.ndarray:
+    """One token's MoE block, as transformers defines it: softmax of the router logits in float32,
+    the top_k experts (ties to the lower id), renormalized if the config says so, and the weighted
+    sum of those experts' SwiGLU outputs. h [hidden] -> [hidden]"""
+    logits = (layer.router @ h).astype(np.float32)                               # [experts]
+    probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    chosen = sorted(range(c.num_experts), key=lambda e: (-probs[e], e))[:c.num_experts_per_tok]
+    weights = probs[chosen] / probs[chosen].sum() if c.norm_topk_prob else probs[chosen]
+    out = np.zeros_like(h)
+    for e, weight in zip(chosen, weights.astype(h.dtype)):
+        gate, up = np.split(layer.w_experts_gate_up[e] @ h, 2)
+        out += weight * (layer.w_experts_down[e] @ (gate / (1 + np.exp(-gate)) * up))
+    return out
 
 
 def dense_greedy(loaded: LoadedModel, prompt: list[int], max_tokens: int) -> list[int]:

@@ -13,10 +13,11 @@ from vllmlite.sampling_params import SamplingParams
 MAX_TOKENS = 12
 
 
-@pytest.fixture(scope="module", params=["random", "qwen3"])
+@pytest.fixture(scope="module", params=["random", "qwen3", "qwen3_moe"])
 def tiny_model(request) -> LoadedModel:
-    """The random Llama, and a family whose layers do more (Qwen3's per-head q/k norms, head_dim
-    twice hidden / heads, tied embeddings), in float64."""
+    """The random Llama, and families whose layers do more (Qwen3's per-head q/k norms, head_dim
+    twice hidden / heads, tied embeddings; Qwen3-MoE's routed experts, whose choice depends on
+    each token alone, so batching must not move it), in float64."""
     model = "random" if request.param == "random" else str(GOLDENS / "families" / request.param)
     return load_model(model, dtype="float64")
 

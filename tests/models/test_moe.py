@@ -1,0 +1,85 @@
+"""The routed experts of MoE families: routing as transformers routes (softmax in float32, top-k,
+ties, renormalization), a MoE layer beside a dense one against a per-token loop, the config's
+MoE/dense layer rule, and quantization refused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from paths import GOLDENS
+from reference import dense_logits
+
+from vllmlite.kernels.attention_metadata import build_metadata
+from vllmlite.models.decoder import DecoderModel
+from vllmlite.models.families import qwen3_moe
+from vllmlite.models.loader import LoadedModel, load_model
+from vllmlite.models.moe import route
+
+QWEN3_MOE = GOLDENS / "families" / "qwen3_moe"
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_route_is_transformers_softmax_then_topk(normalize):
+    logits = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
+    probs = torch.softmax(torch.from_numpy(logits), dim=-1, dtype=torch.float)
+    values, ids = torch.topk(probs, 4, dim=-1)
+    if normalize:
+        values /= values.sum(dim=-1, keepdim=True)
+    got = route(logits, 4, normalize)
+    np.testing.assert_array_equal(got.expert_ids, ids.numpy())
+    np.testing.assert_allclose(got.expert_weights, values.numpy(), rtol=1e-6, atol=0)
+
+
+def test_route_takes_the_softmax_in_float32_for_float64_logits():
+    logits = np.random.default_rng(1).standard_normal((8, 6))
+    got, in_float32 = route(logits, 2, True), route(logits.astype(np.float32), 2, True)
+    assert got.expert_weights.dtype == np.float64
+    np.testing.assert_array_equal(got.expert_weights, in_float32.expert_weights.astype(np.float64))
+
+
+def test_route_breaks_ties_toward_the_lower_expert():
+    got = route(np.array([[1.0, 0.0, 1.0, 1.0]], dtype=np.float32), 2, False)
+    assert got.expert_ids.tolist() == [[0, 2]]
+
+
+def test_moe_and_dense_layers_side_by_side_match_a_per_token_loop():
+    """Qwen3-MoE with layer 0 in mlp_only_layers (a dense MLP of intermediate_size beside experts
+    of moe_intermediate_size): every position's logits equal the per-token reference."""
+    loaded = load_model(str(QWEN3_MOE), dtype="float64")
+    c, rng = loaded.config, np.random.default_rng(2)
+    config = dataclasses.replace(c, moe_layers=(False, True))
+    dense = dataclasses.replace(
+        loaded.weights.layers[0], router=None, w_experts_gate_up=None, w_experts_down=None,
+        w_gate_up=rng.standard_normal((2 * c.intermediate_size, c.hidden_size)) / np.sqrt(c.hidden_size),
+        w_down=rng.standard_normal((c.hidden_size, c.intermediate_size)) / np.sqrt(c.intermediate_size))
+    weights = dataclasses.replace(loaded.weights, layers=[dense, loaded.weights.layers[1]])
+    mixed = LoadedModel(config, weights, loaded.tokenizer, loaded.source)
+    ids = rng.integers(0, c.vocab_size, 21)
+    model, block_size = DecoderModel(config, weights, c.max_position_embeddings), 4
+    kv_cache = [tuple(np.zeros((24, c.num_kv_heads, c.head_dim)) for _ in range(2)) for _ in range(c.num_layers)]
+    meta = build_metadata([len(ids)], [len(ids)], [list(range(6))], block_size)
+    got = model.forward(ids, meta, kv_cache, np.arange(len(ids)))
+    want = dense_logits(mixed, ids.tolist())
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-10)
+    assert np.abs(want - dense_logits(loaded, ids.tolist())).max() > 1e-2   # layer 0 matters
+
+
+def test_decoder_sparse_step_and_mlp_only_layers_choose_the_moe_layers():
+    raw = {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+           "num_hidden_layers": 6, "num_attention_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 4, "decoder_sparse_step": 2, "mlp_only_layers": [3]}
+    config = qwen3_moe.hf_config(raw, "qwen3_moe")
+    assert [config.is_moe_layer(i) for i in range(6)] == [False, True, False, False, False, True]
+    every = qwen3_moe.hf_config(raw | {"decoder_sparse_step": 1, "mlp_only_layers": []}, "qwen3_moe")
+    assert every.moe_layers is None and all(every.is_moe_layer(i) for i in range(6))
+
+
+@pytest.mark.parametrize("file", ["", "model.gguf"])
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_experts_are_refused_naming_the_option(file, quantization):
+    with pytest.raises(NotImplementedError, match=f"quantization '{quantization}' is not supported for "
+                                                  "mixture-of-experts.*quantization 'none'"):
+        load_model(str(QWEN3_MOE / file) if file else str(QWEN3_MOE), quantization=quantization)
