@@ -47,11 +47,10 @@ def dense_paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarra
                           out: np.ndarray) -> None:
     """The numba backend's paged_attention with each long chunk through the dense reference."""
     scale = q.dtype.type(1.0 / np.sqrt(q.shape[-1]))
-    window, no_softcap = numba_attention.NO_WINDOW, q.dtype.type(0)
-    parts = numba_attention._decode_parts(meta.query_start, meta.seq_lens, window)
+    parts = numba_attention._decode_parts(meta.query_start, meta.seq_lens, None)
     numba_attention._paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
-                                     meta.block_size, numba_attention.MAX_BATCHED_QUERY_LEN, scale, window, no_softcap,
-                                     *parts, out)
+                                     meta.block_size, numba_attention.MAX_BATCHED_QUERY_LEN, scale, None, None, *parts,
+                                     out)
     for group in meta.long_groups:
         reference.attend_group(q, k_cache, v_cache, group, meta.block_size, out)
 

@@ -25,7 +25,8 @@ def triton_interpreted_without_a_gpu() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-OPS = ("linear", "rms_norm", "add_rms_norm", "rope", "silu_and_mul", "write_kv", "paged_attention")
+OPS = ("linear", "rms_norm", "add_rms_norm", "rope", "silu_and_mul", "gelu_tanh_and_mul", "write_kv", "paged_attention",
+       "moe")
 
 
 class NumpyFacade:

@@ -143,3 +143,15 @@ def test_unsupported_options_are_refused(kernels, options, message):
     meta, q, k_cache, v_cache, _ = make_step([(1, 5)], 2, 2, 4, np.float32, seed=0)
     with pytest.raises(ValueError, match=message):
         attend(kernels, q, k_cache, v_cache, meta, **options)
+
+
+def test_a_window_bounds_the_work_of_the_compiled_paths():
+    """The numba backend's decode parts cover only a decode's window (O(window), not O(context)),
+    and a long chunk gathers only the blocks from the one holding its first query's first key."""
+    from vllmlite.kernels.numba.attention import _decode_parts
+    from vllmlite.kernels.prefill_attention import prepare_chunk
+    first_item, _ = _decode_parts(np.array([0, 1, 2, 42]), np.array([5000, 100, 90]), 600)
+    assert np.diff(first_item).tolist() == [3, 1, 1]           # ceil(600 / 256), the short context, a chunk
+    meta, q, k_cache, v_cache, _ = make_step([(40, 1000)], 2, 2, 16, np.float32, seed=0)
+    chunk = prepare_chunk(q, k_cache, v_cache, meta, 0, sliding_window=100)
+    assert chunk.key_start == (960 - 100 + 1) // 16 * 16 and chunk.keys.shape[1] == -(-1000 // 16) * 16 - chunk.key_start

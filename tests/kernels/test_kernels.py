@@ -170,6 +170,29 @@ def test_silu_and_mul_matches_the_reference(kernels, dtype, layout):
         np.testing.assert_allclose(out, gate / (1 + np.exp(-gate)) * up, rtol=1e-4, atol=1e-4)
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """transformers' gelu_pytorch_tanh, in float64."""
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens", [1, 5, 40])   # both sides of the compiled few-token path
+@pytest.mark.parametrize("layout", ["token_major", "feature_major"])
+def test_gelu_tanh_and_mul_matches_the_reference(kernels, dtype, num_tokens, layout):
+    rng = np.random.default_rng(num_tokens)
+    gate_up = (3 * rng.standard_normal((num_tokens, 2 * 96))).astype(dtype)
+    gate_up[0, :4] = [-1000.0, 1000.0, 0.0, -3.0]                   # saturated both ways, the origin
+    expected, out = np.empty((num_tokens, 96), dtype), np.full((num_tokens, 96), np.nan, dtype)
+    if layout == "feature_major":
+        gate_up, out = feature_major(gate_up), feature_major(out)
+    REFERENCE.gelu_tanh_and_mul(gate_up, expected)
+    kernels.gelu_tanh_and_mul(gate_up, out)
+    np.testing.assert_allclose(out, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    gate, up = gate_up[:, :96].astype(np.float64), gate_up[:, 96:].astype(np.float64)
+    with np.errstate(over="ignore"):
+        np.testing.assert_allclose(out, gelu_tanh(gate) * up, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_write_kv_from_strided_views(kernels, dtype):
     rng = np.random.default_rng(3)

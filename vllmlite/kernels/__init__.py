@@ -71,8 +71,15 @@ class Kernels(Protocol):
 
     def softcap(self, x: np.ndarray, cap: float) -> None: ...
 
+    def gelu_tanh_and_mul(self, gate_up: np.ndarray, out: np.ndarray) -> None: ...
+
     def write_kv(self, k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
                  slot_mapping: np.ndarray) -> None: ...
+
+    def moe(self, x: np.ndarray, expert_ids: np.ndarray, expert_weights: np.ndarray, w_gate_up: np.ndarray,
+            w_down: np.ndarray, out: np.ndarray, activation: str = "silu") -> None:
+        """Routed experts (reference.moe): x, out [tokens, hidden]; expert_ids, expert_weights
+        [tokens, top_k]; w_gate_up [experts, 2 * inter, hidden]; w_down [experts, hidden, inter]."""
 
     def paged_attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                         meta: AttentionMetadata, out: np.ndarray, *, scale: float | None = None,

@@ -7,6 +7,7 @@ model calls both the same way. Plain numpy, no tricks: read these first.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 # Where arrays live: numpy's memory, so these are numpy itself (see Kernels in __init__.py).
 zeros, empty, host_zeros = np.zeros, np.empty, np.zeros
 name = "numpy"
+GELU_TANH_SCALE = math.sqrt(2 / math.pi)   # a Python float keeps float32 float32 (NEP 50)
 feature_major = True  # activations as transposed [features, tokens] arrays (BLAS-friendly, see DecoderModel)
 
 
@@ -86,6 +88,14 @@ def softcap(x: np.ndarray, cap: float) -> None:
     x *= cap
 
 
+def gelu_tanh_and_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
+    """GeGLU's activation (Gemma's gelu_pytorch_tanh): gate_up [tokens, 2 * inter] -> out [tokens,
+    inter] = gelu_tanh(gate) * up, gelu_tanh(x) = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))."""
+    gate, up = np.split(gate_up, 2, axis=-1)
+    with np.errstate(over="ignore"):  # x^3 = inf for huge gates: tanh(inf) = 1, gelu(x) = x
+        out[...] = 0.5 * gate * (1 + np.tanh(GELU_TANH_SCALE * (gate + 0.044715 * gate ** 3))) * up
+
+
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
              slot_mapping: np.ndarray) -> None:
     """Store this step's keys and values: caches [num_slots, kv_heads, head_dim], k/v [tokens, ...]."""
@@ -145,3 +155,78 @@ def attend_group(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, g: Att
     ctx = ctx.reshape(num_seqs, num_kv_heads, group_size, max_q, head_dim).transpose(0, 3, 1, 2, 4)
     ctx = ctx.reshape(num_seqs, max_q, num_heads, head_dim)     # [B, max_q, heads, d]
     out[g.query_rows[g.query_valid]] = ctx[g.query_valid]
+
+
+class Routing(NamedTuple):
+    """Each token's experts and their weights, as `route` chooses them."""
+
+    expert_ids: np.ndarray       # [tokens, top_k] int64, the most probable expert first
+    expert_weights: np.ndarray   # [tokens, top_k] in the router logits' dtype
+
+
+def route(router_logits: np.ndarray, top_k: int, normalize: bool) -> Routing:
+    """transformers' MoE routing (Mixtral, Qwen3-MoE, OLMoE): softmax over the experts in float32
+    (whatever the model's dtype, as `F.softmax(..., dtype=torch.float)`), the top_k most probable,
+    renormalized to sum to 1 when `normalize` (Mixtral always; Qwen3-MoE and OLMoE per
+    norm_topk_prob), then cast to the logits' dtype. router_logits [tokens, experts].
+
+    Among equal probabilities the lower expert id comes first. torch.topk leaves the order of ties
+    to its implementation (its CPU kernel's nth_element/partial_sort reorders them), so exactly
+    equal logits are the one case where this may pick other experts than transformers.
+    Example: logits [[0, 2, 1]], top_k 2 -> experts [[1, 2]], weights [[0.731, 0.269]] normalized."""
+    logits = np.asarray(router_logits, dtype=np.float32)
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)                                  # [tokens, experts]
+    expert_ids = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]          # [tokens, top_k]
+    weights = np.take_along_axis(probs, expert_ids, axis=-1)
+    if normalize:
+        weights /= weights.sum(axis=-1, keepdims=True)
+    return Routing(expert_ids.astype(np.int64), weights.astype(router_logits.dtype))
+
+
+MOE_ACTIVATIONS = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}   # activation -> its *_and_mul
+
+
+def check_moe(x, expert_ids, expert_weights, w_gate_up, w_down, activation: str) -> None:
+    """moe's operands, or an error saying what is accepted. (Shapes only: the experts' range is
+    the numpy backends' to check, where a bad id would read outside the weights.)"""
+    if isinstance(w_gate_up, QuantizedMatrix) or isinstance(w_down, QuantizedMatrix):
+        raise NotImplementedError("moe: quantized expert weights are not supported; pass float32 or float64 "
+                                  "arrays w_gate_up [experts, 2 * inter, hidden] and w_down [experts, hidden, inter]")
+    if activation not in MOE_ACTIVATIONS:
+        raise ValueError(f"moe: activation must be one of {sorted(MOE_ACTIVATIONS)}, got {activation!r}")
+    num_experts, two_inter, hidden = w_gate_up.shape
+    if tuple(w_down.shape) != (num_experts, hidden, two_inter // 2) or two_inter % 2:
+        raise ValueError(f"moe: w_gate_up [experts, 2 * inter, hidden] and w_down [experts, hidden, inter] disagree: "
+                         f"{tuple(w_gate_up.shape)} and {tuple(w_down.shape)}")
+    if expert_ids.ndim != 2 or tuple(expert_ids.shape) != tuple(expert_weights.shape) \
+            or expert_ids.shape[0] != x.shape[0] or x.shape[1] != hidden:
+        raise ValueError(f"moe: x [tokens, {hidden}], expert_ids and expert_weights [tokens, top_k] expected, got "
+                         f"{tuple(x.shape)}, {tuple(expert_ids.shape)}, {tuple(expert_weights.shape)}")
+
+
+def check_expert_ids(expert_ids: np.ndarray, num_experts: int) -> None:
+    if expert_ids.size and (expert_ids.min() < 0 or expert_ids.max() >= num_experts):
+        raise ValueError(f"moe: expert ids must lie in 0 .. {num_experts - 1}, got {expert_ids.min()} .. {expert_ids.max()}")
+
+
+def moe(x: np.ndarray, expert_ids: np.ndarray, expert_weights: np.ndarray, w_gate_up: np.ndarray,
+        w_down: np.ndarray, out: np.ndarray, activation: str = "silu") -> None:
+    """Routed experts (a sparse MoE block without its router): out[t] = sum over k of
+    expert_weights[t, k] * down_e(act(gate_e(x[t])) * up_e(x[t])), e = expert_ids[t, k].
+
+    x, out [tokens, hidden], any strides (token- or feature-major views); expert_ids,
+    expert_weights [tokens, top_k] (`route` makes them); w_gate_up [experts, 2 * inter, hidden]
+    (gate rows, then up rows, as the dense layers fuse them); w_down [experts, hidden, inter];
+    activation "silu" (SwiGLU experts) or "gelu_tanh". Each expert runs once, on the tokens
+    routed to it, so the work is what the active parameters cost."""
+    check_moe(x, expert_ids, expert_weights, w_gate_up, w_down, activation)
+    check_expert_ids(expert_ids, w_gate_up.shape[0])
+    inter = w_down.shape[2]
+    out[...] = 0
+    for e in np.unique(expert_ids):
+        tokens, slots = np.nonzero(expert_ids == e)                   # [n] each: the (token, k) pairs routed to e
+        act = np.empty((len(tokens), inter), dtype=x.dtype)           # [n, inter]
+        MOE_ACTIVATIONS[activation](x[tokens] @ w_gate_up[e].T, act)
+        y = act @ w_down[e].T                                         # [n, hidden]
+        np.add.at(out, tokens, expert_weights[tokens, slots, None].astype(x.dtype) * y)

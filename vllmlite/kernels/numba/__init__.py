@@ -1,7 +1,8 @@
 """The compiled kernels (numba, cached on disk), the default backend: the same operations as
 `reference.py`, same arguments, same results within float rounding. This module is the backend
 `get_kernels("numba")` returns; the kernels live by concern in elementwise.py (norms, RoPE, SiLU,
-KV write), linear.py (float and quantized products) and attention.py, compiled as jit.py says.
+KV write), linear.py (float and quantized products), moe.py (routed experts) and attention.py,
+compiled as jit.py says.
 
 Every function is compiled for float32 and float64 arrays on first call (`DecoderModel.warm_up` makes
 that happen at start-up) and the machine code is cached next to its module (or in NUMBA_CACHE_DIR),
@@ -10,8 +11,9 @@ running while they do.
 """
 
 from vllmlite.kernels.numba.attention import paged_attention
-from vllmlite.kernels.numba.elementwise import add_rms_norm, rms_norm, rope, silu_and_mul, write_kv
+from vllmlite.kernels.numba.elementwise import add_rms_norm, gelu_tanh_and_mul, rms_norm, rope, silu_and_mul, write_kv
 from vllmlite.kernels.numba.linear import linear
+from vllmlite.kernels.numba.moe import moe
 from vllmlite.kernels.reference import (  # numpy memory
     argmax,
     copy_slots,
@@ -25,5 +27,6 @@ from vllmlite.kernels.reference import (  # numpy memory
 )
 
 name = "numba"
-__all__ = ["add_rms_norm", "argmax", "copy_slots", "empty", "feature_major", "host_zeros", "linear", "name", "paged_attention", "rms_norm",
-           "rope", "silu_and_mul", "softcap", "to_device", "to_numpy", "write_kv", "zeros"]
+__all__ = ["add_rms_norm", "argmax", "copy_slots", "empty", "feature_major", "gelu_tanh_and_mul",
+           "host_zeros", "linear", "moe", "name", "paged_attention", "rms_norm", "rope", "silu_and_mul",
+           "softcap", "to_device", "to_numpy", "write_kv", "zeros"]

@@ -45,7 +45,8 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
     best = np.full((num_kv_heads, num_rows), -np.inf, dtype=k_cache.dtype)   # running max score
     probs = np.empty((num_kv_heads, num_rows, block_size), dtype=k_cache.dtype)  # this block's
     last_pos = pos0 + num_queries - 1
-    for b in range(max(0, pos0 - window + 1) // block_size, last_pos // block_size + 1):
+    first_block = 0 if window is None else max(0, pos0 - window + 1) // block_size
+    for b in range(first_block, last_pos // block_size + 1):
         base = block_table[b] * block_size                              # the block's first slot
         first_pos = b * block_size
         num_keys = min(block_size, last_pos - first_pos + 1)
@@ -53,7 +54,7 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
         # before its position + window; the other rows get -inf, so exp gives them 0.
         for t in range(num_keys):
             first_row = min(max(0, first_pos + t - pos0) * group, num_rows)
-            end_row = min(max(0, first_pos + t + window - pos0) * group, num_rows)
+            end_row = num_rows if window is None else min(max(0, first_pos + t + window - pos0) * group, num_rows)
             for h in range(num_kv_heads):
                 key = k_cache[base + t, h]
                 for i in range(first_row):
@@ -64,15 +65,20 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
                     dot = qt[h, i, 0] * key[0]
                     for d in range(1, head_dim):
                         dot += qt[h, i, d] * key[d]
-                    if softcap != 0:
-                        dot = softcap * math.tanh(dot / softcap)
                     probs[h, i, t] = dot
+        if softcap is not None:   # a pass of its own over the scores just made
+            for t in range(num_keys):
+                first_row = min(max(0, first_pos + t - pos0) * group, num_rows)
+                end_row = num_rows if window is None else min(max(0, first_pos + t + window - pos0) * group, num_rows)
+                for h in range(num_kv_heads):
+                    for i in range(first_row, end_row):
+                        probs[h, i, t] = softcap * math.tanh(probs[h, i, t] / softcap)
         for h in range(num_kv_heads):
             for i in range(num_rows):
                 top = best[h, i]
                 for t in range(num_keys):
                     top = max(top, probs[h, i, t])
-                if top == -np.inf:   # a later query whose window starts past this block: nothing yet
+                if window is not None and top == -np.inf:   # a later query whose window starts past this block
                     for t in range(num_keys):
                         probs[h, i, t] = 0
                     continue
@@ -89,7 +95,7 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
                         acc[h, i, d] *= rescale
         for t in range(num_keys):
             first_row = min(max(0, first_pos + t - pos0) * group, num_rows)
-            end_row = min(max(0, first_pos + t + window - pos0) * group, num_rows)
+            end_row = num_rows if window is None else min(max(0, first_pos + t + window - pos0) * group, num_rows)
             for h in range(num_kv_heads):
                 value = v_cache[base + t, h]
                 for i in range(first_row, end_row):
@@ -107,10 +113,6 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
 # attended in parallel and combined (flash-decoding), so a lone long sequence uses every core. The
 # parts depend only on the sequence's own length (and window), never on the batch around it.
 DECODE_PART = 256
-
-# The compiled kernels' sliding window when there is none: wider than any context, so a query at
-# p sees every key 0 .. p (and (p + window) * group cannot overflow).
-NO_WINDOW = 1 << 40
 
 
 @serial
@@ -137,9 +139,11 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
             dot = qs[h, 0] * key[0]
             for d in range(1, head_dim):
                 dot += qs[h, d] * key[d]
-            if softcap != 0:
-                dot = softcap * math.tanh(dot / softcap)
             scores[h, t] = dot
+    if softcap is not None:
+        for h in range(num_heads):
+            for t in range(num_keys):
+                scores[h, t] = softcap * math.tanh(scores[h, t] / softcap)
     for h in range(num_heads):
         top = scores[h, 0]
         for t in range(1, num_keys):
@@ -173,7 +177,7 @@ def _decode_parts(query_start, seq_lens, window):  # pragma: no cover - compiled
     first_item[0] = 0
     for s in range(num_seqs):
         decode = query_start[s + 1] - query_start[s] == 1
-        num_keys = min(seq_lens[s], window)
+        num_keys = seq_lens[s] if window is None else min(seq_lens[s], window)
         first_item[s + 1] = first_item[s] + ((num_keys + DECODE_PART - 1) // DECODE_PART if decode else 1)
     item_seq = np.empty(first_item[num_seqs], dtype=np.int64)
     for s in range(num_seqs):
@@ -213,7 +217,10 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
     """Work items (`_decode_parts`) spread over threads: a decode (one query) is one item per
     DECODE_PART keys it sees (the last `window` of its context), combined afterwards; a sequence
     with 2 .. `max_queries` queries is one item (`_attend_tile`). Sequences with more queries are
-    left to the caller. softcap 0: none."""
+    left to the caller.
+
+    window and softcap are None or a number: compiled apart, so that without them (numba prunes
+    the branches on a None argument) the loops are the plain causal ones."""
     num_items = item_seq.shape[0]
     acc = np.empty((num_items, q.shape[1], q.shape[2]), dtype=k_cache.dtype)
     best = np.empty((num_items, q.shape[1]), dtype=k_cache.dtype)
@@ -222,7 +229,7 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
         s = item_seq[item]
         num_queries = query_start[s + 1] - query_start[s]
         if num_queries == 1:
-            first = max(0, seq_lens[s] - window) + (item - first_item[s]) * DECODE_PART
+            first = (0 if window is None else max(0, seq_lens[s] - window)) + (item - first_item[s]) * DECODE_PART
             _attend_keys(q[query_start[s]], k_cache, v_cache, block_tables[s], block_size, first,
                          min(seq_lens[s], first + DECODE_PART), scale, softcap, acc[item], best[item], total[item])
         elif num_queries <= max_queries:
@@ -252,13 +259,13 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     one costs O(window) and blocks wholly before it are never read."""
     check_attention_options(scale, sliding_window, softcap)
     dtype = q.dtype.type
-    window = NO_WINDOW if sliding_window is None else int(sliding_window)
+    window = None if sliding_window is None else int(sliding_window)
     parts = meta.kernel_cache.get(f"decode_parts {window}")
     if parts is None:   # the same for every layer of the step with this window
         parts = meta.kernel_cache[f"decode_parts {window}"] = _decode_parts(meta.query_start, meta.seq_lens, window)
     _paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables, meta.block_size,
                      MAX_BATCHED_QUERY_LEN, dtype(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), window,
-                     dtype(0 if softcap is None else softcap), *parts, out)
+                     None if softcap is None else dtype(softcap), *parts, out)
     if len(meta.long_seqs):
         _attend_long_chunks(q, k_cache, v_cache, meta, out,
                             dict(scale=scale, sliding_window=sliding_window, softcap=softcap))

@@ -1,5 +1,5 @@
-"""The numba backend's elementwise kernels: RMS norm (with the residual add), RoPE, SiLU-and-multiply
-and the KV-cache write. Knows nothing of matrices or attention.
+"""The numba backend's elementwise kernels: RMS norm (with the residual add), RoPE, SiLU- and
+GELU-and-multiply and the KV-cache write. Knows nothing of matrices or attention.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import numpy as np
 from numba import prange
 
 from vllmlite.kernels.numba.jit import parallel, serial
+from vllmlite.kernels.reference import GELU_TANH_SCALE
 
-SERIAL_MAX_TOKENS = 8  # tokens up to which SiLU runs on one thread (waking the others costs more)
+SERIAL_MAX_TOKENS = 8  # tokens up to which SiLU and GELU run on one thread (waking the others costs more)
 
 # The model's activations are token-major views of C-contiguous feature-major arrays (see
 # model.Workspace): the wrappers below hand the elementwise kernels those arrays (x.T, [features,
@@ -71,6 +72,24 @@ def _silu_and_mul(gate_up_t, out_t):  # pragma: no cover - compiled
 
 
 @serial
+def _gelu_tanh_and_mul_rows(gate_up_t, out_t, first, last):  # pragma: no cover - compiled
+    inter, num_tokens = out_t.shape
+    dtype = out_t.dtype.type   # constants in the arrays' dtype: float32 stays float32
+    scale, cubic, half = dtype(GELU_TANH_SCALE), dtype(0.044715), dtype(0.5)
+    for j in range(first, last):
+        for i in range(num_tokens):
+            g = gate_up_t[j, i]
+            out_t[j, i] = half * g * (1 + math.tanh(scale * (g + cubic * g * g * g))) * gate_up_t[j + inter, i]
+
+
+@parallel
+def _gelu_tanh_and_mul(gate_up_t, out_t):  # pragma: no cover - compiled
+    inter = out_t.shape[0]
+    for part in prange((inter + 63) // 64):
+        _gelu_tanh_and_mul_rows(gate_up_t, out_t, part * 64, min(inter, part * 64 + 64))
+
+
+@serial
 def _write_kv(k_cache, v_cache, k, v, slot_mapping):  # pragma: no cover - compiled
     num_tokens, num_kv_heads, head_dim = k.shape
     for i in range(num_tokens):
@@ -100,6 +119,14 @@ def silu_and_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
         _silu_and_mul_rows(gate_up.T, out.T, 0, out.shape[1])
     else:
         _silu_and_mul(gate_up.T, out.T)
+
+
+def gelu_tanh_and_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
+    """As silu_and_mul, with reference.gelu_tanh_and_mul's activation."""
+    if gate_up.shape[0] <= SERIAL_MAX_TOKENS:
+        _gelu_tanh_and_mul_rows(gate_up.T, out.T, 0, out.shape[1])
+    else:
+        _gelu_tanh_and_mul(gate_up.T, out.T)
 
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,

@@ -24,6 +24,7 @@ from vllmlite.kernels.attention_metadata import (
     check_attention_options,
 )
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
+from vllmlite.kernels.reference import check_moe
 
 
 def fused_ops():
@@ -158,6 +159,42 @@ class TorchKernels:
         """In place: x = cap * tanh(x / cap)."""
         torch.tanh(x / cap, out=x)
         x *= cap
+
+    def gelu_tanh_and_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+        if self._triton(gate_up):
+            fused_ops().gelu_tanh_and_mul(gate_up, out)
+            return
+        gate, up = gate_up.chunk(2, dim=-1)
+        out.copy_(torch.nn.functional.gelu(gate, approximate="tanh") * up)
+
+    def moe(self, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor, w_gate_up: torch.Tensor,
+            w_down: torch.Tensor, out: torch.Tensor, activation: str = "silu") -> None:
+        """reference.moe with index operations and one pair of products per expert with tokens: the
+        pairs sorted by expert, each expert's rows multiplied, the weighted outputs added back per
+        token. Reads the experts' token counts on the host (a sync: not for CUDA graphs)."""
+        check_moe(x, expert_ids, expert_weights, w_gate_up, w_down, activation)
+        num_experts = w_gate_up.shape[0]
+        top_k = expert_ids.shape[1]
+        flat = expert_ids.reshape(-1)                                     # [pairs] pair p = t * top_k + k
+        order = torch.argsort(flat, stable=True)                          # pairs grouped by expert
+        counts = torch.bincount(flat, minlength=num_experts).tolist()
+        if len(counts) > num_experts:
+            raise ValueError(f"moe: expert ids must lie in 0 .. {num_experts - 1}")
+        tokens = order // top_k
+        xs = x[tokens]                                                    # [pairs, hidden]
+        ys = torch.empty_like(xs)                                         # [pairs, hidden]
+        act = self.silu_and_mul if activation == "silu" else self.gelu_tanh_and_mul
+        start = 0
+        for e, count in enumerate(counts):
+            if count:
+                gate_up = xs[start:start + count] @ w_gate_up[e].T       # [count, 2 * inter]
+                hidden = torch.empty((count, w_down.shape[2]), dtype=x.dtype, device=x.device)
+                act(gate_up, hidden)
+                torch.mm(hidden, w_down[e].T, out=ys[start:start + count])
+                start += count
+        weights = expert_weights.reshape(-1)[order].to(x.dtype)
+        out.zero_()
+        out.index_add_(0, tokens, ys * weights[:, None])
 
     def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:

@@ -1,5 +1,5 @@
 """The elementwise operations of a layer as single Triton kernels: RMSNorm (with the residual add
-fused in), RoPE on the query and key heads together, SiLU-and-multiply, and the KV-cache write.
+fused in), RoPE on the query and key heads together, SiLU- and GELU-and-multiply, and the KV-cache write.
 Each reads its operands once and writes once, where the torch forms launch three to six kernels
 and round to the storage dtype between them; the arithmetic is the references' (vllmlite/kernels/
 reference.py) in float32, rounded to the storage dtype once at the end of each step the reference
@@ -73,23 +73,36 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
 
 
 @triton.jit
-def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_in_c, stride_out, stride_out_c, width,
-                         BLOCK: tl.constexpr):
+def _act_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_in_c, stride_out, stride_out_c, width,
+                        BLOCK: tl.constexpr, GELU_TANH: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
     gate = tl.load(gate_up_ptr + row * stride_in + cols * stride_in_c, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gate_up_ptr + row * stride_in + (width + cols) * stride_in_c, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols * stride_out_c, (gate / (1.0 + tl.exp(-gate)) * up).to(out_ptr.dtype.element_ty),
-             mask=mask)
+    if GELU_TANH:   # 0.5 * (1 + tanh(u)) = sigmoid(2u): gelu_tanh(x) = x / (1 + exp(-2u)), no libdevice tanh
+        u = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)   # sqrt(2 / pi) * (...)
+        act = gate / (1.0 + tl.exp(-2.0 * u))
+    else:
+        act = gate / (1.0 + tl.exp(-gate))
+    tl.store(out_ptr + row * stride_out + cols * stride_out_c, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
+def _act_and_mul(gate_up: torch.Tensor, out: torch.Tensor, gelu_tanh: bool) -> None:
     rows, width = out.shape
     block = min(1024, triton.next_power_of_2(width))
     if rows:
-        _silu_and_mul_kernel[(rows, triton.cdiv(width, block))](gate_up, out, *gate_up.stride(), *out.stride(), width,
-                                                                BLOCK=block)
+        _act_and_mul_kernel[(rows, triton.cdiv(width, block))](gate_up, out, *gate_up.stride(), *out.stride(), width,
+                                                               BLOCK=block, GELU_TANH=gelu_tanh)
+
+
+def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
+    _act_and_mul(gate_up, out, gelu_tanh=False)
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
+    """Gemma's gelu_pytorch_tanh(gate) * up (reference.gelu_tanh_and_mul)."""
+    _act_and_mul(gate_up, out, gelu_tanh=True)
 
 
 @triton.jit
