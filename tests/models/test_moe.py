@@ -1,6 +1,6 @@
-"""The routed experts of MoE families: routing as transformers routes (softmax in float32, top-k,
-ties, renormalization), a MoE layer beside a dense one against a per-token loop, the config's
-MoE/dense layer rule, and quantization refused."""
+"""The routed experts in the decoder (routing and the moe kernel are tested in tests/kernels): a MoE
+layer beside a dense one against a per-token loop, the config's MoE/dense layer rule, and
+quantization refused."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-import torch
 from paths import GOLDENS
 from reference import dense_logits
 
@@ -16,33 +15,8 @@ from vllmlite.kernels.attention_metadata import build_metadata
 from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.families import qwen3_moe
 from vllmlite.models.loader import LoadedModel, load_model
-from vllmlite.models.moe import route
 
 QWEN3_MOE = GOLDENS / "families" / "qwen3_moe"
-
-
-@pytest.mark.parametrize("normalize", [True, False])
-def test_route_is_transformers_softmax_then_topk(normalize):
-    logits = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
-    probs = torch.softmax(torch.from_numpy(logits), dim=-1, dtype=torch.float)
-    values, ids = torch.topk(probs, 4, dim=-1)
-    if normalize:
-        values /= values.sum(dim=-1, keepdim=True)
-    got = route(logits, 4, normalize)
-    np.testing.assert_array_equal(got.expert_ids, ids.numpy())
-    np.testing.assert_allclose(got.expert_weights, values.numpy(), rtol=1e-6, atol=0)
-
-
-def test_route_takes_the_softmax_in_float32_for_float64_logits():
-    logits = np.random.default_rng(1).standard_normal((8, 6))
-    got, in_float32 = route(logits, 2, True), route(logits.astype(np.float32), 2, True)
-    assert got.expert_weights.dtype == np.float64
-    np.testing.assert_array_equal(got.expert_weights, in_float32.expert_weights.astype(np.float64))
-
-
-def test_route_breaks_ties_toward_the_lower_expert():
-    got = route(np.array([[1.0, 0.0, 1.0, 1.0]], dtype=np.float32), 2, False)
-    assert got.expert_ids.tolist() == [[0, 2]]
 
 
 def test_moe_and_dense_layers_side_by_side_match_a_per_token_loop():

@@ -23,8 +23,8 @@ from vllmlite.config import ModelConfig
 from vllmlite.kernels import Kernels, get_kernels
 from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
+from vllmlite.kernels.reference import route
 from vllmlite.models.loader import LayerWeights, Matrix, ModelWeights
-from vllmlite.models.moe import moe_on_host, route
 from vllmlite.models.rope import rope_inv_freq, rope_tables
 from vllmlite.progress import progress
 
@@ -132,6 +132,9 @@ def require_kernels(k: Kernels, config: ModelConfig, plans: list[LayerPlan]) -> 
     if not hasattr(k, act):
         raise NotImplementedError(f"the {k.name} kernels have no {act}: hidden_act {config.hidden_act!r} "
                                   "is not supported on them yet")
+    if config.num_experts and not hasattr(k, "moe"):
+        raise NotImplementedError(f"the {k.name} kernels have no moe: {config.architecture}'s routed experts "
+                                  "are not supported on them yet")
     accepted = inspect.signature(k.paged_attention).parameters
     missing = sorted({name for plan in plans for name in plan.attention_kwargs if name not in accepted})
     if missing:
@@ -156,7 +159,6 @@ class DecoderModel:
         self.plans = layer_plans(config, weights, num_positions, k, self.dtype)
         require_kernels(k, config, self.plans)
         self.act_and_mul = getattr(k, f"{config.hidden_act}_and_mul")
-        self.moe = getattr(k, "moe", None) or moe_on_host(k)
         self._workspace = Workspace.allocate(config, 1, self.dtype, k)
 
     def forward(self, input_ids: np.ndarray, meta: AttentionMetadata, kv_cache: KVCache,
@@ -214,7 +216,7 @@ class DecoderModel:
         c, k = self.config, self.kernels
         k.linear(buf.hidden, layer.router, buf.router_logits)
         routing = route(k.to_numpy(buf.router_logits), c.num_experts_per_tok, c.norm_topk_prob)
-        self.moe(buf.hidden, k.to_device(routing.expert_ids), k.to_device(routing.expert_weights),
+        k.moe(buf.hidden, k.to_device(routing.expert_ids), k.to_device(routing.expert_weights),
                  layer.w_experts_gate_up, layer.w_experts_down, buf.out, activation=c.hidden_act)
 
     def _norm(self, x: np.ndarray, weight: np.ndarray | None, out: np.ndarray) -> None:
