@@ -211,8 +211,10 @@ class DecoderModel:
 
     def _experts(self, buf: Workspace, layer: LayerWeights) -> None:
         """buf.hidden (normed) -> buf.out through the routed experts. The router's logits go to the
-        host for routing (softmax and top-k over [tokens, experts]: small next to the experts'
-        products); its [tokens, top_k] ids and weights are the step's only new arrays here."""
+        host for routing (softmax and top-k over [tokens, experts], small next to the experts'
+        products). Unlike the dense MLP this allocates per layer: routing's [tokens, experts]
+        temporaries and [tokens, top_k] ids and weights, and the moe kernel's buffers of
+        [tokens * top_k, width] (its signature takes no scratch; their size follows the routing)."""
         c, k = self.config, self.kernels
         k.linear(buf.hidden, layer.router, buf.router_logits)
         routing = route(k.to_numpy(buf.router_logits), c.num_experts_per_tok, c.norm_topk_prob)
