@@ -120,3 +120,10 @@ def test_unknown_gguf_architecture_lists_the_supported_ones(tmp_path: Path):
     writer.close()
     with pytest.raises(ValueError, match="'mamba' is not supported.*llama \\(HF LlamaForCausalLM; GGUF llama\\)"):
         load_model(str(path))
+
+
+def test_the_features_page_lists_every_architecture():
+    """docs/features.md's table of families, kept true to the registry."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "features.md").read_text()
+    for arch in registry.ARCHITECTURES:
+        assert f"| {arch.name} | " in page and arch.features in page, arch.name
