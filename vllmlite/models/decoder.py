@@ -219,7 +219,7 @@ class DecoderModel:
         k.linear(buf.hidden, layer.router, buf.router_logits)
         routing = route(k.to_numpy(buf.router_logits), c.num_experts_per_tok, c.norm_topk_prob)
         k.moe(buf.hidden, k.to_device(routing.expert_ids), k.to_device(routing.expert_weights),
-                 layer.w_experts_gate_up, layer.w_experts_down, buf.out, activation=c.hidden_act)
+              layer.w_experts_gate_up, layer.w_experts_down, buf.out, activation=c.hidden_act)
 
     def _norm(self, x: np.ndarray, weight: np.ndarray | None, out: np.ndarray) -> None:
         """out = rms_norm(x), or a copy of x where the family has no norm there (post-norm OLMo 2)."""

@@ -188,7 +188,7 @@ class _TensorSource:
     vector: Callable[[str], np.ndarray]
 
 
-def check_experts_quantization(config: ModelConfig, quantization: str) -> None:
+def _check_experts_quantization(config: ModelConfig, quantization: str) -> None:
     """The moe kernel reads float expert weights: a quantized MoE model is refused, not dequantized."""
     if config.num_experts and quantization != "none":
         raise NotImplementedError(f"quantization {quantization!r} is not supported for mixture-of-experts models "
@@ -199,7 +199,7 @@ def check_experts_quantization(config: ModelConfig, quantization: str) -> None:
 def _read_weights(source: _TensorSource, names: LayerNames, config: ModelConfig, matrices: _Matrices,
                   unpermute_qk: bool, label: str, freq_factors: np.ndarray | None = None) -> ModelWeights:
     """Every layer by the family's name table (see families/common.LayerNames), under progress `label`."""
-    check_experts_quantization(config, matrices.quantization)
+    _check_experts_quantization(config, matrices.quantization)
     layers = []
     for i in progress(range(config.num_layers), label, unit="layer"):
         def vector(name: str | None, suffix: str = ".weight") -> np.ndarray | None:
@@ -300,7 +300,7 @@ def _load_hf_directory(path: Path, matrices: _Matrices) -> LoadedModel:
     arch = registry.from_hf(raw.get("architectures") or [])
     family = arch.module()
     config = family.hf_config(raw, arch.name)
-    check_experts_quantization(config, matrices.quantization)
+    _check_experts_quantization(config, matrices.quantization)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{path} has no *.safetensors files")

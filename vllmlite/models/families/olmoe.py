@@ -1,7 +1,7 @@
 """OLMoE: Llama with an RMSNorm over the whole Q and K projections (as OLMo 2, before RoPE) and
 routed experts in every layer, the top `num_experts_per_tok` renormalized only when
-`norm_topk_prob` (off in OLMoE-1B-7B, and in llama.cpp's olmoe graph always). `clip_qkv` is not
-supported."""
+`norm_topk_prob` (off in OLMoE-1B-7B; llama.cpp's olmoe graph never renormalizes, so its GGUFs
+read as off). `clip_qkv` is not supported."""
 
 import dataclasses
 
@@ -20,7 +20,7 @@ def hf_config(raw: dict, name: str) -> ModelConfig:
         raise ValueError(f"OLMoE clip_qkv {raw['clip_qkv']} is not supported (only clip_qkv null)")
     return common.hf_config(raw, name, qk_norm="full",
                             **common.moe_fields(common.hf_num_experts(raw), raw["num_experts_per_tok"],
-                                         raw.get("norm_topk_prob", False), (True,) * raw["num_hidden_layers"]))
+                                                raw.get("norm_topk_prob", False), (True,) * raw["num_hidden_layers"]))
 
 
 def gguf_config(fields: dict, name: str, tensors: dict) -> ModelConfig:

@@ -20,7 +20,7 @@ def hf_config(raw: dict, name: str) -> ModelConfig:
     layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(raw["num_hidden_layers"]))
     return common.hf_config(raw, name, qk_norm="head", moe_intermediate_size=raw["moe_intermediate_size"],
                             **common.moe_fields(common.hf_num_experts(raw), raw["num_experts_per_tok"],
-                                         raw.get("norm_topk_prob", False), layers))
+                                                raw.get("norm_topk_prob", False), layers))
 
 
 def gguf_config(fields: dict, name: str, tensors: dict) -> ModelConfig:
