@@ -57,3 +57,32 @@ def test_quantized_experts_are_refused_naming_the_option(file, quantization):
     with pytest.raises(NotImplementedError, match=f"quantization '{quantization}' is not supported for "
                                                   "mixture-of-experts.*quantization 'none'"):
         load_model(str(QWEN3_MOE / file) if file else str(QWEN3_MOE), quantization=quantization)
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+def test_experts_as_transformers_5_holds_them_read_the_same(tmp_path, name):
+    """A checkpoint saved with save_original_format=False: each layer's experts as one gate/up and
+    one down tensor under `mlp.experts` (Mixtral's `block_sparse_moe` renamed), no per-expert names."""
+    from safetensors.numpy import load_file, save_file
+    source = GOLDENS / "families" / name
+    state, fused = load_file(str(source / "model.safetensors")), {}
+    per_expert = {"qwen3_moe": ("mlp.gate", "mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj",
+                                "mlp.experts.{e}.down_proj"),
+                  "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts.{e}.w1",
+                              "block_sparse_moe.experts.{e}.w3", "block_sparse_moe.experts.{e}.w2")}[name]
+    loaded = load_model(str(source))
+    for i in range(loaded.config.num_layers):
+        def take(part: str) -> np.ndarray:
+            return np.stack([state.pop(f"model.layers.{i}.{part.format(e=e)}.weight")
+                             for e in range(loaded.config.num_experts)])
+        fused[f"model.layers.{i}.mlp.gate.weight"] = state.pop(f"model.layers.{i}.{per_expert[0]}.weight")
+        gate, up, down = (take(part) for part in per_expert[1:])
+        fused[f"model.layers.{i}.mlp.experts.gate_up_proj"] = np.concatenate([gate, up], axis=1)
+        fused[f"model.layers.{i}.mlp.experts.down_proj"] = down
+    save_file(state | fused, str(tmp_path / "model.safetensors"))
+    for file in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / file).write_bytes((source / file).read_bytes())
+    again = load_model(str(tmp_path))
+    for got, want in zip(again.weights.layers, loaded.weights.layers):
+        for field in ("router", "w_experts_gate_up", "w_experts_down"):
+            np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)

@@ -219,7 +219,11 @@ def _read_weights(source: _TensorSource, names: LayerNames, config: ModelConfig,
             parts = (parts,) if isinstance(parts, str) else parts
             return np.concatenate([stacked(p) for p in parts], axis=1)
 
-        if config.is_moe_layer(i):
+        fused = names.fused_experts and [n.format(i=i) for n in names.fused_experts]
+        if config.is_moe_layer(i) and fused and fused[1] in source.names:
+            mlp = dict(w_gate_up=None, w_down=None, router=source.vector(fused[0] + ".weight"),
+                       w_experts_gate_up=source.vector(fused[1]), w_experts_down=source.vector(fused[2]))
+        elif config.is_moe_layer(i):
             mlp = dict(w_gate_up=None, w_down=None, router=vector(names.router),
                        w_experts_gate_up=experts(names.experts_gate_up), w_experts_down=experts(names.experts_down))
         else:

@@ -11,7 +11,8 @@ from vllmlite.models.families.common import GGUF_LLAMA, HF_LLAMA, gguf_config, h
 
 EXPERTS = "model.layers.{i}.block_sparse_moe.experts.{e}"
 HF_NAMES = dataclasses.replace(HF_LLAMA, router="model.layers.{i}.block_sparse_moe.gate",
-                               experts_gate_up=(f"{EXPERTS}.w1", f"{EXPERTS}.w3"), experts_down=f"{EXPERTS}.w2")
+                               experts_gate_up=(f"{EXPERTS}.w1", f"{EXPERTS}.w3"), experts_down=f"{EXPERTS}.w2",
+                               fused_experts=common.HF_EXPERTS["fused_experts"])   # transformers 5 renames to mlp
 GGUF_NAMES = GGUF_LLAMA
 GGUF_PERMUTES_QK = True
 finish = unchanged
