@@ -221,7 +221,7 @@ def _read_weights(source: _TensorSource, names: LayerNames, config: ModelConfig,
 
         fused = names.fused_experts and [n.format(i=i) for n in names.fused_experts]
         if config.is_moe_layer(i) and fused and fused[1] in source.names:
-            mlp = dict(w_gate_up=None, w_down=None, router=source.vector(fused[0] + ".weight"),
+            mlp = dict(w_gate_up=None, w_down=None, router=source.vector(fused[0]),
                        w_experts_gate_up=source.vector(fused[1]), w_experts_down=source.vector(fused[2]))
         elif config.is_moe_layer(i):
             mlp = dict(w_gate_up=None, w_down=None, router=vector(names.router),

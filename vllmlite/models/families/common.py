@@ -27,8 +27,9 @@ class LayerNames:
     router: str | None = None            # a MoE layer's [experts, hidden]
     experts_gate_up: tuple[str, ...] = ()  # gate, up: one tensor per expert `{e}` (HF), or 3-D (GGUF)
     experts_down: str | None = None
-    # The same as transformers 5 holds them (a checkpoint saved with save_original_format=False):
-    # router, gate/up [experts, 2 * inter, hidden] and down [experts, hidden, inter], no suffix on the two.
+    # Full tensor names of the experts fused (read instead when the gate/up one is there): router,
+    # gate/up [experts, 2 * inter, hidden], down [experts, hidden, inter], as transformers 5 holds
+    # them (a checkpoint saved with save_original_format=False).
     fused_experts: tuple[str, str, str] | None = None
     embed: str = "model.embed_tokens"
     final_norm: str = "model.norm"
@@ -61,7 +62,7 @@ HF_EXPERTS = {  # Qwen-MoE style (Qwen3-MoE, OLMoE); Mixtral names its own
     "router": "model.layers.{i}.mlp.gate",
     "experts_gate_up": ("model.layers.{i}.mlp.experts.{e}.gate_proj", "model.layers.{i}.mlp.experts.{e}.up_proj"),
     "experts_down": "model.layers.{i}.mlp.experts.{e}.down_proj",
-    "fused_experts": ("model.layers.{i}.mlp.gate", "model.layers.{i}.mlp.experts.gate_up_proj",
+    "fused_experts": ("model.layers.{i}.mlp.gate.weight", "model.layers.{i}.mlp.experts.gate_up_proj",
                       "model.layers.{i}.mlp.experts.down_proj"),
 }
 HF_QK_NORM = {"q_norm": "model.layers.{i}.self_attn.q_norm", "k_norm": "model.layers.{i}.self_attn.k_norm"}
