@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> dict:
     seqs, contexts, prompt_len, min_seconds = ([8, 32, 64], [128, 512, 2048], 512, 2.0) if not args.quick \
         else ([2, 4], [16, 40], 32, 0.05)
     loaded = load_model(args.model)
+    if loaded.config.num_experts:   # the GEMM-only bound below is the dense MLP's products
+        parser.error(f"{args.model} is a mixture-of-experts model; its step against a dense one: python -m bench.moe_step")
     names = args.kernels.split(",") if args.kernels else [None]   # None: EngineArgs reads $VLLMLITE_KERNELS
     backends = [EngineArgs(kernels=name).create_engine_config().kernel_backend for name in names]
     rng = np.random.default_rng(0)

@@ -103,6 +103,9 @@ def _final_hidden(c: ModelConfig, w: ModelWeights, token_ids: list[int]) -> np.n
         out = dense_attention(q, k, v, positions, window, c.attention_scale, c.attn_logit_softcap).reshape(n, q_end)
         x = x + _post_norm(out @ layer.wo.T, layer.post_attn_norm, c.rms_norm_eps)
         h = rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
+        if layer.router is not None:
+            x = x + np.stack([routed_experts(c, layer, row) for row in h])
+            continue
         act = np.empty((n, c.intermediate_size), x.dtype)
         act_and_mul(h @ layer.w_gate_up.T, act)
         x = x + _post_norm(act @ layer.w_down.T, layer.post_ffn_norm, c.rms_norm_eps)
@@ -112,6 +115,21 @@ def _final_hidden(c: ModelConfig, w: ModelWeights, token_ids: list[int]) -> np.n
 def _post_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
     """A sublayer's output, normed where the family norms it (Gemma's sandwich)."""
     return x if weight is None else rms_norm(x, weight, eps)
+
+
+def routed_experts(c: ModelConfig, layer, h: np.ndarray) -> np.ndarray:
+    """One token's MoE block, as transformers defines it: softmax of the router logits in float32,
+    the top_k experts (ties to the lower id), renormalized if the config says so, and the weighted
+    sum of those experts' SwiGLU outputs. h [hidden] -> [hidden]"""
+    logits = (layer.router @ h).astype(np.float32)                               # [experts]
+    probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    chosen = sorted(range(c.num_experts), key=lambda e: (-probs[e], e))[:c.num_experts_per_tok]
+    weights = probs[chosen] / probs[chosen].sum() if c.norm_topk_prob else probs[chosen]
+    out = np.zeros_like(h)
+    for e, weight in zip(chosen, weights.astype(h.dtype)):
+        gate, up = np.split(layer.w_experts_gate_up[e] @ h, 2)
+        out += weight * (layer.w_experts_down[e] @ (gate / (1 + np.exp(-gate)) * up))
+    return out
 
 
 def dense_greedy(loaded: LoadedModel, prompt: list[int], max_tokens: int) -> list[int]:

@@ -37,6 +37,7 @@ from make_goldens import TINY_CHAT_TEMPLATE, TINY_SHAPE, build_tiny_tokenizer, w
 PROMPT = "The quick brown fox jumps over the lazy dog; the cat sat on the mat."
 NUM_GREEDY = 12
 MIN_MARGIN = 1e-3  # a greedy step closer than this to a tie could flip on float rounding
+MIN_ROUTE_MARGIN = 2e-5  # nor a token's k-th and (k+1)-th expert probabilities (float32 agrees to ~1e-7)
 
 # name -> config.json fields on top of TINY_SHAPE: each family's real structural fields, small.
 FAMILIES = {
@@ -97,6 +98,23 @@ FAMILIES = {
     "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rms_norm_eps": 1e-6,
               "rope_theta": 1000000.0, "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1,
               "tie_word_embeddings": False},
+    # Qwen3-30B-A3B's: Qwen3 attention, every layer sparse (decoder_sparse_step 1, no mlp_only_layers),
+    # top-k renormalized (norm_topk_prob), experts narrower than the dense width; 16 experts top-4
+    # (the real model: 128, top-8).
+    "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "head_dim": 16,
+                  "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False,
+                  "tie_word_embeddings": False, "use_sliding_window": False, "num_experts": 16,
+                  "num_experts_per_tok": 4, "moe_intermediate_size": 16, "norm_topk_prob": True,
+                  "decoder_sparse_step": 1, "mlp_only_layers": []},
+    # Mixtral-8x7B's: Llama attention, 8 experts top-2 in every layer, no sliding window.
+    "mixtral": {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "intermediate_size": 32,
+                "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+                "sliding_window": None, "num_local_experts": 8, "num_experts_per_tok": 2},
+    # OLMoE-1B-7B's: full-width q/k norms, top-8 not renormalized (64 experts there, 16 here), no clip_qkv.
+    "olmoe": {"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "intermediate_size": 16,
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False, "attention_bias": False,
+              "clip_qkv": None, "num_experts": 16, "num_experts_per_tok": 8, "norm_topk_prob": False,
+              "pad_token_id": 1},
 }
 # Seed offsets for families whose first seed gave a greedy step within MIN_MARGIN of a tie.
 RESEED: dict[str, int] = {}
@@ -107,6 +125,8 @@ TOKENIZER_CLASS = {"phi3": "GPT2Tokenizer"}
 # tokens again for a context of `max_model_len`, on the prompt's first `prompt_len` tokens
 # (transformers picks the factors by the sequence's length, so the whole run stays within it).
 SHORT_CONTEXT = {"phi3": {"max_model_len": 32, "prompt_len": 24}}
+# MoE families run transformers' own per-expert loop (its default, grouped_mm, sums in another order).
+EAGER_EXPERTS = {"experts_implementation": "eager"}
 
 # convert_hf_to_gguf identifies a BPE pre-tokenizer by hashing its output on a test string; the tiny
 # trained tokenizer matches none, so it is named "gpt-2" (GPT-2's byte-level split, which it uses).
@@ -139,6 +159,20 @@ def converter_tree(scratch: Path) -> Path:
                 members.append(member)
         archive.extractall(scratch, members=members, filter="data")
     return scratch
+
+
+class RouteMargin:
+    """The smallest gap, over every token routed while it is attached, between the k-th and
+    (k+1)-th most probable experts (the softmax in float32, as transformers routes)."""
+
+    def __init__(self, model) -> None:
+        self.margin = float("inf")
+        self.hooks = [module.register_forward_hook(self.record) for module in model.modules()
+                      if type(module).__name__.endswith("TopKRouter")]
+
+    def record(self, module, args, output) -> None:
+        probs = torch.softmax(output[0].float(), dim=-1).sort(dim=-1, descending=True).values
+        self.margin = min(self.margin, float((probs[:, module.top_k - 1] - probs[:, module.top_k]).min()))
 
 
 def randomize(model, seed: int) -> None:
@@ -180,9 +214,11 @@ def make_family(name: str, fields: dict, seed: int, out_dir: Path, tree: Path) -
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     raw = {**TINY_SHAPE, **fields}
+    implementation = EAGER_EXPERTS if {"num_experts", "num_local_experts"} & set(raw) else {}
     config = AutoConfig.for_model(raw.pop("model_type"), **raw)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager",
+                                             **implementation).eval()
     randomize(model, seed)
     model.save_pretrained(directory, safe_serialization=True)
     (directory / "generation_config.json").unlink(missing_ok=True)
@@ -193,13 +229,17 @@ def make_family(name: str, fields: dict, seed: int, out_dir: Path, tree: Path) -
         "pad_token": "<|im_end|>", "unk_token": None, "model_max_length": 128,
         "clean_up_tokenization_spaces": False, "chat_template": TINY_CHAT_TEMPLATE})
     # The checkpoint as saved, read back: what vllmlite reads is what transformers ran.
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager",
+                                                 **implementation).eval()
     input_ids = AutoTokenizer.from_pretrained(directory)(PROMPT).input_ids
+    routes = RouteMargin(model)
     logits = model(input_ids=torch.tensor([input_ids]), use_cache=False).logits[0].float().numpy()  # [seq, vocab]
     greedy_ids, margin = greedy(model, input_ids)
     assert margin > MIN_MARGIN, f"{name}: greedy margin {margin} too close to a tie; pick another seed"
+    assert routes.margin > MIN_ROUTE_MARGIN, f"{name}: route margin {routes.margin} too close to a tie"
+    extra = {"route_min_margin": routes.margin} if routes.hooks else {}
     np.save(directory / "expected_logits.npy", logits.astype(np.float32))
-    expected = {"prompt": PROMPT, "input_ids": input_ids, "greedy_ids": greedy_ids, "greedy_min_margin": margin}
+    expected = {"prompt": PROMPT, "input_ids": input_ids, "greedy_ids": greedy_ids, "greedy_min_margin": margin, **extra}
     if name in SHORT_CONTEXT:
         short = dict(SHORT_CONTEXT[name])
         ids = input_ids[:short.pop("prompt_len")]
@@ -216,7 +256,7 @@ def make_family(name: str, fields: dict, seed: int, out_dir: Path, tree: Path) -
         sys.exit(f"{name}: convert_hf_to_gguf.py failed:\n{converted.stderr[-3000:]}")
     for path in directory.iterdir():
         path.chmod(0o644)  # safetensors creates its file owner-only
-    print(f"{name}: {len(input_ids)} prompt tokens, greedy margin {margin:.4f}, "
+    print(f"{name}: {len(input_ids)} prompt tokens, greedy margin {margin:.4f}, route margin {routes.margin:.2e}, "
           f"{sum(p.stat().st_size for p in directory.iterdir()) // 1024} KiB")
 
 

@@ -97,6 +97,11 @@ class ModelConfig:
     rope_layers: tuple[bool, ...] | None = None  # per layer, whether it applies RoPE; None: all do
     rope_local_theta: float | None = None  # RoPE base of the sliding layers, unscaled (Gemma 3); None: as global
     partial_rotary_factor: float = 1.0  # RoPE rotates the first factor * head_dim dims of each head
+    num_experts: int = 0  # routed experts of a sparse MoE block; 0: every layer has the dense MLP
+    num_experts_per_tok: int = 0  # top_k: the experts each token runs
+    moe_intermediate_size: int | None = None  # an expert's width; None: intermediate_size
+    norm_topk_prob: bool = True  # the top_k weights renormalized to sum to 1 (Mixtral; per config elsewhere)
+    moe_layers: tuple[bool, ...] | None = None  # per layer, whether its MLP is the MoE block; None: all
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -113,7 +118,9 @@ class ModelConfig:
         _require(self.norm_placement in NORM_PLACEMENTS,
                  f"norm_placement must be one of {NORM_PLACEMENTS}, got {self.norm_placement!r}")
         _require(self.hidden_act in HIDDEN_ACTS, f"hidden_act must be one of {HIDDEN_ACTS}, got {self.hidden_act!r}")
-        for name in ("layer_types", "rope_layers"):
+        _require(self.num_experts == 0 or 1 <= self.num_experts_per_tok <= self.num_experts,
+                 f"num_experts_per_tok must be in [1, num_experts ({self.num_experts})], got {self.num_experts_per_tok}")
+        for name in ("layer_types", "rope_layers", "moe_layers"):
             values = getattr(self, name)
             _require(values is None or len(values) == self.num_layers,
                      f"{name} must have one entry per layer ({self.num_layers})")
@@ -150,6 +157,14 @@ class ModelConfig:
 
     def uses_rope(self, layer: int) -> bool:
         return self.rope_layers[layer] if self.rope_layers else True
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether the layer's MLP is the routed experts (else the dense gated MLP)."""
+        return self.num_experts > 0 and (self.moe_layers[layer] if self.moe_layers else True)
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
 
     @property
     def num_queries_per_kv(self) -> int:

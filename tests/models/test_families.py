@@ -60,8 +60,8 @@ def test_logits_match_transformers(name, kind):
     np.testing.assert_allclose(run.logits, want, rtol=0, atol=TOLERANCE)
 
 
-@pytest.mark.parametrize("name, kind", KINDS)
-def test_int8_weights_stay_close_to_transformers(name, kind):
+@pytest.mark.parametrize("name, kind", [(n, k) for n, k in KINDS if not expected(n).get("route_min_margin")])
+def test_int8_weights_stay_close_to_transformers(name, kind):   # MoE experts refuse it (tests/models/test_moe_block.py)
     """Every family's matrices (fused or not, folded multipliers included) quantize: int8 logits
     within 6% of the largest logit (measured: 0.4-3.5% on these random tiny models)."""
     ids, want = expected(name)["input_ids"], np.load(FAMILIES / name / "expected_logits.npy")
@@ -91,7 +91,7 @@ def test_logits_match_transformers_on_every_backend(name, backend):
     np.testing.assert_allclose(logits, want, rtol=0, atol=TOLERANCE)
 
 
-BEYOND_THE_REFERENCE = {"granite", "olmo2", "phi3"}  # residual multiplier, post-norms, partial RoPE and longrope
+BEYOND_THE_REFERENCE = {"granite", "olmo2", "olmoe", "phi3"}  # residual multiplier, post-norms, full-width q/k norms, partial RoPE and longrope
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -247,3 +247,10 @@ def test_unknown_gguf_architecture_lists_the_supported_ones(tmp_path: Path):
     writer.close()
     with pytest.raises(ValueError, match="'mamba' is not supported.*llama \\(HF LlamaForCausalLM; GGUF llama\\)"):
         load_model(str(path))
+
+
+def test_the_models_page_lists_every_architecture():
+    """docs/models.md's table of families, kept true to the registry."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    for arch in registry.ARCHITECTURES:
+        assert f"| {arch.name} | " in page and arch.features in page, arch.name

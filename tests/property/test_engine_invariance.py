@@ -13,10 +13,11 @@ from vllmlite.sampling_params import SamplingParams
 MAX_TOKENS = 12
 
 
-@pytest.fixture(scope="module", params=["random", "qwen3", "mistral", "gemma2", "gemma3"])
+@pytest.fixture(scope="module", params=["random", "qwen3", "qwen3_moe", "mistral", "gemma2", "gemma3"])
 def tiny_model(request) -> LoadedModel:
     """The random Llama, and families whose layers do more (Qwen3's per-head q/k norms, head_dim
-    twice hidden / heads, tied embeddings; Mistral's 8-token sliding window on every layer, far
+    twice hidden / heads, tied embeddings; Qwen3-MoE's routed experts, whose choice depends on each
+    token alone, so batching must not move it; Mistral's 8-token sliding window on every layer, far
     shorter than most prompts; Gemma 2's soft-caps and 6-token window on alternate layers; Gemma 3's
     5 sliding : 1 full layers with two RoPEs), in float64."""
     model = "random" if request.param == "random" else str(GOLDENS / "families" / request.param)

@@ -84,3 +84,12 @@ def test_enforce_eager_and_the_cpu_capture_nothing(tiny_model):
     config = EngineArgs(model="random", device="cuda", enforce_eager=True, num_blocks=8)._engine_config()
     assert config.enforce_eager and not llm_engine.uses_cuda_graphs(config)
     assert llm_engine.uses_cuda_graphs(EngineArgs(model="random", device="cuda", num_blocks=8)._engine_config())
+
+
+def test_moe_models_run_every_step_eagerly(monkeypatch):
+    """Their routing reads the router's logits on the host each layer, which a graph cannot replay."""
+    from paths import GOLDENS
+
+    from vllmlite.models.loader import load_model
+    engine = graph_engine(load_model(str(GOLDENS / "families" / "qwen3_moe"), dtype="float32"), "cpu", monkeypatch)
+    assert engine.runner.graphs is None

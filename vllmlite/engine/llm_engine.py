@@ -74,6 +74,9 @@ class LLMEngine:
                                    spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking)
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
         graphs = uses_cuda_graphs(config)
+        if graphs and loaded.config.num_experts:   # routing reads the router's logits on the host each layer
+            logger.info("CUDA graphs: off for %s (its MoE layers route on the host)", loaded.config.architecture)
+            graphs = False
         self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
                                   proposer, (sched.max_num_seqs, self.max_model_len) if graphs else None)
         if backend == "numba":  # the others have nothing to compile; said before the wait, terminal or not

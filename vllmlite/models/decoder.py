@@ -23,6 +23,7 @@ from vllmlite.config import ModelConfig
 from vllmlite.kernels import Kernels, get_kernels
 from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
+from vllmlite.kernels.reference import route
 from vllmlite.models.loader import LayerWeights, Matrix, ModelWeights
 from vllmlite.models.rope import rope_inv_freq, rope_tables
 from vllmlite.progress import progress
@@ -69,13 +70,14 @@ class Workspace:
     attn: np.ndarray      # [tokens, heads * head_dim]
     gate_up: np.ndarray   # [tokens, 2 * intermediate]
     act: np.ndarray       # [tokens, intermediate]
+    router_logits: np.ndarray  # [tokens, num_experts] (zero wide in a dense model)
     feature_major: bool = True
 
     @classmethod
     def allocate(cls, config: ModelConfig, capacity: int, dtype, kernels: Kernels) -> Workspace:
         c = config
         widths = (c.hidden_size, c.hidden_size, c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim,
-                  c.num_heads * c.head_dim, 2 * c.intermediate_size, c.intermediate_size)
+                  c.num_heads * c.head_dim, 2 * c.intermediate_size, c.intermediate_size, c.num_experts)
         if not kernels.feature_major:
             return cls(capacity, *(kernels.zeros((capacity, width), dtype) for width in widths), feature_major=False)
         return cls(capacity, *(kernels.zeros((width, capacity), dtype).T for width in widths))
@@ -149,6 +151,9 @@ def require_kernels(k: Kernels, config: ModelConfig, plans: list[LayerPlan]) -> 
     if not hasattr(k, act):
         raise NotImplementedError(f"the {k.name} kernels have no {act}: hidden_act {config.hidden_act!r} "
                                   "is not supported on them yet")
+    if config.num_experts and not hasattr(k, "moe"):
+        raise NotImplementedError(f"the {k.name} kernels have no moe: {config.architecture}'s routed experts "
+                                  "are not supported on them yet")
     accepted = inspect.signature(k.paged_attention).parameters
     missing = sorted({name for plan in plans for name in plan.attention_kwargs if name not in accepted})
     if missing:
@@ -212,13 +217,28 @@ class DecoderModel:
         for i, (layer, layer_kv, plan) in enumerate(zip(w.layers, kv_cache, self.plans)):
             self._attention(buf, layer, layer_kv, plan, meta, positions, slots)     # -> buf.out
             self._add_to_residual(buf, layer.post_attn_norm, layer.ffn_norm)
-            k.linear(buf.hidden, layer.w_gate_up, buf.gate_up)
-            self.act_and_mul(buf.gate_up, buf.act)
-            k.linear(buf.act, layer.w_down, buf.out)
+            if layer.router is None:
+                k.linear(buf.hidden, layer.w_gate_up, buf.gate_up)
+                self.act_and_mul(buf.gate_up, buf.act)
+                k.linear(buf.act, layer.w_down, buf.out)
+            else:
+                self._experts(buf, layer)                                        # -> buf.out
             # The residual add, then the next layer's input norm (the final norm after the last).
             next_norm = w.layers[i + 1].attn_norm if i + 1 < len(w.layers) else w.final_norm
             self._add_to_residual(buf, layer.post_ffn_norm, next_norm)
         return buf.hidden
+
+    def _experts(self, buf: Workspace, layer: LayerWeights) -> None:
+        """buf.hidden (normed) -> buf.out through the routed experts. The router's logits go to the
+        host for routing (softmax and top-k over [tokens, experts], small next to the experts'
+        products). Unlike the dense MLP this allocates per layer: routing's [tokens, experts]
+        temporaries and [tokens, top_k] ids and weights, and the moe kernel's buffers of
+        [tokens * top_k, width] (its signature takes no scratch; their size follows the routing)."""
+        c, k = self.config, self.kernels
+        k.linear(buf.hidden, layer.router, buf.router_logits)
+        routing = route(k.to_numpy(buf.router_logits), c.num_experts_per_tok, c.norm_topk_prob)
+        k.moe(buf.hidden, k.to_device(routing.expert_ids), k.to_device(routing.expert_weights),
+              layer.w_experts_gate_up, layer.w_experts_down, buf.out, activation=c.hidden_act)
 
     def _norm(self, x: np.ndarray, weight: np.ndarray | None, out: np.ndarray) -> None:
         """out = rms_norm(x), or a copy of x where the family has no norm there (post-norm OLMo 2)."""

@@ -40,12 +40,15 @@ class LayerWeights:
     bqkv: np.ndarray | None   # [(num_heads + 2 * num_kv_heads) * head_dim] (Qwen2) or None
     wo: Matrix                   # [hidden, num_heads * head_dim]
     ffn_norm: np.ndarray | None  # [hidden]; None: no norm before the MLP (OLMo 2)
-    w_gate_up: Matrix            # [2 * intermediate, hidden]
-    w_down: Matrix               # [hidden, intermediate]
+    w_gate_up: Matrix | None     # [2 * intermediate, hidden]; None in a MoE layer
+    w_down: Matrix | None        # [hidden, intermediate]
     q_norm: np.ndarray | None = None  # [head_dim] (qk_norm "head") or [heads * head_dim] ("full")
     k_norm: np.ndarray | None = None  # [head_dim] or [kv_heads * head_dim]
     post_attn_norm: np.ndarray | None = None  # [hidden] on the attention's output (Gemma, OLMo 2)
     post_ffn_norm: np.ndarray | None = None   # [hidden] on the MLP's output
+    router: np.ndarray | None = None             # [experts, hidden] in a MoE layer
+    w_experts_gate_up: np.ndarray | None = None  # [experts, 2 * expert_intermediate, hidden]: gate rows, up rows
+    w_experts_down: np.ndarray | None = None     # [experts, hidden, expert_intermediate]
 
 
 @dataclass
@@ -164,8 +167,8 @@ class _Matrices:
         if self.quantization == "none":
             return weights
 
-        def convert(a: np.ndarray) -> Matrix:
-            return self.finish(self.from_float(a))
+        def convert(a: np.ndarray | None) -> Matrix | None:
+            return None if a is None else self.finish(self.from_float(a))
         layers = [dataclasses.replace(layer, wqkv=convert(layer.wqkv), wo=convert(layer.wo),
                                       w_gate_up=convert(layer.w_gate_up), w_down=convert(layer.w_down))
                   for layer in progress(weights.layers, f"Quantizing to {self.quantization}", unit="layer")]
@@ -186,9 +189,18 @@ class _TensorSource:
     vector: Callable[[str], np.ndarray]
 
 
+def _check_experts_quantization(config: ModelConfig, quantization: str) -> None:
+    """The moe kernel reads float expert weights: a quantized MoE model is refused, not dequantized."""
+    if config.num_experts and quantization != "none":
+        raise NotImplementedError(f"quantization {quantization!r} is not supported for mixture-of-experts models "
+                                  f"({config.architecture}: the moe kernel reads float expert weights); "
+                                  "load it with quantization 'none'")
+
+
 def _read_weights(source: _TensorSource, names: LayerNames, config: ModelConfig, matrices: _Matrices,
                   unpermute_qk: bool, label: str, freq_factors: np.ndarray | None = None) -> ModelWeights:
     """Every layer by the family's name table (see families/common.LayerNames), under progress `label`."""
+    _check_experts_quantization(config, matrices.quantization)
     layers = []
     for i in progress(range(config.num_layers), label, unit="layer"):
         def vector(name: str | None, suffix: str = ".weight") -> np.ndarray | None:
@@ -198,15 +210,35 @@ def _read_weights(source: _TensorSource, names: LayerNames, config: ModelConfig,
             parts = (parts,) if isinstance(parts, str) else parts
             return matrices.finish(matrices.stack([source.matrix(p.format(i=i) + ".weight") for p in parts]))
 
+        def experts(parts: tuple[str, ...] | str) -> np.ndarray:
+            """[experts, rows, cols]: each part stacked over `{e}` (one tensor per expert) or already
+            3-D (GGUF), the parts side by side in rows (gate, up)."""
+            def stacked(name: str) -> np.ndarray:
+                if "{e}" not in name:
+                    return source.vector(name.format(i=i) + ".weight")
+                return np.stack([source.vector(name.format(i=i, e=e) + ".weight") for e in range(config.num_experts)])
+            parts = (parts,) if isinstance(parts, str) else parts
+            return np.concatenate([stacked(p) for p in parts], axis=1)
+
+        fused = names.fused_experts and [n.format(i=i) for n in names.fused_experts]
+        if config.is_moe_layer(i) and fused and fused[1] in source.names:
+            mlp = dict(w_gate_up=None, w_down=None, router=source.vector(fused[0]),
+                       w_experts_gate_up=source.vector(fused[1]), w_experts_down=source.vector(fused[2]))
+        elif config.is_moe_layer(i):
+            mlp = dict(w_gate_up=None, w_down=None, router=vector(names.router),
+                       w_experts_gate_up=experts(names.experts_gate_up), w_experts_down=experts(names.experts_down))
+        else:
+            mlp = dict(w_gate_up=matrix(names.gate_up), w_down=matrix(names.down))
+
         qkv = [source.matrix(p.format(i=i) + ".weight") for p in names.qkv]
         if unpermute_qk and len(qkv) == 3:
             qkv[0], qkv[1] = _unpermute_rows(qkv[0], config.num_heads), _unpermute_rows(qkv[1], config.num_kv_heads)
         bias = np.concatenate([vector(p, ".bias") for p in names.qkv]) if config.attention_bias else None
         layers.append(LayerWeights(
             attn_norm=vector(names.attn_norm), wqkv=matrices.finish(matrices.stack(qkv)), bqkv=bias,
-            wo=matrix(names.wo), ffn_norm=vector(names.ffn_norm), w_gate_up=matrix(names.gate_up),
-            w_down=matrix(names.down), q_norm=vector(names.q_norm), k_norm=vector(names.k_norm),
-            post_attn_norm=vector(names.post_attn_norm), post_ffn_norm=vector(names.post_ffn_norm)))
+            wo=matrix(names.wo), ffn_norm=vector(names.ffn_norm), q_norm=vector(names.q_norm),
+            k_norm=vector(names.k_norm), post_attn_norm=vector(names.post_attn_norm),
+            post_ffn_norm=vector(names.post_ffn_norm), **mlp))
     embed = matrices.finish(source.matrix(names.embed + ".weight"))
     has_head = not config.tie_word_embeddings and names.lm_head + ".weight" in source.names
     lm_head = matrices.finish(source.matrix(names.lm_head + ".weight")) if has_head else embed
@@ -275,6 +307,7 @@ def _load_hf_directory(path: Path, matrices: _Matrices) -> LoadedModel:
     arch = registry.from_hf(raw.get("architectures") or [])
     family = arch.module()
     config = family.hf_config(raw, arch.name)
+    _check_experts_quantization(config, matrices.quantization)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{path} has no *.safetensors files")

@@ -47,6 +47,13 @@ ARCHITECTURES = (
                  "post-sublayer norms; q/k RMSNorm over the whole projection"),
     Architecture("phi3", ("Phi3ForCausalLM",), ("phi3",), "phi3",
                  "Phi-3, Phi-4-mini: fused QKV and gate/up, partial RoPE, longrope scaling"),
+    Architecture("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3moe",), "qwen3_moe",
+                 "Qwen3 with routed experts (softmax top-k, norm_topk_prob; dense layers per "
+                 "decoder_sparse_step and mlp_only_layers)"),
+    Architecture("mixtral", ("MixtralForCausalLM",), (), "mixtral",
+                 "Llama with routed experts in every layer (top-k renormalized; GGUF: llama with expert_count)"),
+    Architecture("olmoe", ("OlmoeForCausalLM",), ("olmoe",), "olmoe",
+                 "full-width q/k RMSNorm and routed experts (top-k, norm_topk_prob)"),
 )
 
 

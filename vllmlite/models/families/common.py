@@ -27,6 +27,13 @@ class LayerNames:
     k_norm: str | None = None
     post_attn_norm: str | None = None
     post_ffn_norm: str | None = None
+    router: str | None = None            # a MoE layer's [experts, hidden]
+    experts_gate_up: tuple[str, ...] = ()  # gate, up: one tensor per expert `{e}` (HF), or 3-D (GGUF)
+    experts_down: str | None = None
+    # Full tensor names of the experts fused (read instead when the gate/up one is there): router,
+    # gate/up [experts, 2 * inter, hidden], down [experts, hidden, inter], as transformers 5 holds
+    # them (a checkpoint saved with save_original_format=False).
+    fused_experts: tuple[str, str, str] | None = None
     embed: str = "model.embed_tokens"
     final_norm: str = "model.norm"
     lm_head: str = "lm_head"
@@ -48,8 +55,19 @@ GGUF_LLAMA = LayerNames(
     ffn_norm="blk.{i}.ffn_norm",
     gate_up=("blk.{i}.ffn_gate", "blk.{i}.ffn_up"),
     down="blk.{i}.ffn_down",
+    # llama.cpp's converter stacks a MoE layer's experts: [experts, rows, cols] per name.
+    router="blk.{i}.ffn_gate_inp",
+    experts_gate_up=("blk.{i}.ffn_gate_exps", "blk.{i}.ffn_up_exps"),
+    experts_down="blk.{i}.ffn_down_exps",
     embed="token_embd", final_norm="output_norm", lm_head="output",
 )
+HF_EXPERTS = {  # Qwen-MoE style (Qwen3-MoE, OLMoE); Mixtral names its own
+    "router": "model.layers.{i}.mlp.gate",
+    "experts_gate_up": ("model.layers.{i}.mlp.experts.{e}.gate_proj", "model.layers.{i}.mlp.experts.{e}.up_proj"),
+    "experts_down": "model.layers.{i}.mlp.experts.{e}.down_proj",
+    "fused_experts": ("model.layers.{i}.mlp.gate.weight", "model.layers.{i}.mlp.experts.gate_up_proj",
+                      "model.layers.{i}.mlp.experts.down_proj"),
+}
 HF_QK_NORM = {"q_norm": "model.layers.{i}.self_attn.q_norm", "k_norm": "model.layers.{i}.self_attn.k_norm"}
 GGUF_QK_NORM = {"q_norm": "blk.{i}.attn_q_norm", "k_norm": "blk.{i}.attn_k_norm"}
 
@@ -88,6 +106,19 @@ def hf_sliding_layers(raw: dict) -> dict:
     if unknown:
         raise ValueError(f"layer_types {sorted(unknown)} are not supported ({sorted(kinds)})")
     return {"layer_types": tuple(kinds[t] for t in types[:raw["num_hidden_layers"]]), "sliding_window": int(window)}
+
+
+def hf_num_experts(raw: dict) -> int:
+    """`num_experts` (the hub's Qwen3-MoE and OLMoE configs), or `num_local_experts` (as Mixtral's,
+    and as transformers 5 saves all three)."""
+    return raw["num_experts"] if "num_experts" in raw else raw["num_local_experts"]
+
+
+def moe_fields(num_experts: int, top_k: int, norm_topk_prob: bool, moe_layers: tuple[bool, ...]) -> dict:
+    """ModelConfig's routed-experts fields; moe_layers None when every layer is a MoE layer, so a
+    config reads the same whichever file it came from."""
+    return dict(num_experts=int(num_experts), num_experts_per_tok=int(top_k), norm_topk_prob=bool(norm_topk_prob),
+                moe_layers=None if all(moe_layers) else tuple(moe_layers))
 
 
 def hf_rope_theta(raw: dict) -> float:
@@ -176,6 +207,13 @@ def gguf_config(fields: dict, name: str, tensors: dict, **features) -> ModelConf
         tie_word_embeddings="output.weight" not in tensors,
         attention_bias="blk.0.attn_q.bias" in tensors,
     )
+    num_experts = int(key("expert_count", 0))
+    if num_experts:   # a MoE layer is one with a router; llama.cpp's graphs renormalize unless a family says not
+        layers = range(values["num_layers"])
+        values |= moe_fields(num_experts, key("expert_used_count"), True,
+                             tuple(f"blk.{i}.ffn_gate_inp.weight" in tensors for i in layers))
+        if key("expert_feed_forward_length") is not None:
+            values["moe_intermediate_size"] = int(key("expert_feed_forward_length"))
     return ModelConfig(**(values | features))
 
 
