@@ -18,6 +18,7 @@ from pathlib import Path
 
 VERSION = "0.3.36"  # the llama-cpp-python release whose llama.cpp the serving benchmark's peer is built from
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllmlite" / f"llama-cpp-python-{VERSION}"
+SDIST = CACHE / f"llama_cpp_python-{VERSION}.tar.gz"
 WANTED = ("models/", "convert_hf_to_gguf.py", "conversion/", "gguf-py/")  # what the tests read, under vendor/llama.cpp/
 
 
@@ -45,21 +46,25 @@ def _fetch(tree: Path) -> None:
     """pip download the sdist, then extract only WANTED under `tree` (written to a temporary folder
     first and renamed, so an interrupted extraction never looks complete)."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    sdist = CACHE / f"llama_cpp_python-{VERSION}.tar.gz"
-    if not sdist.is_file():
+    if not SDIST.is_file():
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
                         "--dest", str(CACHE), f"llama-cpp-python=={VERSION}"], check=True, timeout=600)
-    prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
     partial = CACHE / "llama.cpp.partial"
-    with tarfile.open(sdist) as archive:
+    extract(partial, WANTED)
+    partial.rename(tree)
+
+
+def extract(destination: Path, wanted: tuple[str, ...]) -> None:
+    """The paths of the sdist's llama.cpp tree that start with one of `wanted`, under `destination`."""
+    prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
+    with tarfile.open(SDIST) as archive:
         members = []
         for member in archive.getmembers():
             name = member.name.removeprefix(prefix)
-            if member.name.startswith(prefix) and name.startswith(WANTED) and (member.isfile() or member.isdir()):
+            if member.name.startswith(prefix) and name.startswith(wanted) and (member.isfile() or member.isdir()):
                 member.name = name
                 members.append(member)
-        archive.extractall(partial, members=members, filter="data")
-    partial.rename(tree)
+        archive.extractall(destination, members=members, filter="data")
 
 
 if __name__ == "__main__":  # python tests/llama_cpp_source.py: fetch now, print where

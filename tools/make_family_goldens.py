@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import zlib
 from pathlib import Path
@@ -31,7 +30,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO_ROOT / "tools"), str(REPO_ROOT / "tests")]
-from llama_cpp_source import CACHE, VERSION, llama_cpp_source  # noqa: E402
+from llama_cpp_source import extract, llama_cpp_source  # noqa: E402
 from make_goldens import TINY_CHAT_TEMPLATE, TINY_SHAPE, build_tiny_tokenizer, write_json  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog; the cat sat on the mat."
@@ -148,16 +147,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def converter_tree(scratch: Path) -> Path:
     """convert_hf_to_gguf.py with its conversion/ package and gguf-py, from the cached sdist."""
     llama_cpp_source()  # fetches the sdist when it is not cached
-    prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
-    wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
-    with tarfile.open(CACHE / f"llama_cpp_python-{VERSION}.tar.gz") as archive:
-        members = []
-        for member in archive.getmembers():
-            name = member.name.removeprefix(prefix)
-            if member.name.startswith(prefix) and name.startswith(wanted) and (member.isfile() or member.isdir()):
-                member.name = name
-                members.append(member)
-        archive.extractall(scratch, members=members, filter="data")
+    extract(scratch, ("convert_hf_to_gguf.py", "conversion/", "gguf-py/"))
     return scratch
 
 
