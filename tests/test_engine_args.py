@@ -36,7 +36,8 @@ VALUES = {"model": "random", "tokenizer": "random", "dtype": "float64", "seed": 
           "cpu_offload_gb": 2.0, "disable_log_stats": True, "pooling": "mean", "trace_ring_size": 10,
           "trace_max_events": 5, "debug_store_prompts": True, "runner": "pooling"}
 NOT_IN_VALUES = {"gpu_memory_utilization",  # exclusive with kv_cache_memory; tested on its own
-                 "device"}  # cuda needs a GPU to build an engine; tested below and in tests/models/test_torch_backend.py
+                 "device",  # cuda needs a GPU to build an engine; tested below and in tests/models/test_torch_backend.py
+                 "num_scheduler_steps"}  # exclusive with speculative_config; tested below
 
 
 def as_text(value) -> str:
@@ -160,6 +161,12 @@ def test_flags_variables_kwargs_and_the_factory_build_the_same_engine_config(mak
     assert LLM(**VALUES).engine.config == expected
     factory_values = {k: v for k, v in VALUES.items() if k != "model"}
     assert make_engine(**factory_values).config == expected
+
+
+def test_num_scheduler_steps_from_flag_variable_or_keyword():
+    for args in (parse_config(["--num-scheduler-steps", "8"], {}), parse_config([], {"VLLMLITE_NUM_SCHEDULER_STEPS": "8"}),
+                 EngineArgs(num_scheduler_steps=8)):
+        assert args.create_engine_config().scheduler.num_scheduler_steps == 8
 
 
 def test_device_cuda_computes_in_bfloat16_on_the_torch_kernels_from_flag_or_variable():

@@ -24,7 +24,7 @@ def test_model_warm_up_shows_a_bar_on_a_terminal_only(tiny_model, monkeypatch):
         monkeypatch.setattr(sys, "stderr", stream)
         model.warm_up()
         assert ("Warming up kernels" in stream.getvalue()) is shows
-        assert ("3/3" in stream.getvalue()) is shows
+        assert ("4/4" in stream.getvalue()) is shows
 
 
 @pytest.mark.parametrize("kernels, compiles", [("numba", True), ("numpy", False)])

@@ -22,6 +22,7 @@ QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, blocks of 32 (vllmlite/
 KERNEL_BACKENDS = ("numba", "numpy", "torch")  # vllmlite/kernels: compiled (default), numpy references, torch
 PREEMPTION_MODES = ("recompute", "swap")
 PREFILL_CHUNKING = ("fixed", "adaptive")  # vllmlite/core/chunking.py
+MAX_SCHEDULER_STEPS = 64
 POOLING_TYPES = ("last", "mean")  # embeddings: the values of pooling_params.PoolingType
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB: about 23k tokens of SmolLM2-135M in float32
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's: of the GPU's memory, weights and activations included
@@ -231,6 +232,10 @@ class SchedulerConfig:
     # adaptive: the step time running decodes should see while prompts are prefilled; None: 1.5x the
     # time of the decodes' own step, as the step-time model predicts it (chunking.DEFAULT_TPOT_SLACK)
     target_tpot_ms: float | None = None
+    # Multi-step decoding (vLLM's num_scheduler_steps): a step whose every sequence decodes greedily
+    # replays its CUDA graph this many times back to back, each pass fed the last one's tokens on
+    # the device, before the host schedules again (worker/cuda_graphs.py). 1: one pass per step.
+    num_scheduler_steps: int = 1
 
     def __post_init__(self) -> None:
         _require(self.batching in ("continuous", "static"),
@@ -244,6 +249,9 @@ class SchedulerConfig:
                  f"target_tpot_ms must be > 0, got {self.target_tpot_ms}")
         _require(self.max_model_len is None or self.max_model_len >= 2,
                  f"max_model_len must be >= 2, got {self.max_model_len}")
+        _require(type(self.num_scheduler_steps) is int and 1 <= self.num_scheduler_steps <= MAX_SCHEDULER_STEPS,
+                 f"num_scheduler_steps must be an integer in [1, {MAX_SCHEDULER_STEPS}], "
+                 f"got {self.num_scheduler_steps!r}")
 
 
 @dataclass(frozen=True)
@@ -322,6 +330,8 @@ class EngineConfig:
         check_quantization(self.weight_quantization, self.dtype)
         _require(self.kernels is None or self.kernels in KERNEL_BACKENDS,
                  f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")
+        _require(self.scheduler.num_scheduler_steps == 1 or self.speculative is None,
+                 "num_scheduler_steps > 1 and speculative decoding both fill the slots after a decode: use one")
 
     @property
     def kernel_backend(self) -> str:

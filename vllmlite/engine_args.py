@@ -130,6 +130,10 @@ class EngineArgs:
                                         "prefill-chunking adaptive: the step time (ms per output token) the "
                                         "running decodes should see while prompts are prefilled (default: 1.5x "
                                         "their own step's time, from the fitted model)")
+    num_scheduler_steps: int = knob(SchedulerConfig.num_scheduler_steps,
+                                    "cuda: decode passes replayed back to back per scheduling step when every "
+                                    "sequence decodes greedily (multi-step decoding: less host time per token, "
+                                    "tokens arrive in groups; ignored without CUDA graphs)")
     speculative_config: dict | str | None = knob(
         None, "speculative decoding as JSON (a dict in LLM()), e.g. "
               "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' (methods: ngram, draft_model, self_draft)",
@@ -257,6 +261,9 @@ class EngineArgs:
         """(log level, line) for each knob that was set but does not do here what it says."""
         if self.enforce_eager and self.device == "cpu":
             yield logging.INFO, "ignoring enforce_eager=True: CUDA graphs are GPU-only"
+        if self.num_scheduler_steps > 1 and (self.device == "cpu" or self.enforce_eager):
+            yield logging.INFO, (f"ignoring num_scheduler_steps={self.num_scheduler_steps}: multi-step decoding "
+                                 "replays CUDA graphs (device cuda, not enforce_eager)")
         if self.dtype in HALF_DTYPES and not self.uses_torch:
             yield logging.WARNING, f"dtype {self.dtype!r} computes in float32 (no half-precision CPU kernels)"
         for f in fields(EngineArgs):

@@ -33,7 +33,8 @@ T = TypeVar("T")
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int,
                  preemption_mode: str, stop_token_ids: frozenset[int], num_speculative_tokens: int = 0,
-                 tracer: Tracer | None = None, chunking: ChunkingPolicy | None = None) -> None:
+                 tracer: Tracer | None = None, chunking: ChunkingPolicy | None = None,
+                 num_lookahead_slots: int = 0) -> None:
         self.config = config
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -48,6 +49,9 @@ class Scheduler:
         self._static_batch_open = False  # batching="static": the current batch still takes requests
         self.num_speculative_tokens = num_speculative_tokens
         self.spec_counts = SpecDecodeCounts(num_speculative_tokens)
+        # Multi-step decoding: slots after each decode for the runner's extra passes (those it does
+        # not fill are returned); unlike guesses, this step's pass computes none of them.
+        self.num_lookahead_slots = num_lookahead_slots
         self.tracer = tracer or Tracer()  # told of each lifecycle event; the default records nothing
         self.chunking = chunking or ChunkingPolicy(config, block_manager.block_size)
         self._prefill = PrefillShare(0, 0)  # this step's prompt tokens (chunking.py)
@@ -177,17 +181,18 @@ class Scheduler:
             if victim is request:
                 return None
         self._add_scheduled(out, request, num_new, num_drafts)
-        return num_new + num_drafts
+        return num_new + (num_drafts if self.num_speculative_tokens else 0)
 
     def _num_draft_slots(self, request: Request, budget: int) -> int:
-        """Guesses a decoding request may verify this step: k, capped so the round can never pass
-        the budget, max_tokens or the context length (one round emits up to drafts + 1 tokens)."""
-        if not self.num_speculative_tokens or request.num_computed_tokens != request.num_tokens - 1 \
-                or request.is_pooling:
+        """Slots after a decoding request's token for guesses or multi-step passes: k, capped so the
+        round can never pass the budget (guesses), max_tokens or the context (it emits up to k + 1)."""
+        k = self.num_speculative_tokens or self.num_lookahead_slots
+        if not k or request.num_computed_tokens != request.num_tokens - 1 or request.is_pooling:
             return 0
         if request.request_id in self.forks:
             return 0  # its last prompt token also births the forks: no guesses on that step
-        return max(0, min(self.num_speculative_tokens, budget - 1,
+        cap = budget - 1 if self.num_speculative_tokens else k  # guesses are computed by this step's pass
+        return max(0, min(k, cap,
                           request.max_tokens - request.num_output_tokens - 1,
                           self.max_model_len - request.num_tokens - 1))
 
@@ -228,7 +233,8 @@ class Scheduler:
                 return
             if not self._has_seats_for(request):
                 return  # the engine refuses a group larger than max_num_seqs, so this one fits later
-            error = self._never_fits(request)
+            bm = self.block_manager
+            error = bm.window.why_never_fits(request.num_tokens, self.config.max_num_batched_tokens, bm.num_blocks)
             if error is not None:
                 self.finish(request, FinishReason.ERROR, error=error, is_client_error=True)
                 out.finished.append(request)
@@ -237,17 +243,6 @@ class Scheduler:
             if num_scheduled == 0:
                 return  # no room for the head of the queue: nobody behind it jumps ahead
             budget -= num_scheduled or 0
-
-    def _never_fits(self, request: Request) -> str | None:
-        """Why `request` could never run alone (a step needs more blocks than the cache: peak_blocks), or None."""
-        bm, chunk = self.block_manager, self.config.max_num_batched_tokens
-        if (peak := bm.window.peak_blocks(request.num_tokens + 1, chunk)) <= bm.num_blocks:
-            return None
-        if bm.sliding_window is None:
-            return f"the prompt needs {request.num_tokens} tokens of KV cache but the whole cache holds " \
-                   f"{bm.num_blocks * bm.block_size}"
-        return f"a step of this prompt needs {peak} KV cache blocks at once (sliding window {bm.sliding_window}, " \
-               f"chunks of up to {chunk} tokens) but the whole cache holds {bm.num_blocks}"
 
     def _next_waiting(self) -> Request | None:
         """The head of the waiting queue; but while a long prompt is being prefilled, a long head

@@ -64,3 +64,15 @@ class SlidingWindow:
         if self.window is None:
             return num_all
         return min(num_all, ceil_div(self.window + max(max_chunk, 1) - 2, self.block_size) + 1)
+
+    def why_never_fits(self, num_prompt_tokens: int, max_chunk: int, num_blocks: int) -> str | None:
+        """Why a prompt (and room for its first token) could never run alone in a cache of
+        `num_blocks` blocks, as the error its request ends with; None if it fits."""
+        peak = self.peak_blocks(num_prompt_tokens + 1, max_chunk)
+        if peak <= num_blocks:
+            return None
+        if self.window is None:
+            return (f"the prompt needs {num_prompt_tokens} tokens of KV cache but the whole cache holds "
+                    f"{num_blocks * self.block_size}")
+        return (f"a step of this prompt needs {peak} KV cache blocks at once (sliding window {self.window}, "
+                f"chunks of up to {max_chunk} tokens) but the whole cache holds {num_blocks}")

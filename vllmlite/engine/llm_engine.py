@@ -69,16 +69,17 @@ class LLMEngine:
         spec = config.speculative
         self.tracer = make_tracer(config.trace, self.tokenizer.decode)  # read on the engine thread only
         self.chunking = ChunkingPolicy(sched, config.cache.block_size)  # fed each step's measured time
-        self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
-                                   config.cache.preemption_mode, stop_ids,
-                                   spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking)
-        proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
         graphs = uses_cuda_graphs(config)
         if graphs and loaded.config.num_experts:   # routing reads the router's logits on the host each layer
             logger.info("CUDA graphs: off for %s (its MoE layers route on the host)", loaded.config.architecture)
             graphs = False
+        steps = sched.num_scheduler_steps if graphs else 1   # multi-step decoding replays the graphs
+        self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
+                                   config.cache.preemption_mode, stop_ids,
+                                   spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking, steps - 1)
+        proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
         self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
-                                  proposer, (sched.max_num_seqs, self.max_model_len) if graphs else None)
+                                  proposer, (sched.max_num_seqs, self.max_model_len, steps) if graphs else None)
         if backend == "numba":  # the others have nothing to compile; said before the wait, terminal or not
             logger.info("kernels: %s, compiling kernels (first start only, about 25 s on 2 quiet cores; "
                         "cached afterwards, 1-2 s)", backend)

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from vllmlite.config import ModelConfig
+from vllmlite.config import ModelConfig, ceil_div
 from vllmlite.kernels import Kernels, get_kernels
 from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
@@ -30,6 +30,7 @@ from vllmlite.progress import progress
 
 KVCache = list[tuple[np.ndarray, np.ndarray]]  # per layer (K, V), each [num_slots, kv_heads, head_dim]
 WARM_UP_TOKENS = 20  # warm_up's longest prompt: past the few-token/BLAS switch of the linear layers
+WARM_UP_CONTEXT = 272  # warm_up's longest context: the torch kernels split a lone decode's attention there
 
 
 def on_backend(weights: ModelWeights, k: Kernels) -> ModelWeights:
@@ -175,6 +176,7 @@ class DecoderModel:
         check_norms(config, weights)
         self.weights = on_backend(weights, k)
         self.dtype = self.weights.dtype                       # numpy's, or the backend's (torch.bfloat16)
+        self.max_positions = max_positions
         self.plans = layer_plans(config, weights, max_positions, k, self.dtype)
         require_kernels(k, config, self.plans)
         self.act_and_mul = getattr(k, f"{config.hidden_act}_and_mul")
@@ -328,17 +330,23 @@ class DecoderModel:
         3-token prompt with a decode, a 20-token prompt (the other side of the linear layers'
         few-token/BLAS switch), and a lone decode (one token: its views of the QKV buffer are
         contiguous, which numba compiles separately; without it a single user's first request
-        paid ~8 s of compiling). Returns the seconds it took."""
+        paid ~8 s of compiling), then a decode at a longer context (the torch kernels split its
+        attention over the context and combine the splits) beside a prompt chunk after cached
+        tokens. Returns the seconds it took."""
         start = time.perf_counter()
         c, block_size = self.config, 4
-        shape = (8 * block_size, c.num_kv_heads, c.head_dim)
+        context = min(WARM_UP_CONTEXT, max(self.max_positions, WARM_UP_TOKENS))   # the RoPE tables' length
+        num_blocks = ceil_div(context, block_size) + ceil_div(WARM_UP_TOKENS, block_size)
+        shape = (num_blocks * block_size, c.num_kv_heads, c.head_dim)
         kv_cache = [(self.kernels.zeros(shape, self.dtype), self.kernels.zeros(shape, self.dtype))
                     for _ in range(c.num_layers)]
         # (query lens, sequence lens, block tables, rows whose logits are wanted: one row and
         # several give the LM head differently laid out inputs)
         steps = [([3, 1], [3, 2], [[0], [1]], [2, 3]),
                  ([WARM_UP_TOKENS], [WARM_UP_TOKENS], [[2, 3, 4, 5, 6]], [WARM_UP_TOKENS - 1]),
-                 ([1], [4], [[0]], [0])]
+                 ([1], [4], [[0]], [0]),
+                 ([1, 12], [context, WARM_UP_TOKENS], [list(range(ceil_div(context, block_size))),
+                                                       list(range(ceil_div(context, block_size), num_blocks))], [0, 12])]
         for query_lens, seq_lens, block_tables, logits_rows in progress(steps, "Warming up kernels", unit="pass"):
             meta = build_metadata(query_lens, seq_lens, block_tables, block_size)
             self.forward(np.zeros(sum(query_lens), dtype=np.int64), meta, kv_cache, np.array(logits_rows))

@@ -12,7 +12,13 @@ never touch a request's K/V. The graphs share one workspace of their own, never 
 passes', which grows and moves.
 
 Only decode-only steps replay (no prefill chunk, guesses, pooling or prompt logprobs): everything
-else runs eagerly, as does every step with `enforce_eager`. Off a GPU nothing is captured and
+else runs eagerly, as does every step with `enforce_eager`.
+
+Multi-step decoding (`num_scheduler_steps` > 1, `run_steps`): a greedy decode step replays its graph
+up to that many times back to back. The host stages every pass's positions and slots at once (one
+copy to the device); between passes the device copies each row's argmax into the next pass's input
+ids, so the host waits once, for every pass's tokens, instead of once a token: its scheduling,
+update and output work is paid once for the passes together. Off a GPU nothing is captured and
 `run` executes the same padded pass on the same static buffers eagerly: how the tests check all
 of this but the capture on the CPU.
 """
@@ -43,7 +49,7 @@ def batch_ladder(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: DecoderModel, kv_cache: KVCache, block_size: int, scratch_block: int,
-                 max_batch: int, max_model_len: int) -> None:
+                 max_batch: int, max_model_len: int, max_steps: int = 1) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
@@ -57,16 +63,27 @@ class DecodeGraphs:
                         "tables": (7 * b, (7 + self.max_blocks) * b)}
         size = (7 + self.max_blocks) * b
         self.replay = model.kernels.device.type == "cuda"
+        device = model.kernels.device
         self._host = torch.zeros(size, dtype=torch.int64, pin_memory=self.replay)
         self._staged = self._host.numpy()
-        self._device = torch.zeros(size, dtype=torch.int64, device=model.kernels.device)
+        self._device = torch.zeros(size, dtype=torch.int64, device=device)
+        # Multi-step decoding: every pass's staging, and every pass's tokens, [passes, ...].
+        self.max_steps = max_steps
+        if max_steps > 1:
+            self._steps_host = torch.zeros((max_steps, size), dtype=torch.int64, pin_memory=self.replay)
+            self._steps_device = torch.zeros((max_steps, size), dtype=torch.int64, device=device)
+            self._tokens = torch.zeros((max_steps, b), dtype=torch.int64, device=device)
         self._workspace = Workspace.allocate(model.config, max_batch, model.dtype, model.kernels)
         self._rows = torch.arange(max_batch, device=model.kernels.device)   # every row's logits
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
-    def view(self, name: str, device: bool = True):
+    def view(self, name: str, device: bool = True, staged: np.ndarray | None = None):
+        """Field `name` of the device buffer, or of a staging buffer (the one `run` stages in unless
+        `staged` is given)."""
         start, end = self._fields[name]
-        return (self._device if device else self._staged)[start:end]
+        if device:
+            return self._device[start:end]
+        return (self._staged if staged is None else staged)[start:end]
 
     def capture(self) -> float:
         """Capture a graph for each batch size of the ladder, largest first (the smaller ones reuse
@@ -98,25 +115,53 @@ class DecodeGraphs:
         batch = next(b for b in self.sizes if b >= num_seqs)
         self._stage(input_ids, meta.positions, meta.slot_mapping, meta.block_tables, batch)
         self._device.copy_(self._host, non_blocking=True)
+        return self._launch(batch)[:num_seqs]
+
+    def run_steps(self, input_ids: np.ndarray, meta: AttentionMetadata, lookahead: np.ndarray) -> np.ndarray:
+        """Greedy tokens of 1 + lookahead.max() decode passes replayed back to back, [passes, num_seqs]
+        on the host. Pass j gives row i the token pass j - 1 chose for it, at position + j, while
+        j <= lookahead[i] (the slots its block table holds); past that the row repeats its last
+        position with its K/V sent to the scratch block, and its tokens are not to be used."""
+        num_seqs, num_steps = len(input_ids), int(lookahead.max()) + 1
+        batch = next(b for b in self.sizes if b >= num_seqs)
+        rows, scratch_slot = np.arange(num_seqs), self.scratch_block * self.block_size
+        staged = self._steps_host.numpy()
+        for j in range(num_steps):
+            positions = meta.positions + np.minimum(j, lookahead)
+            slots = meta.block_tables[rows, positions // self.block_size] * self.block_size + positions % self.block_size
+            self._stage(input_ids, positions, np.where(j <= lookahead, slots, scratch_slot), meta.block_tables,
+                        batch, staged[j])
+        self._steps_device[:num_steps].copy_(self._steps_host[:num_steps], non_blocking=True)
+        tokens = self._tokens[:num_steps, :batch]
+        for j in range(num_steps):
+            self._device.copy_(self._steps_device[j])
+            if j:
+                self.view("ids")[:batch].copy_(tokens[j - 1])
+            torch.argmax(self._launch(batch), dim=1, out=tokens[j])
+        return tokens[:, :num_seqs].cpu().numpy()
+
+    def _launch(self, batch: int) -> torch.Tensor:
+        """The logits [batch, vocab] of the pass staged on the device: the graph replayed (off a GPU,
+        the same pass run eagerly)."""
         if not self.replay:
-            return self._forward(batch)[:num_seqs]
+            return self._forward(batch)
         graph, logits = self._graphs[batch]
         graph.replay()
-        return logits[:num_seqs]
+        return logits
 
     def _stage(self, ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, tables: np.ndarray,
-               batch: int) -> None:
-        """Fill the staging buffer's first `batch` rows: the step's sequences, then padding."""
+               batch: int, staged: np.ndarray | None = None) -> None:
+        """Fill a staging buffer's first `batch` rows: the step's sequences, then padding."""
         n = len(ids)
         scratch_slot = self.scratch_block * self.block_size
-        self.view("ids", False)[:batch] = np.concatenate([ids, np.zeros(batch - n, np.int64)])
-        self.view("positions", False)[:batch] = np.concatenate([positions, np.zeros(batch - n, np.int64)])
-        self.view("slots", False)[:batch] = np.concatenate([slots, np.full(batch - n, scratch_slot)])
-        tiles = self.view("tiles", False).reshape(-1, 4)[:batch]      # (first row, rows, sequence, position)
+        self.view("ids", False, staged)[:batch] = np.concatenate([ids, np.zeros(batch - n, np.int64)])
+        self.view("positions", False, staged)[:batch] = np.concatenate([positions, np.zeros(batch - n, np.int64)])
+        self.view("slots", False, staged)[:batch] = np.concatenate([slots, np.full(batch - n, scratch_slot)])
+        tiles = self.view("tiles", False, staged).reshape(-1, 4)[:batch]  # (first row, rows, sequence, position)
         tiles[:, 0] = tiles[:, 2] = np.arange(batch)
         tiles[:, 1] = 1
         tiles[:n, 3], tiles[n:, 3] = positions, 0
-        table = self.view("tables", False).reshape(-1, self.max_blocks)[:batch]
+        table = self.view("tables", False, staged).reshape(-1, self.max_blocks)[:batch]
         table[:n, :tables.shape[1]] = tables
         table[n:] = self.scratch_block
 

@@ -26,9 +26,10 @@ logger = logging.getLogger(__name__)
 class ModelRunner:
     def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, num_host_blocks: int,
                  stop_token_ids: frozenset[int], proposer: Proposer | None = None,
-                 cuda_graphs: tuple[int, int] | None = None) -> None:
-        """cuda_graphs: (largest batch, max_model_len) of the decode steps to replay as CUDA graphs
-        (worker/cuda_graphs.py; captured by `capture_graphs`), None to run every step eagerly."""
+                 cuda_graphs: tuple[int, int, int] | None = None) -> None:
+        """cuda_graphs: (largest batch, max_model_len, passes per multi-step decode) of the decode steps
+        to replay as CUDA graphs (worker/cuda_graphs.py; captured by `capture_graphs`), None to run
+        every step eagerly."""
         c = model.config
         self.model = model
         self.block_size = block_size
@@ -80,6 +81,8 @@ class ModelRunner:
         if self.fault_hook is not None:
             self.fault_hook(out)
         seqs = out.scheduled
+        if self._multi_step(seqs):
+            return self._execute_multi_step(seqs)
         drafts = self._propose(seqs)
         # This step's inputs per sequence: its tokens, then its guesses.
         tokens = [s.token_ids + d.token_ids if d.token_ids else s.token_ids for s, d in zip(seqs, drafts)]
@@ -130,6 +133,33 @@ class ModelRunner:
         """Whether this step is a captured decode graph's: one query per sequence, nothing but sampling."""
         return (self.graphs is not None and len(meta.positions) == len(seqs) and not prompt_owners
                 and not any(d.token_ids for d in drafts) and self.graphs.fits(len(seqs), int(meta.seq_lens.max())))
+
+    def _multi_step(self, seqs: list[ScheduledSequence]) -> bool:
+        """Whether this step replays several decode passes: every sequence decodes one token for
+        itself alone, plainly greedy, some with lookahead slots, within the captured graphs."""
+        graphs = self.graphs
+        if graphs is None or graphs.max_steps == 1 or self.proposer is not None:
+            return False
+        if not any(s.num_draft_slots for s in seqs):
+            return False
+        return (all(len(s.token_ids) == 1 and s.pooling is None and len(s.samplers) == 1 and is_plain_greedy(s.request)
+                    for s in seqs)
+                and graphs.fits(len(seqs), max(s.seq_len + s.num_draft_slots for s in seqs)))
+
+    def _execute_multi_step(self, seqs: list[ScheduledSequence]) -> RunnerOutput:
+        """1 + k decode passes for a sequence with k lookahead slots: its k + 1 greedy tokens, of which
+        the first k now have K/V (reported as accepted, as a verified guess is)."""
+        lookahead = np.fromiter((s.num_draft_slots for s in seqs), dtype=np.int64, count=len(seqs))
+        input_ids = np.fromiter((s.token_ids[0] for s in seqs), dtype=np.int64, count=len(seqs))
+        meta = build_metadata([1] * len(seqs), [s.seq_len for s in seqs], [s.block_table for s in seqs],
+                              self.block_size)
+        tokens = self.graphs.run_steps(input_ids, meta, lookahead).T.tolist()   # [num_seqs][passes]
+        self.num_forward_passes += int(lookahead.max()) + 1
+        result = RunnerOutput()
+        for seq, k, row in zip(seqs, lookahead.tolist(), tokens):
+            result.sampled_token_ids[seq.request.request_id] = row[:k + 1]
+            result.num_accepted[seq.request.request_id] = k
+        return result
 
     def is_model_healthy(self) -> bool:
         """Whether the model runs a forward pass that holds no request (the warm-up's, on scratch K/V):

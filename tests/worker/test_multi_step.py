@@ -1,0 +1,128 @@
+"""Multi-step decoding (`num_scheduler_steps`): greedy decode steps replay their CUDA graph several
+times back to back (worker/cuda_graphs.py `run_steps`), the device feeding each pass the last one's
+tokens. It must never change a token: stops mid-run, max_tokens, prefix caching, preemption and
+requests that cannot take part all give the numpy path's tokens, and no block leaks (checked after
+every step by run_to_completion). On the CPU the passes run eagerly on the graphs' buffers (Triton in
+its interpreter); under the `cuda` mark they are captured and replayed."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import engine_on, greedy, make_prompts, run_to_completion
+
+torch = pytest.importorskip("torch")
+from torch_facade import triton_interpreted_without_a_gpu  # noqa: E402  (needs torch)
+
+if not triton_interpreted_without_a_gpu():   # before any kernel is defined
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+from test_cuda_graphs import graph_engine  # noqa: E402
+
+from vllmlite.engine_args import EngineArgs  # noqa: E402
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def numpy_tokens(tiny_model, requests) -> list[list[int]]:
+    engine = engine_on(tiny_model, dtype="float32", kernels="numpy")
+    return [r.outputs[0].token_ids for r in run_to_completion(engine, requests)]
+
+
+def spy_passes(engine) -> list[int]:
+    """The number of passes of every multi-step replay the engine makes, appended as they run."""
+    graphs, passes = engine.runner.graphs, []
+    run_steps = graphs.run_steps
+
+    def spy(ids, meta, lookahead):
+        tokens = run_steps(ids, meta, lookahead)
+        passes.append(len(tokens))
+        return tokens
+    graphs.run_steps = spy
+    return passes
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_multi_step_gives_the_numpy_paths_tokens_and_stops_where_it_should(tiny_model, device, monkeypatch):
+    """Seven requests with output budgets 3..15 and five passes a step (so runs end mid-step at
+    max_tokens), one of them stopped by a token it generates on its way: every token, and every
+    stop, equals the numpy path's."""
+    prompts = make_prompts(7, seed=5, min_len=2, max_len=40)
+    requests = [(p, greedy(max_tokens=3 + 2 * i)) for i, p in enumerate(prompts)]
+    plain = numpy_tokens(tiny_model, requests)
+    stop = plain[6][5]                        # the 6th token of the longest request ends it there
+    requests[6] = (prompts[6], greedy(max_tokens=15, stop_token_ids=[stop]))
+    expected = numpy_tokens(tiny_model, requests)
+    assert expected[6] == plain[6][:plain[6].index(stop) + 1]
+    engine = graph_engine(tiny_model, device, monkeypatch, max_num_seqs=8, num_scheduler_steps=5)
+    passes = spy_passes(engine)
+    assert [r.outputs[0].token_ids for r in run_to_completion(engine, requests)] == expected
+    assert max(passes) == 5 and min(passes) < 5   # full runs, and runs cut short by max_tokens
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_multi_step_under_preemption_and_with_prefix_caching(tiny_model, device, monkeypatch):
+    """A pool too small for every sequence's lookahead (preemption and dropped lookahead), and
+    requests sharing a prompt prefix that arrive later (prefix hits on blocks that multi-step
+    passes filled): the numpy path's tokens, and the cache was hit."""
+    base = make_prompts(1, seed=9, min_len=30, max_len=30)[0]
+    prompts = [base + p for p in make_prompts(6, seed=3, min_len=1, max_len=6)]
+    requests = [(p, greedy(max_tokens=12)) for p in prompts]
+    expected = numpy_tokens(tiny_model, requests)
+    engine = graph_engine(tiny_model, device, monkeypatch, max_num_seqs=8, num_scheduler_steps=6,
+                          num_blocks=24, block_size=4, enable_prefix_caching=True)
+    passes = spy_passes(engine)
+    outputs = run_to_completion(engine, requests, arrivals={4: 6, 5: 9})
+    assert [r.outputs[0].token_ids for r in outputs] == expected
+    assert max(passes) > 1 and engine.scheduler.num_preemptions > 0
+    assert any(r.num_cached_tokens for r in outputs[4:])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_request_that_needs_the_sampler_runs_one_pass_a_step(tiny_model, device, monkeypatch):
+    """Logprobs need the sampler: while such a request decodes, steps run one pass and its lookahead
+    slots are returned; once it is done, the others go back to several."""
+    prompts = make_prompts(3, seed=4, min_len=3, max_len=20)
+    requests = [(prompts[0], greedy(max_tokens=4, logprobs=2)), (prompts[1], greedy(max_tokens=14)),
+                (prompts[2], greedy(max_tokens=14))]
+    expected = numpy_tokens(tiny_model, requests)
+    engine = graph_engine(tiny_model, device, monkeypatch, max_num_seqs=4, num_scheduler_steps=3)
+    passes = spy_passes(engine)
+    outputs = run_to_completion(engine, requests)
+    assert [r.outputs[0].token_ids for r in outputs] == expected
+    assert len(outputs[0].outputs[0].logprobs) == 4
+    assert passes and max(passes) == 3
+
+
+def test_num_scheduler_steps_is_checked_and_needs_the_graphs(tiny_model):
+    with pytest.raises(ValueError, match="num_scheduler_steps must be an integer in"):
+        EngineArgs(model="random", num_scheduler_steps=0, num_blocks=8).create_engine_config()
+    with pytest.raises(ValueError, match="speculative decoding"):
+        EngineArgs(model="random", num_scheduler_steps=4, num_blocks=8,
+                   speculative_config={"method": "ngram", "num_speculative_tokens": 2}).create_engine_config()
+    engine = engine_on(tiny_model, dtype="float32", kernels="torch", num_scheduler_steps=4)   # no graphs
+    assert engine.runner.graphs is None and engine.scheduler.num_lookahead_slots == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_row_past_its_lookahead_writes_only_the_scratch_block(tiny_model, device, monkeypatch):
+    """Two decodes, one allowed no lookahead beside one allowed three: the first row's K/V at its
+    position is exactly what a one-pass step writes, and its slots after that stay untouched while
+    the other row runs on (its later passes go to the scratch block)."""
+    engines = [graph_engine(tiny_model, device, monkeypatch, max_num_seqs=2, num_scheduler_steps=steps)
+               for steps in (4, 1)]
+    for engine in engines:
+        for i, prompt in enumerate(make_prompts(2, seed=8, min_len=6, max_len=9)):
+            engine.add_request(str(i), prompt, greedy(max_tokens=10))
+        engine.step()   # the prompts
+    multi, single = (engine.scheduler.schedule() for engine in engines)
+    assert [s.num_draft_slots for s in multi.scheduled] == [3, 3]
+    multi.scheduled[0].num_draft_slots = 0
+    before = engines[0].runner.kv_cache[0][0].clone()
+    result = engines[0].runner.execute(multi)
+    engines[1].runner.execute(single)
+    assert result.num_accepted == {"0": 0, "1": 3} and len(result.sampled_token_ids["1"]) == 4
+    seq, bs = multi.scheduled[0], engines[0].block_manager.block_size
+    slot = [seq.block_table[p // bs] * bs + p % bs for p in range(seq.start_position, seq.start_position + 4)]
+    k_multi, k_single = engines[0].runner.kv_cache[0][0], engines[1].runner.kv_cache[0][0]
+    assert torch.equal(k_multi[slot[0]], k_single[slot[0]])
+    assert torch.equal(k_multi[slot[1:]], before[slot[1:]])
