@@ -1,6 +1,8 @@
 """The Triton paged-attention kernel alone on a GPU: decode batches at two context lengths, timed
 for each tuning (keys per tile, warps, pipeline stages), as bytes of K/V read per second next to
-the device's copy bandwidth. A look for choosing the defaults, not a result of its own.
+the device's copy bandwidth. A look for choosing the defaults, not a result of its own: each call
+is timed from Python (CUDA events around the launch), so at small batches the launch overhead hides
+the kernel's own time (triton_attention.split_plan's thresholds come from CUDA-graph timings).
 
     python -m bench.gpu_attention --out results/gpu_attention_sweep.json
 """
@@ -38,15 +40,15 @@ def sweep(shape: str, batch: int, context: int, block_size: int = 16) -> list[di
     kv_bytes = 2 * batch * context * kv_heads * head_dim * 2
     results = []
     for block_n, warps, stages, split in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3), (False, True)):
-        splits = ta.split_plan(batch * kv_heads, context, num_sms) if split else (1, 0)
-        if split and splits[0] == 1:
+        splits = ta.split_plan(batch * kv_heads, context, num_sms) if split else 1
+        if split and splits == 1:
             continue
         def attend():
-            ta.paged_attention_tiles(q, k_cache, v_cache, tiles, rows, block_tables, block_size, out, *splits,
+            ta.paged_attention_tiles(q, k_cache, v_cache, tiles, rows, block_tables, block_size, out, splits,
                                      block_n=block_n, num_warps=warps, num_stages=stages)
         seconds = cuda_time(attend)
         results.append({"shape": shape, "batch": batch, "context": context, "block_n": block_n, "num_warps": warps,
-                        "num_stages": stages, "num_splits": splits[0], "us": seconds * 1e6,
+                        "num_stages": stages, "num_splits": splits, "us": seconds * 1e6,
                         "kv_gb_s": kv_bytes / seconds / 1e9})
     return results
 

@@ -17,7 +17,7 @@ if not triton_interpreted_without_a_gpu():
 
 from vllmlite.kernels import reference  # noqa: E402
 from vllmlite.kernels.attention_metadata import build_metadata  # noqa: E402
-from vllmlite.kernels.torch import TorchKernels  # noqa: E402
+from vllmlite.kernels.torch import TorchKernels, paged_attention_kernel  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
@@ -99,19 +99,85 @@ def test_contexts_split_across_programs_combine_to_the_same_attention(device, qu
 @pytest.mark.parametrize("options", [dict(sliding_window=300), dict(sliding_window=700, softcap=5.0, scale=0.2),
                                      dict(sliding_window=40)])
 def test_split_contexts_with_a_window_and_softcap(device, options):
-    """A plan made for the whole context (as CUDA graphs capture it) serves a windowed layer: its
-    splits start at each tile's first key, the ones past the window do nothing; a window inside
-    one split and across two; decodes and a multi-row tile."""
+    """A plan made for the whole context (as CUDA graphs capture it) serves a windowed layer: each
+    tile's splits cut only the keys its window sees; a window narrower and wider than a split's
+    tile of keys; decodes and a multi-row tile."""
     error, got = run(device, [1, 1, 4], [1100, 260, 1030], 16, 8, 2, 64, num_sms=64, **options)
     assert not np.isnan(got).any() and error < 1e-5
 
 
 def test_the_split_plan_splits_only_a_starved_device():
-    from vllmlite.kernels.torch.triton_attention import BLOCK_N, split_plan
-    assert split_plan(num_programs=2048, max_context=4096, num_sms=132) == (1, 0)     # a full batch: no split
-    assert split_plan(num_programs=8, max_context=1000, num_sms=132) == (1, 0)       # too short to split
-    splits, length = split_plan(num_programs=8, max_context=4096, num_sms=132)
-    assert splits == 8 and length % BLOCK_N == 0 and splits * length >= 4096   # 512 keys each
+    split_plan = paged_attention_kernel().split_plan
+    assert split_plan(num_programs=2048, max_context=4096, num_sms=132) == 1     # a full batch: no split
+    assert split_plan(num_programs=8, max_context=100, num_sms=132) == 1         # under MIN_SPLIT_KEYS: no split
+    assert split_plan(num_programs=8, max_context=512, num_sms=132) == 4         # 128 keys each
+    assert split_plan(num_programs=8, max_context=1000, num_sms=132) == 8
+    assert split_plan(num_programs=8, max_context=40960, num_sms=132) == 16      # at most 16
+    assert split_plan(num_programs=64, max_context=40960, num_sms=132) == 5      # two programs per multiprocessor
+    assert split_plan(num_programs=8, max_context=4096, num_sms=0) == 1          # the CPU: never
+
+
+def run_splits(device, query_lens, seq_lens, num_splits, heads=4, kv_heads=2, head_dim=16, block_size=16,
+               seed=0, **options):
+    """The kernel launched straight with `num_splits` (short-query tiles, as decodes get them)
+    against the reference; returns the relative error and the output."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    ta = paged_attention_kernel()
+    rng = np.random.default_rng(seed)
+    tables, num_blocks = scattered_tables(seq_lens, block_size, rng)
+    meta = build_metadata(query_lens, seq_lens, tables, block_size)
+    q = rng.standard_normal((sum(query_lens), heads, head_dim)).astype(np.float32)
+    k_cache, v_cache = (rng.standard_normal((num_blocks * block_size, kv_heads, head_dim)).astype(np.float32)
+                        for _ in range(2))
+    expected = np.zeros_like(q)
+    reference.paged_attention(q, k_cache, v_cache, meta, expected, **options)
+    rows = ta.tile_rows(heads, kv_heads, long=False)
+    tiles = ta.make_tiles(meta.query_start, meta.positions, np.arange(len(query_lens)), rows)
+    dev = [torch.from_numpy(np.ascontiguousarray(a)).to(device)
+           for a in (q, k_cache, v_cache, tiles, np.asarray(meta.block_tables, np.int64))]
+    out = torch.full(q.shape, float("nan"), device=device)    # every element must be written
+    ta.paged_attention_tiles(*dev[:4], rows, dev[4], block_size, out, num_splits, **options)
+    got = out.cpu().numpy()
+    return np.linalg.norm(got - expected) / np.linalg.norm(expected), got
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 16])
+@pytest.mark.parametrize("window", [None, 100])
+def test_any_number_of_splits_matches_the_reference(device, num_splits, window):
+    """Contexts shorter than (down to fewer keys than splits), equal to and longer than num_splits
+    tiles of BLOCK_N keys, as decodes and one multi-row tile (5 rows), with and without a window:
+    splits left with no keys must weigh nothing in the combine."""
+    span = num_splits * paged_attention_kernel().BLOCK_N
+    seq_lens = [3, span - 37 if span > 64 else 27, span, span + 50, span + 9]
+    error, got = run_splits(device, [1, 1, 1, 1, 5], seq_lens, num_splits, sliding_window=window)
+    assert not np.isnan(got).any() and error < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_plan_for_a_long_context_spreads_a_short_one_over_its_splits(device, monkeypatch):
+    """The CUDA-graph case: splits planned for max_model_len on a much shorter context give the
+    reference's output, and the context's keys are spread over the splits (one BLOCK_N tile each),
+    not all left to the first: a 512-key decode over 16 splits keeps 8 busy, the rest hold the
+    neutral state (max -inf, sum 0, accumulator 0)."""
+    ta = paged_attention_kernel()
+    num_splits = ta.split_plan(num_programs=2, max_context=32768, num_sms=132)
+    assert num_splits == 16
+    states, split_buffers = [], ta.split_buffers
+    def keep(num_rows, head_pad, device):
+        states.append(split_buffers(num_rows, head_pad, device))
+        return states[-1]
+    monkeypatch.setattr(ta, "split_buffers", keep)
+    error, got = run_splits(device, [1], [512], num_splits)
+    assert not np.isnan(got).any() and error < 1e-5
+    part, state = (t.cpu() for t in states[0])
+    state = state.view(1, 2, num_splits, -1, 2)[:, :, :, 0]                 # the first (row, head) of each split
+    part = part.view(1, 2, num_splits, -1, part.shape[-1])[:, :, :, 0]
+    busy = 512 // ta.BLOCK_N
+    assert (state[:, :, :busy, 1] > 0).all() and torch.isfinite(state[:, :, :busy, 0]).all()
+    assert (state[:, :, busy:, 0] == float("-inf")).all() and (state[:, :, busy:, 1] == 0).all()
+    assert (part[:, :, busy:] == 0).all()
 
 
 def test_tiles_cut_each_sequence_into_runs_of_rows():

@@ -221,8 +221,8 @@ class TorchKernels:
                 tiles = meta.kernel_cache["torch.tiles"] = self.attention_tiles(meta, q.shape[1], k_cache.shape[1])
             block_tables = self._index(meta, "block_tables")
             kernel = paged_attention_kernel().paged_attention_tiles
-            for step_tiles, rows, *splits in tiles:   # type: ignore[union-attr]
-                kernel(q, k_cache, v_cache, step_tiles, rows, block_tables, meta.block_size, out, *splits,
+            for step_tiles, rows, num_splits in tiles:   # type: ignore[union-attr]
+                kernel(q, k_cache, v_cache, step_tiles, rows, block_tables, meta.block_size, out, num_splits,
                        sliding_window=sliding_window, **options)
             return
         key = f"torch.groups {sliding_window}"
@@ -232,7 +232,7 @@ class TorchKernels:
             self._attend_group(q, k_cache, v_cache, group, meta.block_size, out, **options)
 
     def attention_tiles(self, meta: AttentionMetadata, num_heads: int, num_kv_heads: int) -> list[tuple]:
-        """The step's Triton launches: (tiles on the device, rows per tile, splits, split length) for
+        """The step's Triton launches: (tiles on the device, rows per tile, number of splits) for
         the short queries (decodes, guesses; split over the context when they are too few to fill
         the device) and for the long prefill chunks."""
         ta = paged_attention_kernel()
@@ -245,8 +245,8 @@ class TorchKernels:
             rows = ta.tile_rows(num_heads, num_kv_heads, long)
             tiles = ta.make_tiles(meta.query_start, meta.positions, seqs, rows)
             context = int(meta.seq_lens[seqs].max())
-            splits = (1, 0) if long else ta.split_plan(len(tiles) * num_kv_heads, context, self.num_sms)
-            launches.append((self.to_device(tiles), rows, *splits))
+            num_splits = 1 if long else ta.split_plan(len(tiles) * num_kv_heads, context, self.num_sms)
+            launches.append((self.to_device(tiles), rows, num_splits))
         return launches
 
     def _device_group(self, g: AttentionGroup) -> tuple[torch.Tensor, ...]:

@@ -15,7 +15,15 @@ query at position p sees keys 0..p of its sequence: the causal mask inside a chu
 
 Split over the context ("flash decoding"): when a step has too few (tile, KV head) programs to
 fill the GPU (one long sequence), each is cut into num_splits ranges of the context, which write
-partial softmax states that a second kernel combines.
+partial softmax states that a second kernel combines. Each program cuts its own tile's context
+(the keys its rows can see) into num_splits ranges of whole BLOCK_N tiles, in the kernel: a plan
+made for a long context (a CUDA graph captured for max_model_len) spreads a short one over all its
+splits too. A split left with no keys writes a neutral state (max -inf, sum 0) that the combine
+weighs 0.
+
+Integer arguments that change from step to step (token strides, the block table's width, the
+number of splits, the window) are not specialized on (do_not_specialize): Triton would compile a
+variant each time one's divisibility by 16 (or being 1) changed.
 
 Runs on CUDA, and on the CPU under TRITON_INTERPRET=1 (the tests' way to check it without a GPU).
 """
@@ -30,16 +38,16 @@ import triton
 import triton.language as tl
 
 BLOCK_N = 64        # context positions per tile
-MIN_SPLIT_KEYS = 512  # the shortest stretch of context worth a program of its own
+MIN_SPLIT_KEYS = 128  # the shortest stretch of context worth a program of its own (see split_plan)
 TILE_FIELDS = 4     # first row, number of rows, sequence, position of the first row
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_q_tok", "stride_o_tok", "stride_bt_seq", "num_splits", "window"])
 def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block_tables_ptr, part_ptr, state_ptr,
                       scale, stride_q_tok, stride_q_head, stride_q_d, stride_o_tok, stride_o_head, stride_o_d,
-                      stride_bt_seq, block_size, num_kv_heads, num_splits, split_len, window, softcap,
-                      GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                      stride_bt_seq, block_size, num_kv_heads, num_splits, window, softcap,
+                      SPLIT: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                       WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr):
     t = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -58,10 +66,14 @@ def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block
     q = tl.load(q_ptr + (row0 + r)[:, None] * stride_q_tok + head[:, None] * stride_q_head + d[None, :] * stride_q_d,
                 mask=q_valid[:, None] & d_valid[None, :], other=0.0)
     position = pos0 + r                                                # [Q] each query sees keys 0..position
-    key_start = split * split_len
-    if WINDOWED:   # ... and only position - window + 1 ..: the splits start at the first row's first key
-        key_start += tl.maximum(pos0 - window + 1, 0)
-    key_end = tl.minimum(pos0 + count, key_start + split_len)          # past the tile's last position
+    # The tile's keys lo..hi (past its last row's position), cut into num_splits ranges of whole tiles.
+    hi = pos0 + count
+    lo = 0
+    if WINDOWED:   # ... and only position - window + 1 ..: from the first row's first key
+        lo = tl.maximum(pos0 - window + 1, 0)
+    split_len = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
+    key_start = lo + split * split_len
+    key_end = tl.minimum(hi, key_start + split_len)                    # <= key_start: no keys, a neutral state
     m = tl.full([ROWS * GROUP_PAD], float("-inf"), tl.float32)         # running max
     denom = tl.zeros([ROWS * GROUP_PAD], tl.float32)                   # running sum of exp
     acc = tl.zeros([ROWS * GROUP_PAD, HEAD_PAD], tl.float32)
@@ -88,7 +100,7 @@ def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
         denom = denom * alpha + tl.sum(p, axis=1)
         m = m_new
-    if num_splits == 1:
+    if not SPLIT:
         out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
         tl.store(out_ptr + (row0 + r)[:, None] * stride_o_tok + head[:, None] * stride_o_head + d[None, :] * stride_o_d,
                  out.to(out_ptr.dtype.element_ty), mask=q_valid[:, None] & d_valid[None, :])
@@ -99,7 +111,7 @@ def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block
         tl.store(state_ptr + 2 * (base + i) + 1, denom)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_o_tok", "num_splits"])
 def _combine_kernel(out_ptr, tiles_ptr, part_ptr, state_ptr, stride_o_tok, stride_o_head, stride_o_d, num_kv_heads,
                     num_splits, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr,
                     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr):
@@ -154,20 +166,19 @@ def make_tiles(query_start: np.ndarray, positions: np.ndarray, seqs: np.ndarray,
 
 def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tiles: torch.Tensor,
                           rows: int, block_tables: torch.Tensor, block_size: int, out: torch.Tensor,
-                          num_splits: int = 1, split_len: int = 0, block_n: int = BLOCK_N, num_warps: int = 4,
+                          num_splits: int = 1, block_n: int = BLOCK_N, num_warps: int = 4,
                           num_stages: int = 2, *, scale: float | None = None, sliding_window: int | None = None,
                           softcap: float | None = None) -> None:
     """out[row] = attention of q[row] over its sequence's paged context, for every row of `tiles`
     ([num_tiles, 4] int64 on the device, see make_tiles), written in place.
 
     q, out [num_tokens, heads, head_dim], any strides; caches [slots, kv_heads, head_dim] contiguous;
-    block_tables [num_seqs, max_blocks] int; num_splits > 1 cuts each tile's context into ranges of
-    split_len keys (a multiple of block_n covering the longest context) combined afterwards.
+    block_tables [num_seqs, max_blocks] int; num_splits > 1 cuts each tile's context into that many
+    ranges (whole block_n tiles, sized in the kernel from the tile's own context) combined afterwards.
     block_n, num_warps, num_stages: the kernel's tuning (bench/gpu_attention.py sweeps them).
-    scale, sliding_window, softcap: as reference.paged_attention's. With a window each program
-    reads keys from its tile's first row's first key on (the splits too, so a plan made for the
-    whole context stays correct, its later splits left with nothing to do); without one or the
-    other the kernel is compiled without their code.
+    scale, sliding_window, softcap: as reference.paged_attention's. With a window a tile's context
+    starts at its first row's first key (and its splits cut only that); without one or the other
+    the kernel is compiled without their code.
     """
     num_tiles = tiles.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -177,29 +188,39 @@ def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                  HEAD_PAD=max(16, triton.next_power_of_2(head_dim)))
     q_rows = rows * shape["GROUP_PAD"]
     if num_splits > 1:
-        part = torch.empty((num_tiles * num_kv_heads * num_splits * q_rows, shape["HEAD_PAD"]),
-                           dtype=torch.float32, device=q.device)
-        state = torch.empty((2 * part.shape[0],), dtype=torch.float32, device=q.device)
+        part, state = split_buffers(num_tiles * num_kv_heads * num_splits * q_rows, shape["HEAD_PAD"], q.device)
     else:
         part = state = out   # not read
-        split_len = 1 << 30
     _attention_kernel[(num_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, tiles, block_tables, part, state, 1.0 / math.sqrt(head_dim) if scale is None else scale,
-        *q.stride(), *out.stride(), block_tables.stride(0), block_size, num_kv_heads, num_splits, split_len,
-        sliding_window or 0, softcap or 0.0, BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        WINDOWED=sliding_window is not None, SOFTCAP=softcap is not None, num_warps=num_warps, num_stages=num_stages,
-        **shape)
+        *q.stride(), *out.stride(), block_tables.stride(0), block_size, num_kv_heads, num_splits,
+        sliding_window or 0, softcap or 0.0, SPLIT=num_splits > 1, BLOCK_N=block_n,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WINDOWED=sliding_window is not None,
+        SOFTCAP=softcap is not None, num_warps=num_warps, num_stages=num_stages, **shape)
     if num_splits > 1:
         _combine_kernel[(num_tiles, num_kv_heads)](out, tiles, part, state, *out.stride(), num_kv_heads, num_splits,
                                                    **shape)
 
 
-def split_plan(num_programs: int, max_context: int, num_sms: int) -> tuple[int, int]:
-    """(num_splits, split_len): split the context only when the step's programs would leave most of
-    the GPU idle and each split still gets at least MIN_SPLIT_KEYS keys (on an H200 one program
-    walks 512 keys in about as long as a split pass plus its combine takes: bench/gpu_attention.py)."""
-    wanted = min(16, -(-2 * num_sms // max(num_programs, 1)), max_context // MIN_SPLIT_KEYS)
-    if wanted <= 1:
-        return 1, 0
-    split_len = -(-max_context // wanted)
-    return wanted, -(-split_len // BLOCK_N) * BLOCK_N
+def split_buffers(num_rows: int, head_pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The splits' partial softmax states, float32: accumulators [num_rows, head_pad] and (max, sum)
+    pairs [2 * num_rows], one row per (tile, KV head, split, query row) in that order."""
+    part = torch.empty((num_rows, head_pad), dtype=torch.float32, device=device)
+    return part, torch.empty((2 * num_rows,), dtype=torch.float32, device=device)
+
+
+def split_plan(num_programs: int, max_context: int, num_sms: int) -> int:
+    """The number of splits of each (tile, KV head) program's context: enough for two programs per
+    multiprocessor, at most 16, and none shorter than MIN_SPLIT_KEYS keys of max_context; 1 (no
+    split) when the step's programs already fill the GPU or the context is short.
+
+    Why split short contexts: a decode of one sequence at 512 keys (Qwen3-0.6B, 8 KV heads: 8
+    programs) took 23 us per layer on an H200, timed inside a CUDA graph: 8 serial BLOCK_N
+    iterations of dependent loads (block table -> slot -> K/V), about 2.5 us each, latency-bound.
+    128 keys are 2 such iterations, and the combine is one kernel of about 2 us. (The earlier
+    sweep, results/gpu_attention_sweep.json from bench/gpu_attention.py, timed launches from
+    Python, whose overhead hid the kernel's own time and made splitting below 512 keys look
+    useless.) The kernel sizes each program's range from its own tile's context, so splits planned
+    for a longer context than a step's (a CUDA graph's max_model_len) still share its work."""
+    wanted = min(16, -(-2 * num_sms // max(num_programs, 1)), -(-max_context // MIN_SPLIT_KEYS))
+    return max(wanted, 1)
