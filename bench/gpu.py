@@ -105,9 +105,10 @@ def workload(num_requests: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(0, vocab, int(rng.integers(100, 1025))).tolist() for _ in range(num_requests)]
 
 
-def make_engine(loaded: LoadedModel, max_num_seqs: int, max_len: int) -> LLMEngine:
+def make_engine(loaded: LoadedModel, max_num_seqs: int, max_len: int, num_scheduler_steps: int = 1) -> LLMEngine:
     args = EngineArgs(model="random", device="cuda", dtype="bfloat16", max_num_seqs=max_num_seqs,
-                      max_model_len=max_len, max_num_batched_tokens=8192, gpu_memory_utilization=0.85)
+                      max_model_len=max_len, max_num_batched_tokens=8192, gpu_memory_utilization=0.85,
+                      num_scheduler_steps=num_scheduler_steps)
     return LLMEngine(args.create_engine_config(), loaded)
 
 
@@ -141,7 +142,8 @@ def run_hf(hf, prompts: list[list[int]], output_len: int) -> dict:
     return {"output_tokens": generated, "seconds": seconds, "output_tok_s": generated / seconds}
 
 
-def http_burst(loaded: LoadedModel, prompts: list[list[int]], output_len: int, device: str = "cuda") -> dict:
+def http_burst(loaded: LoadedModel, prompts: list[list[int]], output_len: int, device: str = "cuda",
+               num_scheduler_steps: int = 1) -> dict:
     """The offline workload as a burst of HTTP requests: the OpenAI server (its app, engine thread and
     uvicorn, in this process, as `python -m vllmlite.api.server` runs them) on an engine built as
     make_engine's, every request sent at once from a client in another process (/v1/completions
@@ -156,7 +158,7 @@ def http_burst(loaded: LoadedModel, prompts: list[list[int]], output_len: int, d
     from vllmlite.engine.factory import make_async_engine
     args = ServerArgs(model="random", device=device, dtype="bfloat16" if device == "cuda" else "float32",
                       max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=1024 + output_len + 16,
-                      gpu_memory_utilization=0.85, max_queue=4 * len(prompts))
+                      gpu_memory_utilization=0.85, max_queue=4 * len(prompts), num_scheduler_steps=num_scheduler_steps)
     engine = make_async_engine(args, loaded)
     server = uvicorn.Server(uvicorn.Config(build_app(engine, args), host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -304,7 +306,17 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
     prompts = workload(args.num_requests, loaded.config.vocab_size)
     row = {"shape": shape, "num_requests": len(prompts), "prompt_tokens": sum(map(len, prompts)),
            "output_len": args.output_len}
-    engine = make_engine(loaded, max_num_seqs=256, max_len=1024 + args.output_len + 16)
+    row["num_scheduler_steps"] = steps = args.num_scheduler_steps
+    if steps > 1:   # the same run one pass a step, beside
+        engine = make_engine(loaded, max_num_seqs=256, max_len=1024 + args.output_len + 16)
+        run_ours(engine, prompts[:4], 4, "warm")
+        row["ours_one_pass_a_step"] = run_ours(engine, prompts, args.output_len)
+        row["single_one_pass_a_step"] = single_stream(engine, loaded.config.vocab_size, args.output_len, bandwidth)
+        print(f"{shape}: ours, one pass a step, {row['ours_one_pass_a_step']['output_tok_s']:.0f} out tok/s", flush=True)
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+    engine = make_engine(loaded, max_num_seqs=256, max_len=1024 + args.output_len + 16, num_scheduler_steps=steps)
     run_ours(engine, prompts[:4], 4, "warm")  # Triton compiles its kernel for these shapes
     row["ours"] = run_ours(engine, prompts, args.output_len)
     print(f"{shape}: ours {row['ours']['output_tok_s']:.0f} out tok/s", flush=True)
@@ -314,7 +326,7 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
     gc.collect()   # the engine's CUDA graphs and KV cache go before transformers needs the memory
     torch.cuda.empty_cache()
     if not args.skip_http:
-        row["http"] = http_burst(loaded, prompts, args.output_len)
+        row["http"] = http_burst(loaded, prompts, args.output_len, num_scheduler_steps=steps)
         if "error" not in row["http"]:
             row["http"]["fraction_of_offline"] = row["http"]["output_tok_s"] / row["ours"]["output_tok_s"]
         print(f"{shape}: HTTP burst {row['http']}", flush=True)
@@ -376,6 +388,9 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--num-scheduler-steps", type=int, default=8,
+                        help="multi-step decoding's passes per step for our runs (offline, single, HTTP); "
+                             "above 1 the offline and single runs are also made with one pass a step")
     parser.add_argument("--skip-hf", action="store_true", help="leave out transformers' generate_batch")
     parser.add_argument("--skip-http", action="store_true", help="leave out the HTTP server's burst")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "bench_gpu.json")

@@ -30,15 +30,23 @@ from bench.gpu import decode_step, hf_model, make_engine, our_model, workload
 from vllmlite.sampling_params import SamplingParams
 
 
-def record_steps(engine, prompts: list[list[int]], output_len: int, tag: str) -> list[dict]:
+def record_steps(engine, prompts: list[list[int]], output_len: int, tag: str,
+                 first_steps: cProfile.Profile | None = None) -> list[dict]:
+    """Each step's record; `first_steps` profiles the first three."""
     runner, graphs = engine.runner, engine.runner.graphs
     replays = [0]
-    graph_run, execute = graphs.run, runner.execute
+    graph_run, graph_run_steps, execute = graphs.run, graphs.run_steps, runner.execute
     timing: dict = {}
 
     def counting_run(*args):
         replays[0] += 1
         return graph_run(*args)
+
+    def counting_run_steps(*args):
+        replays[0] += 1
+        tokens = graph_run_steps(*args)
+        timing["passes"] = len(tokens)
+        return tokens
 
     def timed_execute(out):
         start = time.perf_counter()
@@ -48,25 +56,30 @@ def record_steps(engine, prompts: list[list[int]], output_len: int, tag: str) ->
         timing["seqs"] = len(out.scheduled)
         return result
 
-    graphs.run, runner.execute = counting_run, timed_execute
+    graphs.run, graphs.run_steps, runner.execute = counting_run, counting_run_steps, timed_execute
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True, detokenize=False)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"{tag}-{i}", prompt, params)
     steps = []
     torch.cuda.synchronize()
     while engine.has_unfinished_requests():
-        before, timing["execute"] = replays[0], 0.0
+        before, timing["execute"], timing["passes"] = replays[0], 0.0, 1
         timing["rows"] = timing["seqs"] = 0
+        profiling = first_steps is not None and len(steps) < 3
+        if profiling:
+            first_steps.enable()
         start = time.perf_counter()
         engine.step()
+        if profiling:
+            first_steps.disable()
         steps.append({"wall": time.perf_counter() - start, "execute": timing["execute"], "rows": timing["rows"],
-                      "seqs": timing["seqs"], "graph": replays[0] > before})
-    graphs.run, runner.execute = graph_run, execute
+                      "seqs": timing["seqs"], "graph": replays[0] > before, "passes": timing["passes"]})
+    graphs.run, graphs.run_steps, runner.execute = graph_run, graph_run_steps, execute
     return steps
 
 
 def summary(steps: list[dict]) -> dict:
-    kinds = defaultdict(lambda: {"steps": 0, "wall": 0.0, "execute": 0.0, "rows": 0})
+    kinds = defaultdict(lambda: {"steps": 0, "wall": 0.0, "execute": 0.0, "rows": 0, "passes": 0})
     for s in steps:
         kind = "graph" if s["graph"] else ("decode_eager" if s["rows"] == s["seqs"] else "mixed")
         k = kinds[kind]
@@ -74,6 +87,7 @@ def summary(steps: list[dict]) -> dict:
         k["wall"] += s["wall"]
         k["execute"] += s["execute"]
         k["rows"] += s["rows"]
+        k["passes"] += s["passes"]
     return {"total_s": sum(s["wall"] for s in steps), "steps": len(steps), "by_kind": dict(kinds)}
 
 
@@ -94,14 +108,17 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--num-scheduler-steps", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     loaded = our_model(hf_model(args.shape))
     prompts = workload(args.num_requests, loaded.config.vocab_size)
-    engine = make_engine(loaded, max_num_seqs=256, max_len=1024 + args.output_len + 16)
+    engine = make_engine(loaded, max_num_seqs=256, max_len=1024 + args.output_len + 16,
+                         num_scheduler_steps=args.num_scheduler_steps)
     record_steps(engine, prompts[:4], 4, "warm")
-    steps = record_steps(engine, prompts, args.output_len, "plain")
+    first = cProfile.Profile()   # what the plain run's first steps spend their time on (compiling?)
+    steps = record_steps(engine, prompts, args.output_len, "plain", first)
     report = {"shape": args.shape, "plain": summary(steps)}
     print(json.dumps(report, indent=1), flush=True)
     profiler = cProfile.Profile()
@@ -109,6 +126,8 @@ def main() -> None:
     profiled = record_steps(engine, prompts, args.output_len, "profiled")
     profiler.disable()
     report["profiled"] = summary(profiled)
+    with open(args.out / "cprofile_first_steps.txt", "w") as f:
+        pstats.Stats(first, stream=f).sort_stats("cumulative").print_stats(50)
     with open(args.out / "cprofile.txt", "w") as f:
         pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(80)
         pstats.Stats(profiler, stream=f).sort_stats("tottime").print_stats(40)
