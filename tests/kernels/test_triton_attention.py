@@ -180,6 +180,11 @@ def test_a_plan_for_a_long_context_spreads_a_short_one_over_its_splits(device, m
     assert (part[:, :, busy:] == 0).all()
 
 
+def test_more_splits_than_the_combine_unrolls_are_refused():
+    with pytest.raises(ValueError, match="num_splits must be in"):
+        run_splits("cpu", [1], [512], paged_attention_kernel().MAX_SPLITS + 1)
+
+
 def test_tiles_cut_each_sequence_into_runs_of_rows():
     from vllmlite.kernels.torch.triton_attention import make_tiles
     tiles = make_tiles(np.array([0, 1, 6]), np.array([9, 0, 1, 2, 3, 4]), np.array([0, 1]), 4)
