@@ -333,18 +333,21 @@ def single_stream_hf(hf, vocab: int, output_len: int) -> dict:
     return {"tok_s": generated / (time.perf_counter() - start), "output_tokens": int(generated)}
 
 
-def bench_shape(shape: str, args, bandwidth: float) -> dict:
+def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
+    """Fill `row` with the shape's measurements, calling save() after each (a run cut short keeps
+    what it measured)."""
     hf = hf_model(shape)
     loaded = our_model(hf)
     prompts = workload(args.num_requests, loaded.config.vocab_size)
-    row = {"shape": shape, "num_requests": len(prompts), "prompt_tokens": sum(map(len, prompts)),
-           "output_len": args.output_len}
+    row.update({"shape": shape, "num_requests": len(prompts), "prompt_tokens": sum(map(len, prompts)),
+                "output_len": args.output_len})
     row["num_scheduler_steps"] = steps = args.num_scheduler_steps
     if steps > 1 and not args.skip_one_pass:   # the same run one pass a step, beside
         engine = make_engine(loaded, max_num_seqs=256, max_len=1024 + args.output_len + 16)
         run_ours(engine, prompts[:4], 4, "warm")
         row["ours_one_pass_a_step"] = run_ours(engine, prompts, args.output_len)
         row["single_one_pass_a_step"] = single_stream(engine, loaded.config.vocab_size, args.output_len, bandwidth)
+        save()
         print(f"{shape}: ours, one pass a step, {row['ours_one_pass_a_step']['output_tok_s']:.0f} out tok/s", flush=True)
         del engine
         gc.collect()
@@ -352,9 +355,11 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
     engine = make_engine(loaded, max_num_seqs=256, max_len=1024 + args.output_len + 16, num_scheduler_steps=steps)
     run_ours(engine, prompts[:4], 4, "warm")  # Triton compiles its kernel for these shapes
     row["ours"] = run_ours(engine, prompts, args.output_len)
+    save()
     print(f"{shape}: ours {row['ours']['output_tok_s']:.0f} out tok/s", flush=True)
     row["decode"] = [decode_step(engine, b, 512) for b in (1, 32, 256)]
     row["single"] = single_stream(engine, loaded.config.vocab_size, args.output_len, bandwidth)
+    save()
     del engine
     gc.collect()   # the engine's CUDA graphs and KV cache go before transformers needs the memory
     torch.cuda.empty_cache()
@@ -362,6 +367,7 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
         row["http"] = http_burst(loaded, prompts, args.output_len, num_scheduler_steps=steps)
         if "error" not in row["http"]:
             row["http"]["fraction_of_offline"] = row["http"]["output_tok_s"] / row["ours"]["output_tok_s"]
+        save()
         print(f"{shape}: HTTP burst {row['http']}", flush=True)
         gc.collect()
         torch.cuda.empty_cache()
@@ -374,10 +380,12 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
         else:
             row["ratio_vs_transformers"] = row["ours"]["output_tok_s"] / row["transformers"]["output_tok_s"]
             print(f"{shape}: transformers {row['transformers']['output_tok_s']:.0f} out tok/s", flush=True)
+        save()
         try:
             row["single_transformers_static"] = single_stream_hf(hf, loaded.config.vocab_size, args.output_len)
         except Exception as error:
             row["single_transformers_error"] = repr(error)[:2000]
+        save()
     del hf, loaded
     torch.cuda.empty_cache()
     return row
@@ -439,8 +447,9 @@ def main() -> None:
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "copy_bandwidth_gb_s": bandwidth / 1e9, "rows": []}
     for shape in args.shapes.split(","):
-        report["rows"].append(bench_shape(shape, args, bandwidth))
-        write_json(args.out, report)   # after every shape: a run cut short keeps what it measured
+        row: dict = {}
+        report["rows"].append(row)
+        bench_shape(shape, args, bandwidth, row, lambda: write_json(args.out, report))
     rows = report["rows"]
     for row in rows:
         hf = row.get("transformers", {}).get("output_tok_s")
