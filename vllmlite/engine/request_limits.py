@@ -38,7 +38,8 @@ class RequestLimits:
         if not token_ids:
             raise ValueError("the prompt is empty")
         vocab = self.vocab_size
-        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in token_ids):
+        # Built-in loops, not a generator over the ids: intake of a long prompt costs microseconds.
+        if set(map(type, token_ids)) != {int} or min(token_ids) < 0 or max(token_ids) >= vocab:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         if isinstance(params, PoolingParams):
             if len(token_ids) > self.max_model_len:
