@@ -252,6 +252,9 @@ class SchedulerConfig:
         _require(type(self.num_scheduler_steps) is int and 1 <= self.num_scheduler_steps <= MAX_SCHEDULER_STEPS,
                  f"num_scheduler_steps must be an integer in [1, {MAX_SCHEDULER_STEPS}], "
                  f"got {self.num_scheduler_steps!r}")
+        _require(self.num_scheduler_steps == 1 or self.prefill_chunking == "fixed",
+                 "num_scheduler_steps > 1 needs prefill_chunking 'fixed': adaptive chunking's step-time model "
+                 "describes one pass a step")
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,8 @@ def test_a_request_that_needs_the_sampler_runs_one_pass_a_step(tiny_model, devic
 def test_num_scheduler_steps_is_checked_and_needs_the_graphs(tiny_model):
     with pytest.raises(ValueError, match="num_scheduler_steps must be an integer in"):
         EngineArgs(model="random", num_scheduler_steps=0, num_blocks=8).create_engine_config()
+    with pytest.raises(ValueError, match="adaptive chunking"):
+        EngineArgs(model="random", num_scheduler_steps=4, num_blocks=8, prefill_chunking="adaptive").create_engine_config()
     with pytest.raises(ValueError, match="speculative decoding"):
         EngineArgs(model="random", num_scheduler_steps=4, num_blocks=8,
                    speculative_config={"method": "ngram", "num_speculative_tokens": 2}).create_engine_config()

@@ -23,7 +23,8 @@ class ScheduledSequence:
     start_position: int          # position of token_ids[0] (= num_computed_tokens before the step)
     block_table: list[int | None]  # covers positions 0 .. start_position + len(token_ids) - 1; None:
     # a block out of the sliding window, never read (core/sliding_window.py)
-    num_draft_slots: int = 0     # speculative decoding: guesses that may follow token_ids this step
+    num_draft_slots: int = 0     # slots after token_ids: speculative guesses verified this step, or
+    # multi-step decoding's lookahead (tokens of the extra passes the runner may replay)
     samplers: list[Request] = field(default_factory=list)
     # Requests that draw a token from this sequence's last logits: empty mid-prompt, usually just
     # [request], and [parent, *forks] when an n > 1 request finishes its prompt.
