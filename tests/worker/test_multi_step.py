@@ -28,14 +28,17 @@ def numpy_tokens(tiny_model, requests) -> list[list[int]]:
     return [r.outputs[0].token_ids for r in run_to_completion(engine, requests)]
 
 
-def spy_passes(engine) -> list[int]:
-    """The number of passes of every multi-step replay the engine makes, appended as they run."""
+def spy_passes(engine, shortest: list[int] | None = None) -> list[int]:
+    """The number of passes of every multi-step replay the engine makes, appended as they run (and
+    to `shortest`, the passes its shortest-lookahead row takes part in)."""
     graphs, passes = engine.runner.graphs, []
     run_steps = graphs.run_steps
 
     def spy(ids, meta, lookahead):
         tokens = run_steps(ids, meta, lookahead)
         passes.append(len(tokens))
+        if shortest is not None:
+            shortest.append(int(lookahead.min()) + 1)
         return tokens
     graphs.run_steps = spy
     return passes
@@ -44,19 +47,22 @@ def spy_passes(engine) -> list[int]:
 @pytest.mark.parametrize("device", DEVICES)
 def test_multi_step_gives_the_numpy_paths_tokens_and_stops_where_it_should(tiny_model, device, monkeypatch):
     """Seven requests with output budgets 3..15 and five passes a step (so runs end mid-step at
-    max_tokens), one of them stopped by a token it generates on its way: every token, and every
-    stop, equals the numpy path's."""
+    max_tokens), one stopped by a token it generates on its way and one by a stop string: every
+    token, and every stop, equals the numpy path's (tokens past a stop string are dropped)."""
     prompts = make_prompts(7, seed=5, min_len=2, max_len=40)
     requests = [(p, greedy(max_tokens=3 + 2 * i)) for i, p in enumerate(prompts)]
     plain = numpy_tokens(tiny_model, requests)
     stop = plain[6][5]                        # the 6th token of the longest request ends it there
     requests[6] = (prompts[6], greedy(max_tokens=15, stop_token_ids=[stop]))
+    text = tiny_model.tokenizer.decode(plain[5][4:6])   # and a stop string ends the next one mid-run
+    requests[5] = (prompts[5], greedy(max_tokens=13, stop=[text], detokenize=True))
     expected = numpy_tokens(tiny_model, requests)
-    assert expected[6] == plain[6][:plain[6].index(stop) + 1]
+    assert expected[6] == plain[6][:plain[6].index(stop) + 1] and len(expected[5]) < len(plain[5])
     engine = graph_engine(tiny_model, device, monkeypatch, max_num_seqs=8, num_scheduler_steps=5)
-    passes = spy_passes(engine)
+    shortest: list[int] = []
+    passes = spy_passes(engine, shortest)
     assert [r.outputs[0].token_ids for r in run_to_completion(engine, requests)] == expected
-    assert max(passes) == 5 and min(passes) < 5   # full runs, and runs cut short by max_tokens
+    assert max(passes) == 5 and any(a < b for a, b in zip(shortest, passes))   # rows cut short by max_tokens
 
 
 @pytest.mark.parametrize("device", DEVICES)
