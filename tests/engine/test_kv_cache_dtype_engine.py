@@ -101,3 +101,13 @@ def test_unsupported_kv_cache_dtypes_are_refused_at_config_time(values, message)
 def test_torch_accepts_its_own_half_dtype_as_kv_cache_dtype():
     config = EngineArgs(model="random", kernels="torch", dtype="bfloat16", kv_cache_dtype="bf16").create_engine_config()
     assert config.cache.kv_kind == "bf16"
+
+
+def test_int8_with_a_draft_model_changes_no_greedy_token(loaded, prompts):
+    """The draft's K/V are stored as the target's; guesses verified against int8 K/V give the tokens
+    of plain int8 decoding."""
+    expected = tokens(engine_on(loaded, dtype="float32", kv_cache_dtype="int8"), prompts)
+    engine = engine_on(loaded, dtype="float32", kv_cache_dtype="int8",
+                       speculative_config={"method": "self_draft", "num_draft_layers": 1, "num_speculative_tokens": 3})
+    assert isinstance(engine.runner.proposer.kv_cache[0][0], PackedKV)
+    assert tokens(engine, prompts) == expected
