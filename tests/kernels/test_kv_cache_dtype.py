@@ -118,3 +118,19 @@ def test_kv_bytes_per_token_counts_scales():
     assert kv_dtype.kv_bytes_per_token(2, 2, 64, "fp16", 4) == 2 * 2 * 2 * 64 * 2
     assert kv_dtype.kv_bytes_per_token(2, 2, 64, "bf16", 8) == 2 * 2 * 2 * 64 * 2
     assert kv_dtype.kv_bytes_per_token(2, 2, 64, "int8", 4) == 2 * 2 * 2 * (64 + 4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_widening_is_the_reference_widening_bit_for_bit(kind, dtype):
+    from vllmlite.kernels.numba.kv_widen import widen_step
+    rng = np.random.default_rng(4)
+    k_cache, v_cache = (packed_garbage(kind, 12 * 4, 3, rng) for _ in "kv")
+    k_cache.data[5] = 0   # a zero token (its int8 scale is 0)
+    meta = build_metadata([1, 3], [9, 6], [[7, 2, 11], [3, 7]], 4)
+    expected = kv_dtype.widen_step(k_cache, v_cache, meta, dtype)
+    got = widen_step(k_cache, v_cache, build_metadata([1, 3], [9, 6], [[7, 2, 11], [3, 7]], 4), dtype)
+    for e, g in zip(expected[:2], got[:2]):
+        assert g.dtype == dtype and g.shape == (5 * 4, 3, HEAD_DIM)   # blocks 0 (padding), 2, 3, 7, 11
+        np.testing.assert_array_equal(g, e)
+    np.testing.assert_array_equal(got[2].block_tables, [[3, 1, 4], [2, 3, 0]])

@@ -20,9 +20,9 @@ bytes, and copy-on-write and swaps copy the scales with their slots (`copy_slots
 
 Reading: the reference gathers a group's blocks and widens them (`gather_blocks`); the numba
 backend widens the blocks a step's tables name once per layer into float32 scratch and runs its
-unchanged kernels over it with the tables renumbered (`widen_step`). The torch backend keeps
-`auto` only (config.py refuses the others there, naming kv_cache_dtype, except the half
-dtype it computes in, which is what auto stores).
+unchanged kernels over it with the tables renumbered (`widen_step`, compiled in numba/kv_widen.py).
+The torch backend keeps `auto` only (config.py refuses the others there, naming kv_cache_dtype,
+except the half dtype it computes in, which is what auto stores).
 """
 
 from __future__ import annotations
@@ -128,15 +128,22 @@ def widen_step(k_cache: PackedKV, v_cache: PackedKV, meta: AttentionMetadata, dt
     blocks before a window included: they are never read, only widened) in `dtype` as plain
     [blocks * block_size, kv_heads, head_dim] caches, and a metadata whose tables count those blocks
     0, 1, ... The renumbered metadata is built once a step (meta.kernel_cache), the caches per layer."""
+    renumbered = renumbered_metadata(meta)
+    block_ids = renumbered.kernel_cache["kv_dtype block_ids"]
+    bs = meta.block_size
+    k, v = (gather_blocks(c, block_ids, bs, dtype).reshape(-1, *c.shape[1:]) for c in (k_cache, v_cache))
+    return k, v, renumbered
+
+
+def renumbered_metadata(meta: AttentionMetadata) -> AttentionMetadata:
+    """meta with its tables' blocks numbered 0, 1, ... in the order of their ids (the ids in its
+    kernel_cache["kv_dtype block_ids"]), built once a step (meta.kernel_cache)."""
     renumbered = meta.kernel_cache.get("kv_dtype renumbered")
     if renumbered is None:
         block_ids, tables = np.unique(meta.block_tables, return_inverse=True)
         renumbered = AttentionMetadata(meta.positions, meta.query_start, meta.seq_lens, meta.slot_mapping,
                                        tables.reshape(meta.block_tables.shape).astype(meta.block_tables.dtype),
                                        meta.block_size)
-        renumbered.kernel_cache["kv_dtype block_ids"] = block_ids
+        renumbered.kernel_cache["kv_dtype block_ids"] = block_ids.astype(np.int64)
         meta.kernel_cache["kv_dtype renumbered"] = renumbered
-    block_ids = renumbered.kernel_cache["kv_dtype block_ids"]
-    bs = meta.block_size
-    k, v = (gather_blocks(c, block_ids, bs, dtype).reshape(-1, *c.shape[1:]) for c in (k_cache, v_cache))
-    return k, v, renumbered
+    return renumbered
