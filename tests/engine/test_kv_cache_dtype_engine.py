@@ -4,6 +4,7 @@ kv_cache_memory holds as many more blocks as the smaller dtype says."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -111,3 +112,16 @@ def test_int8_with_a_draft_model_changes_no_greedy_token(loaded, prompts):
                        speculative_config={"method": "self_draft", "num_draft_layers": 1, "num_speculative_tokens": 3})
     assert isinstance(engine.runner.proposer.kv_cache[0][0], PackedKV)
     assert tokens(engine, prompts) == expected
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8"])
+def test_sliding_window_frees_packed_blocks_and_changes_no_token(loaded, kind):
+    """Every layer sliding over 5 tokens, 16 tokens of packed KV for 30 + 40: the freed (and reused)
+    blocks before each window are widened but never read, so the tokens are those of a cache that
+    holds the whole sequence in the same dtype."""
+    config = dataclasses.replace(loaded.config, layer_types=("sliding",) * loaded.config.num_layers, sliding_window=5)
+    model, prompt = dataclasses.replace(loaded, config=config), list(range(1, 31))
+    runs = [run_to_completion(engine_on(model, dtype="float32", kv_cache_dtype=kind, block_size=4,
+                                        num_blocks=num_blocks, max_num_batched_tokens=4), [(prompt, greedy(40))])
+            for num_blocks in (4, 64)]
+    assert runs[0][0].outputs[0].token_ids == runs[1][0].outputs[0].token_ids
