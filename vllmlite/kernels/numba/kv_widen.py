@@ -4,8 +4,9 @@ buffers the step's first layer allocates and every layer reuses, for the unchang
 kernels to read with the tables renumbered. Numba has no float16, so 16-bit values are looked up in
 a table of all 65,536 (256 KB, cache resident) instead.
 
-One layer of SmolLM2 (3 KV heads of 64), 8 sequences of 512 tokens: numpy's gather, cast and scale
-into fresh arrays cost about 6 ms a layer; this pass into reused buffers is what remains.
+SmolLM2, one decode pass of 8 sequences of 512 tokens on 2 busy cores (rough, whole-model timings):
+numpy's gather, cast and scale into fresh arrays made int8 K/V 260 ms against float32's 87; this pass
+into reused buffers, 84 against 92 (noise: about float32's time).
 """
 
 from __future__ import annotations
