@@ -2,6 +2,7 @@
 
     python -m bench.quant_accuracy           # 5 models; several minutes on 2 cores
     python -m bench.quant_accuracy --quick   # "none" and "int4 rounded from float32", 3 prompts, 512 tokens
+    python -m bench.quant_accuracy --kv-cache-dtype fp16 bf16 int8   # the KV cache's dtype instead
 
 Rows: "none", the GGUF's blocks dequantized to float32 (the reference for every other row); "int8"
 and "int4" as `load_model(quantization=...)` serves them (this GGUF's blocks kept as stored, so the
@@ -17,6 +18,10 @@ results/quant_accuracy.json.
 On this GGUF the float32 weights are themselves dequantized blocks, so rounding them back is exact
 where the grid matches: int4 reproduces the Q4_1 layers (only the embedding, the tied LM head,
 changes), int8 the Q8_0 embedding (only the layers change). The "w err" columns show which.
+
+With --kv-cache-dtype the rows are "none" and "none, KV <dtype>" per dtype given: float32 weights
+throughout, K/V stored as kv_cache_dtype says (vllmlite/kernels/kv_dtype.py), the same protocol;
+raw results: results/kv_cache_dtype_accuracy.json.
 """
 
 from __future__ import annotations
@@ -60,9 +65,10 @@ class PreloadedLLM(LLM):
     """An LLM on a model already in memory (LLM() loads its own), with a KV cache for one
     sequence of max_model_len tokens."""
 
-    def __init__(self, loaded: LoadedModel, quantization: str, max_model_len: int) -> None:
+    def __init__(self, loaded: LoadedModel, quantization: str, max_model_len: int, kv_cache_dtype: str = "auto") -> None:
         config = EngineConfig(dtype="float32", quantization=quantization,
-                              cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=ceil_div(max_model_len, BLOCK_SIZE)),
+                              cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=ceil_div(max_model_len, BLOCK_SIZE),
+                                                kv_cache_dtype=kv_cache_dtype),
                               scheduler=SchedulerConfig(max_model_len=max_model_len))
         self.engine = LLMEngine(config, loaded)
         self._next_id = 0
@@ -129,6 +135,7 @@ def measure(llm: LLM, prompts: list[dict], text_ids: list[int]) -> dict:
     runs = [greedy_and_last_logits(llm, p["prompt_token_ids"]) for p in prompts]
     return {"greedy": [tokens for tokens, _ in runs], "logits": np.stack([logits for _, logits in runs]),
             "perplexity": perplexity(llm, text_ids), "weights_bytes": llm.engine.weights_bytes,
+            "kv_bytes_per_token": llm.engine.kv_bytes_per_token,
             "perplexity_chunks": perplexity_in_chunks(llm, text_ids, min(LLAMA_N_CTX, len(text_ids) // 2))}
 
 
@@ -206,8 +213,12 @@ def print_table(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "quant_accuracy.json")
+    parser.add_argument("--kv-cache-dtype", nargs="+", default=[], metavar="DTYPE",
+                        help="rows of float32 weights with these KV cache dtypes (fp16, bf16, int8) instead")
+    parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    args.out = args.out or REPO_ROOT / "results" / ("kv_cache_dtype_accuracy.json" if args.kv_cache_dtype
+                                                    else "quant_accuracy.json")
     start, machine = time.perf_counter(), machine_info()
     prompts = json.loads((GOLDENS / "smollm2_parity.json").read_text())["prompts"]
     golden_logits = np.load(GOLDENS / "smollm2_last_logits.npz")["logits"]    # [13, vocab]
@@ -222,19 +233,25 @@ def main(argv: list[str] | None = None) -> dict:
                "int4": f"as stored ({stored})", "int8 rounded from float32": "int8, rounded from the 'none' weights",
                "int4 rounded from float32": "int4, rounded from the 'none' weights"}
     rows, ref = [], None
-    for name in QUICK_ROWS if args.quick else ROWS:
-        quantization, rounded = ROWS[name]
+    names = QUICK_ROWS if args.quick else ROWS
+    if args.kv_cache_dtype:
+        names = ["none"] + [f"none, KV {kv}" for kv in args.kv_cache_dtype]
+        weights |= {name: f"{weights['none']}; K/V {name[len('none, KV '):]}" for name in names[1:]}
+    for name in names:
+        quantization, rounded = ROWS[name.split(",")[0]]
+        kv = name[len("none, KV "):] if name.startswith("none, KV ") else "auto"
         row_start = time.perf_counter()
-        if name == "none":
+        if name.split(",")[0] == "none":
             loaded = reference
         elif rounded:
             loaded = dataclasses.replace(reference, weights=quantize_weights(reference.weights, quantization))
         else:
             loaded = load_model("default", quantization=quantization)
-        m = measure(PreloadedLLM(loaded, quantization, max_model_len), prompts, text_ids)
+        m = measure(PreloadedLLM(loaded, quantization, max_model_len, kv), prompts, text_ids)
         if ref is None:  # the first row, "none"
             ref = m
-        rows.append({**compare(name, weights[name], m, ref, prompts, golden_logits),
+        rows.append({**compare(name, weights[name], m, ref, prompts, golden_logits), "kv_cache_dtype": kv,
+                     "kv_bytes_per_token": m["kv_bytes_per_token"],
                      **weight_errors(reference.weights, loaded.weights), "seconds": time.perf_counter() - row_start})
         print(f"{name}: {rows[-1]['seconds']:.0f} s", file=sys.stderr)
     print(f"\n{len(prompts)} parity prompts (32 greedy tokens each); perplexity over {len(text_ids)} tokens "
@@ -248,7 +265,7 @@ def main(argv: list[str] | None = None) -> dict:
     for t in targets:
         verdict = {True: "MET", False: "MISSED", None: "NOT MEASURED (needs all 13 prompts)"}[t["met"]]
         print(f"- {t['row']}: {t['target']}: {t['value']} - {verdict}")
-    llama = None if args.quick else llama_cpp_perplexity(LLAMA_PERPLEXITY, LLAMA_N_CTX)
+    llama = None if args.quick or args.kv_cache_dtype else llama_cpp_perplexity(LLAMA_PERPLEXITY, LLAMA_N_CTX)
     print(f"\nllama-perplexity -c {LLAMA_N_CTX} protocol (second half of each chunk scored): "
           + ", ".join(f"{r['name']} {r['perplexity_llama_cpp_protocol']:.3f}" for r in rows)
           + (f"; llama.cpp itself on the Q4_1 GGUF: {llama['perplexity']:.3f} +/- {llama['plus_minus']:.3f}" if llama

@@ -21,6 +21,10 @@ LAYER_TYPES = ("full", "sliding")  # attention over the whole context, or the la
 QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, blocks of 32 (vllmlite/kernels/quant.py)
 KERNEL_BACKENDS = ("numba", "numpy", "torch")  # vllmlite/kernels: compiled (default), numpy references, torch
 PREEMPTION_MODES = ("recompute", "swap")
+TORCH_KV_KINDS = {"float16": "fp16", "bfloat16": "bf16"}  # the torch kernels' half dtypes as KV kinds
+# kv_cache_dtype: vLLM's names and ours -> the kind the KV cache stores (vllmlite/kernels/kv_dtype.py)
+KV_CACHE_DTYPES = {"auto": "auto", "fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
+                   "int8": "int8"}
 PREFILL_CHUNKING = ("fixed", "adaptive")  # vllmlite/core/chunking.py
 MAX_SCHEDULER_STEPS = 64
 POOLING_TYPES = ("last", "mean")  # embeddings: the values of pooling_params.PoolingType
@@ -189,6 +193,7 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     swap_space: float = 1.0  # GiB of host memory for swapped-out blocks (preemption_mode="swap")
+    kv_cache_dtype: str = "auto"  # a KV_CACHE_DTYPES name: auto is the model's dtype
 
     def __post_init__(self) -> None:
         _require(isinstance(self.block_size, int) and 1 <= self.block_size <= 1024,
@@ -202,6 +207,13 @@ class CacheConfig:
         _require(self.preemption_mode in PREEMPTION_MODES,
                  f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         _require(self.swap_space >= 0, f"swap_space must be >= 0 GiB, got {self.swap_space}")
+        _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
+                 f"kv_cache_dtype must be one of {sorted(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+
+    @property
+    def kv_kind(self) -> str:
+        """What the KV cache stores: auto (the model's dtype), fp16, bf16 or int8."""
+        return KV_CACHE_DTYPES[self.kv_cache_dtype]
 
     def resolve_num_blocks(self, bytes_per_block: int) -> int:
         """Blocks in the device pool: num_blocks if given, else the memory budget divided by block bytes."""
@@ -333,6 +345,9 @@ class EngineConfig:
         check_quantization(self.weight_quantization, self.dtype)
         _require(self.kernels is None or self.kernels in KERNEL_BACKENDS,
                  f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")
+        _require(not self.uses_torch or self.cache.kv_kind in ("auto", TORCH_KV_KINDS.get(self.dtype)),
+                 f"kv_cache_dtype {self.cache.kv_cache_dtype!r} needs the numpy or numba kernels: the torch "
+                 f"kernels keep K/V in the model's dtype ({self.dtype}; kv_cache_dtype auto)")
         _require(self.scheduler.num_scheduler_steps == 1 or self.speculative is None,
                  "num_scheduler_steps > 1 and speculative decoding both fill the slots after a decode: use one")
 

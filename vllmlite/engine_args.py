@@ -154,7 +154,9 @@ class EngineArgs:
                                                                       "by /debug/requests (off: no prompt text "
                                                                       "is kept)")
     tensor_parallel_size: int = knob(1, "must be 1: the engine is one CPU process")
-    kv_cache_dtype: str = knob("auto", "must be auto: the KV cache has the model's dtype")
+    kv_cache_dtype: str = knob(CacheConfig.kv_cache_dtype, "K/V storage: auto (the model's dtype), fp16/float16, "
+                                                           "bf16/bfloat16, or int8 (a float32 scale per token "
+                                                           "and KV head); not auto: numpy/numba kernels only")
     trust_remote_code: bool = knob(False, "accepted for vLLM's scripts; no model code is ever run",
                                    ignored="vllmlite never runs model code")
     enforce_eager: bool = knob(EngineConfig.enforce_eager, "cuda: launch every step from Python, no CUDA graphs (ignored on the CPU)")
@@ -188,8 +190,6 @@ class EngineArgs:
     def _engine_config(self) -> EngineConfig:
         _require(self.tensor_parallel_size == 1,
                  f"tensor_parallel_size must be 1 (one CPU process), got {self.tensor_parallel_size!r}")
-        _require(self.kv_cache_dtype == "auto",
-                 f"kv_cache_dtype must be 'auto' (the model's dtype), got {self.kv_cache_dtype!r}")
         _require(self.cpu_offload_gb >= 0, f"cpu_offload_gb must be >= 0, got {self.cpu_offload_gb!r}")
         _require(self.runner in RUNNERS, f"runner must be one of {RUNNERS}, got {self.runner!r}")
         _require(self.tokenizer in (None, self.model) or Path(self.tokenizer).resolve() == Path(self.model).resolve(),

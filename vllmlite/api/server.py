@@ -61,9 +61,10 @@ def _log_startup(engine: EngineClient, config: ServerArgs) -> None:
     report = summary.memory
     logger.info("model %s (%s) served as %r, dtype %s, context %d tokens", config.model,
                 summary.model_source, config.model_name, summary.dtype, summary.max_model_len)
-    logger.info("memory: weights %.1f MiB, KV cache %.1f MiB (%d blocks of %d tokens), host swap %.1f MiB",
-                report["weights"] / 2**20, report["kv_cache"] / 2**20, report["kv_blocks"],
-                report["block_size"], report["host_swap"] / 2**20)
+    logger.info("memory: weights %.1f MiB, KV cache %.1f MiB (%d blocks of %d tokens, kv_cache_dtype %s, "
+                "%d bytes per token), host swap %.1f MiB", report["weights"] / 2**20, report["kv_cache"] / 2**20,
+                report["kv_blocks"], report["block_size"], getattr(config, "kv_cache_dtype", "auto"),
+                report.get("kv_bytes_per_token", 0), report["host_swap"] / 2**20)
     logger.info("OpenAI-compatible API at http://%s:%d/v1%s", config.host, config.port,
                 " (API key required)" if config.api_key else "")
 

@@ -47,7 +47,8 @@ class EngineSummary:
     model_source: str
     dtype: str
     max_model_len: int
-    memory: dict[str, int]  # bytes or counts: weights, kv_cache, draft_kv_cache, host_swap, kv_blocks, block_size
+    memory: dict[str, int]  # bytes or counts: weights, kv_cache, draft_kv_cache, host_swap, kv_blocks, block_size,
+    # kv_bytes_per_token
 
 
 class MetricsView(Protocol):

@@ -24,6 +24,7 @@ from vllmlite.engine.output_processor import OutputProcessor, StopStringHit
 from vllmlite.engine.processor import InputProcessor, NewRequest, Prompt
 from vllmlite.engine.request_limits import RequestLimits
 from vllmlite.kernels import get_kernels
+from vllmlite.kernels.kv_dtype import kv_bytes_per_token
 from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import LoadedModel, load_model
 from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
@@ -57,10 +58,18 @@ class LLMEngine:
         kernels = get_kernels(backend, config.device, config.dtype)
         # The model the runner runs; public for tools that measure or spy on its forward pass.
         self.model = model = DecoderModel(loaded.config, loaded.weights, self.max_model_len, kernels)
-        itemsize = DTYPE_BYTES[config.dtype]
-        bytes_per_block = loaded.config.kv_bytes_per_token(itemsize) * config.cache.block_size
+        # What K/V are stored as: on torch, a kv_cache_dtype config.py lets through is the model's own dtype.
+        self.kv_kind = kv_kind = "auto" if config.uses_torch else config.cache.kv_kind
+        mc = loaded.config
+        self.kv_bytes_per_token = kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_kind,
+                                                     DTYPE_BYTES[config.dtype])   # scales included
+        bytes_per_block = self.kv_bytes_per_token * config.cache.block_size
         num_blocks = self._num_blocks(bytes_per_block)
         num_host_blocks = config.cache.resolve_num_host_blocks(bytes_per_block)
+        logger.info("KV cache: %d blocks of %d tokens, dtype %s (%s), %d bytes per token, %.3f GiB",
+                    num_blocks, config.cache.block_size, config.cache.kv_cache_dtype,
+                    config.dtype if kv_kind == "auto" else kv_kind, self.kv_bytes_per_token,
+                    num_blocks * bytes_per_block / (1 << 30))
         stop_ids = self.tokenizer.stop_token_ids
         # When every layer slides (Mistral), the blocks out of every window are freed (core/sliding_window.py).
         self.block_manager = BlockManager(num_blocks, config.cache.block_size,
@@ -79,7 +88,8 @@ class LLMEngine:
                                    spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking, steps - 1)
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
         self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
-                                  proposer, (sched.max_num_seqs, self.max_model_len, steps) if graphs else None)
+                                  proposer, (sched.max_num_seqs, self.max_model_len, steps) if graphs else None,
+                                  kv_kind)
         if backend == "numba":  # the others have nothing to compile; said before the wait, terminal or not
             logger.info("kernels: %s, compiling kernels (first start only, about 25 s on 2 quiet cores; "
                         "cached afterwards, 1-2 s)", backend)
@@ -109,12 +119,14 @@ class LLMEngine:
         return max(1, budget // bytes_per_block - 1)   # one block for the CUDA graphs' padding rows
 
     def memory_report(self) -> dict[str, int]:
-        """Bytes held by weights, the device KV cache and the host swap arena."""
+        """Bytes held by weights, the device KV cache and the host swap arena; the KV cache's bytes per
+        token (all layers, K and V, int8's scales included)."""
         proposer = self.runner.proposer
         return {"weights": self.weights_bytes, "kv_cache": self.runner.kv_cache_bytes,
                 "draft_kv_cache": proposer.kv_cache_bytes if proposer is not None else 0,
                 "host_swap": self.runner.host_cache_bytes,
-                "kv_blocks": self.block_manager.num_blocks, "block_size": self.block_manager.block_size}
+                "kv_blocks": self.block_manager.num_blocks, "block_size": self.block_manager.block_size,
+                "kv_bytes_per_token": self.kv_bytes_per_token}
 
     # --- requests -------------------------------------------------------------------------------
 

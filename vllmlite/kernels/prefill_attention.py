@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vllmlite.kernels import kv_dtype
 from vllmlite.kernels.attention_metadata import AttentionMetadata
 
 # Queries a tile. Per KV head a tile's scores are [tile * group, context]: 1.5 MB at SmolLM2's
@@ -104,7 +105,7 @@ def prepare_chunk(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta:
     n = end - first
     num_computed = int(meta.seq_lens[seq]) - n
     first_block = 0 if sliding_window is None else max(0, num_computed - sliding_window + 1) // meta.block_size
-    keys, values = _gather_context(k_cache, v_cache, meta, seq, first_block)     # [kv, ctx, d] each
+    keys, values = _gather_context(k_cache, v_cache, meta, seq, first_block, q.dtype)     # [kv, ctx, d] each
     # Scaled here, so the scores need no pass of their own.
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)   # a Python float keeps float32 float32 (NEP 50)
     queries = (q[first:end] * scale).reshape(n, num_kv_heads, group, head_dim)
@@ -124,7 +125,7 @@ def attend_chunk(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: 
 
 
 def _gather_context(k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, seq: int,
-                    first_block: int) -> tuple[np.ndarray, np.ndarray]:
+                    first_block: int, dtype) -> tuple[np.ndarray, np.ndarray]:
     """The sequence's keys and values from block `first_block` of its table to its seq_lens[seq]
     tokens, each [kv, ctx, d] and contiguous per head (ctx rounded to whole blocks; the keys past
     seq_lens[seq] are never used). O(context), once per
@@ -135,13 +136,16 @@ def _gather_context(k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMet
     num_slots, num_kv_heads, head_dim = k_cache.shape
     block_ids = meta.block_tables[seq, first_block:-(-int(meta.seq_lens[seq]) // bs)]
     shape = (len(block_ids), bs, num_kv_heads, head_dim)
-    key = f"context {seq} {len(block_ids)} {np.dtype(k_cache.dtype).name}"   # layers with and without a window
+    key = f"context {seq} {len(block_ids)} {np.dtype(dtype).name}"   # layers with and without a window
     buffers = meta.kernel_cache.get(key)
-    if buffers is None:   # the blocks as stored, then keys and values per head
-        buffers = meta.kernel_cache[key] = tuple(np.empty(shape, k_cache.dtype) for _ in range(3))
+    if buffers is None:   # the blocks as stored (widened if packed), then keys and values per head
+        buffers = meta.kernel_cache[key] = tuple(np.empty(shape, dtype) for _ in range(3))
     blocks, keys, values = buffers
     for cache, gathered in ((k_cache, keys), (v_cache, values)):
-        np.take(cache.reshape(num_slots // bs, bs, num_kv_heads, head_dim), block_ids, axis=0, out=blocks)
+        if isinstance(cache, kv_dtype.PackedKV):   # kv_cache_dtype fp16, bf16, int8: widened to q's dtype
+            blocks[...] = kv_dtype.gather_blocks(cache, block_ids, bs, blocks.dtype)
+        else:
+            np.take(cache.reshape(num_slots // bs, bs, num_kv_heads, head_dim), block_ids, axis=0, out=blocks)
         np.copyto(gathered.reshape(num_kv_heads, *shape[:2], head_dim), blocks.transpose(2, 0, 1, 3))
     return keys.reshape(num_kv_heads, -1, head_dim), values.reshape(num_kv_heads, -1, head_dim)
 

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from vllmlite.kernels import kv_dtype
 from vllmlite.kernels.attention_metadata import AttentionGroup, AttentionMetadata, check_attention_options
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
 
@@ -36,7 +37,11 @@ def argmax(logits: np.ndarray) -> np.ndarray:
 
 
 def copy_slots(src: np.ndarray, dst: np.ndarray, src_slots: np.ndarray, dst_slots: np.ndarray) -> None:
-    dst[dst_slots] = src[src_slots]
+    """dst[dst_slots] = src[src_slots]; a packed KV cache (kv_dtype.py) copies its scales too."""
+    if isinstance(src, kv_dtype.PackedKV):
+        kv_dtype.copy_slots(src, dst, src_slots, dst_slots)
+    else:
+        dst[dst_slots] = src[src_slots]
 
 
 def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray) -> None:
@@ -98,7 +103,11 @@ def softcap(x: np.ndarray, cap: float) -> None:
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
              slot_mapping: np.ndarray) -> None:
-    """Store this step's keys and values: caches [num_slots, kv_heads, head_dim], k/v [tokens, ...]."""
+    """Store this step's keys and values: caches [num_slots, kv_heads, head_dim], k/v [tokens, ...];
+    a packed cache (kv_cache_dtype fp16, bf16, int8: kv_dtype.py) rounds them to its dtype."""
+    if isinstance(k_cache, kv_dtype.PackedKV):
+        kv_dtype.write(k_cache, v_cache, k, v, slot_mapping)
+        return
     k_cache[slot_mapping] = k
     v_cache[slot_mapping] = v
 
@@ -131,8 +140,6 @@ def attend_group(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, g: Att
     num_kv_heads = k_cache.shape[1]
     group_size = num_heads // num_kv_heads
     bs = block_size
-    k_blocks = k_cache.reshape(-1, bs, num_kv_heads, head_dim)    # [num_blocks, bs, kv_heads, head_dim]
-    v_blocks = v_cache.reshape(-1, bs, num_kv_heads, head_dim)
     # A Python float keeps float32 scores float32 (NEP 50).
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     num_seqs, max_q = g.query_rows.shape
@@ -140,8 +147,10 @@ def attend_group(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, g: Att
     # [B, max_q, kv, group, d] -> [B, kv, group * max_q, d]: each KV head serves its query heads.
     qg = q[g.query_rows].reshape(num_seqs, max_q, num_kv_heads, group_size, head_dim)
     qg = qg.transpose(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group_size * max_q, head_dim)
-    keys = k_blocks[g.block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
-    values = v_blocks[g.block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
+    # The group's blocks [B, blocks, bs, kv_heads, head_dim], widened to q's dtype if packed (kv_dtype.py).
+    context = (num_seqs, ctx_len, num_kv_heads, head_dim)
+    keys = kv_dtype.gather_blocks(k_cache, g.block_ids, bs, q.dtype).reshape(context)
+    values = kv_dtype.gather_blocks(v_cache, g.block_ids, bs, q.dtype).reshape(context)
     scores = qg @ keys.transpose(0, 2, 3, 1)                    # [B, kv, group * max_q, ctx]
     scores = scores.reshape(num_seqs, num_kv_heads, group_size, max_q, ctx_len) * scale
     if softcap is not None:

@@ -14,6 +14,7 @@ import numpy as np
 from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.core.request import Request
 from vllmlite.kernels.attention_metadata import build_metadata
+from vllmlite.kernels.kv_dtype import make_kv
 from vllmlite.models.decoder import DecoderModel
 from vllmlite.pooling_params import PoolingType
 from vllmlite.worker.sampling import Sampler, SamplingBatch
@@ -26,10 +27,11 @@ logger = logging.getLogger(__name__)
 class ModelRunner:
     def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, num_host_blocks: int,
                  stop_token_ids: frozenset[int], proposer: Proposer | None = None,
-                 cuda_graphs: tuple[int, int, int] | None = None) -> None:
+                 cuda_graphs: tuple[int, int, int] | None = None, kv_kind: str = "auto") -> None:
         """cuda_graphs: (largest batch, max_model_len, passes per multi-step decode) of the decode steps
         to replay as CUDA graphs (worker/cuda_graphs.py; captured by `capture_graphs`), None to run
-        every step eagerly."""
+        every step eagerly. kv_kind: what K/V are stored as, auto (the model's dtype) or a packed
+        kind of kernels/kv_dtype.py (fp16, bf16, int8; numpy memory only), in both device and host caches."""
         c = model.config
         self.model = model
         self.block_size = block_size
@@ -44,10 +46,10 @@ class ModelRunner:
         shape = ((num_blocks + (cuda_graphs is not None)) * block_size, c.num_kv_heads, c.head_dim)
         # Where the model computes; numpy's zeros map pages lazily, so an unused part of a large budget
         # costs no RAM.
-        self.kv_cache = [(k.zeros(shape, model.dtype), k.zeros(shape, model.dtype))
+        self.kv_cache = [(make_kv(kv_kind, shape, k.zeros, model.dtype), make_kv(kv_kind, shape, k.zeros, model.dtype))
                          for _ in range(c.num_layers)]       # per layer: [slots, kv_heads, head_dim]
         host_shape = (num_host_blocks * block_size, c.num_kv_heads, c.head_dim)
-        self.host_cache = [(k.host_zeros(host_shape, model.dtype), k.host_zeros(host_shape, model.dtype))
+        self.host_cache = [tuple(make_kv(kv_kind, host_shape, k.host_zeros, model.dtype) for _ in "kv")
                            for _ in range(c.num_layers)] if num_host_blocks else []
         self.num_forward_passes = 0
         self.graphs = None

@@ -17,6 +17,7 @@ from vllmlite.config import EngineConfig, SpeculativeConfig
 from vllmlite.core.batch import ScheduledSequence
 from vllmlite.kernels import Kernels
 from vllmlite.kernels.attention_metadata import build_metadata
+from vllmlite.kernels.kv_dtype import make_kv
 from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import LoadedModel, ModelWeights, load_model
 from vllmlite.worker.sampling import Sampler, SamplingBatch
@@ -89,13 +90,15 @@ class DraftModelProposer(Proposer):
     valid; the draft catches up from there, and rejection rolls it back.
     """
 
-    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, seed: int = 0) -> None:
+    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, seed: int = 0,
+                 kv_kind: str = "auto") -> None:
         c = model.config
         self.model = model
         self.block_size = block_size
         shape = (num_blocks * block_size, c.num_kv_heads, c.head_dim)
-        self._kv_cache = [(model.kernels.zeros(shape, model.dtype), model.kernels.zeros(shape, model.dtype))
-                          for _ in range(c.num_layers)]        # per layer: [slots, kv_heads, head_dim]
+        # per layer: [slots, kv_heads, head_dim], stored as the target's (kv_kind: kernels/kv_dtype.py)
+        self._kv_cache = [tuple(make_kv(kv_kind, shape, model.kernels.zeros, model.dtype) for _ in "kv")
+                          for _ in range(c.num_layers)]
         self.sampler = Sampler()
         self.rng = np.random.default_rng(seed)                 # the draft's own draws
         self._computed: dict[str, tuple[int, int]] = {}        # id -> (valid positions, preemptions seen)
@@ -227,4 +230,5 @@ def make_proposer(spec: SpeculativeConfig, target: LoadedModel, config: EngineCo
                              f"target's ({target.config.vocab_size})")
         weights, draft_config = draft.weights, draft.config
     model = DecoderModel(draft_config, weights, max_model_len, kernels)
-    return DraftModelProposer(model, num_blocks, config.cache.block_size, config.seed)
+    kv_kind = "auto" if config.uses_torch else config.cache.kv_kind   # as the target's K/V (LLMEngine)
+    return DraftModelProposer(model, num_blocks, config.cache.block_size, config.seed, kv_kind)

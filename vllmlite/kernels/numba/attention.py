@@ -12,9 +12,10 @@ import numba
 import numpy as np
 from numba import prange
 
-from vllmlite.kernels import blas
+from vllmlite.kernels import blas, kv_dtype
 from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionMetadata, check_attention_options
 from vllmlite.kernels.numba.jit import parallel, serial
+from vllmlite.kernels.numba.kv_widen import widen_step
 from vllmlite.kernels.prefill_attention import prepare_chunk
 
 
@@ -258,6 +259,8 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     Options as reference.paged_attention's; a window bounds every query's keys, so a decode with
     one costs O(window) and blocks wholly before it are never read."""
     check_attention_options(scale, sliding_window, softcap)
+    if isinstance(k_cache, kv_dtype.PackedKV):   # the step's blocks widened to q's dtype, tables renumbered
+        k_cache, v_cache, meta = widen_step(k_cache, v_cache, meta, q.dtype)
     dtype = q.dtype.type
     window = None if sliding_window is None else int(sliding_window)
     parts = meta.kernel_cache.get(f"decode_parts {window}")

@@ -9,6 +9,7 @@ import math
 import numpy as np
 from numba import prange
 
+from vllmlite.kernels import kv_dtype
 from vllmlite.kernels.numba.jit import parallel, serial
 from vllmlite.kernels.reference import GELU_TANH_SCALE
 
@@ -131,4 +132,7 @@ def gelu_tanh_and_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
              slot_mapping: np.ndarray) -> None:
+    if isinstance(k_cache, kv_dtype.PackedKV):   # kv_cache_dtype fp16, bf16, int8: rounded in numpy
+        kv_dtype.write(k_cache, v_cache, k, v, slot_mapping)
+        return
     _write_kv(k_cache, v_cache, k, v, slot_mapping)

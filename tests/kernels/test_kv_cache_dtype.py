@@ -1,0 +1,136 @@
+"""Packed KV caches (kv_cache_dtype fp16, bf16, int8: vllmlite/kernels/kv_dtype.py): the rounding's
+bounds, numba's paged attention against the numpy reference on the same packed cache (decodes,
+short queries, long prefill chunks after cached context, with and without a sliding window), and
+block copies that carry int8's scales."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.kernels.test_attention import HEAD_DIM, batch_shapes, make_batch, slots_of
+from vllmlite.kernels import get_kernels, kv_dtype, reference
+from vllmlite.kernels.attention_metadata import build_metadata
+from vllmlite.kernels.kv_dtype import PackedKV
+
+KINDS = ["fp16", "bf16", "int8"]
+
+
+def packed_garbage(kind: str, num_slots: int, num_kv_heads: int, rng: np.random.Generator) -> PackedKV:
+    """A packed cache whose every slot holds large finite values: reading an unowned one would show."""
+    cache = PackedKV(kind, (num_slots, num_kv_heads, HEAD_DIM))
+    cache.store(np.arange(num_slots), 1e3 * rng.uniform(-1, 1, cache.shape).astype(np.float32))
+    return cache
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_round_trip_error_bounds(kind):
+    """int8: |x - read| <= scale / 2 per element, scale = max |x| over the head / 127 (exactly 0 for a
+    zero head); fp16 within 2^-11 relative (normal range), bf16 within 2^-8 relative."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((50, 3, HEAD_DIM)) * rng.uniform(0.01, 100, (50, 3, 1))).astype(np.float32)
+    x[7, 1] = 0
+    cache = PackedKV(kind, x.shape)
+    slots = rng.permutation(50)
+    cache.store(slots, x)
+    read = cache.read(slots)
+    assert read.dtype == np.float32
+    error = np.abs(read - x)
+    if kind == "int8":
+        scale = np.abs(x).max(axis=-1) / 127
+        np.testing.assert_array_equal(cache.scales[slots], scale.astype(np.float32))
+        assert (error <= scale[..., None] / 2 * (1 + 1e-6)).all()
+        assert (read[7, 1] == 0).all() and cache.scales[slots[7], 1] == 0
+        assert cache.nbytes == x.size + 4 * 50 * 3
+    else:
+        assert (error <= np.abs(x) * (2.0 ** -11 if kind == "fp16" else 2.0 ** -8)).all()
+        assert cache.nbytes == 2 * x.size
+
+
+def test_bf16_is_the_top_half_of_float32_rounded_to_nearest_even():
+    x = np.array([1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, -2.5, 3.0e38], dtype=np.float32)
+    data, _ = kv_dtype.encode("bf16", x)
+    np.testing.assert_array_equal(data, [0x3F80, 0x3F80, 0x3F82, 0xC020, 0x7F62])   # ties to even
+    np.testing.assert_array_equal(kv_dtype.decode("bf16", data, None)[[0, 3]], [1.0, -2.5])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bs, window", [(4, None), (16, None), (4, 21), (16, 37)])
+def test_numba_matches_reference_on_packed_cache(kind, bs, window):
+    """The same packed cache, written by each backend's write_kv: numba's decodes, short queries and
+    long chunks (after cached context) agree with the reference's dense reading of it, and that
+    reading is within the storage's rounding of the float32 cache's attention."""
+    rng = np.random.default_rng(bs + (window or 0))
+    num_heads, num_kv_heads = 6, 2
+    seqs, num_blocks = make_batch(batch_shapes(bs), num_heads, num_kv_heads, bs, np.float32, rng)
+    meta = build_metadata([s.query_len for s in seqs], [s.seq_len for s in seqs], [s.block_table for s in seqs], bs)
+    q = np.concatenate([s.q for s in seqs])
+    outputs = {}
+    for name in ("numpy", "numba", "float32"):
+        kernels = get_kernels("numba" if name == "numba" else "numpy")
+        if name == "float32":
+            k_cache, v_cache = (np.zeros((num_blocks * bs, num_kv_heads, HEAD_DIM), np.float32) for _ in "kv")
+        else:
+            k_cache, v_cache = (packed_garbage(kind, num_blocks * bs, num_kv_heads, np.random.default_rng(9))
+                                for _ in "kv")
+        for s in seqs:   # earlier steps' context, then this step's tokens through the step's slot mapping
+            earlier = np.arange(s.seq_len - s.query_len)
+            kernels.write_kv(k_cache, v_cache, s.k[earlier], s.v[earlier], slots_of(s.block_table, earlier, bs))
+        new = [np.arange(s.seq_len - s.query_len, s.seq_len) for s in seqs]
+        kernels.write_kv(k_cache, v_cache, np.concatenate([s.k[p] for s, p in zip(seqs, new)]),
+                         np.concatenate([s.v[p] for s, p in zip(seqs, new)]), meta.slot_mapping)
+        out = np.full_like(q, np.nan)
+        kernels.paged_attention(q, k_cache, v_cache, meta, out, sliding_window=window)
+        outputs[name] = out
+    assert not np.isnan(outputs["numba"]).any()
+    np.testing.assert_allclose(outputs["numba"], outputs["numpy"], rtol=0, atol=2e-5)
+    # K/V are unit normals: int8's per-element error is <= max|x| / 254 (about 0.01 here), halves' smaller.
+    atol = {"fp16": 2e-3, "bf16": 2e-2, "int8": 5e-2}[kind]
+    np.testing.assert_allclose(outputs["numpy"], outputs["float32"], rtol=0, atol=atol)
+    assert np.abs(outputs["numpy"] - outputs["float32"]).max() > 0   # the storage does round
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_copy_slots_carries_scales_through_swap_and_copy_on_write(kind):
+    """Blocks swapped out to a host cache, back in elsewhere, then copied (copy-on-write) read back
+    exactly what was written: the data and, for int8, each token's scales."""
+    rng = np.random.default_rng(3)
+    bs, shape = 4, (8 * 4, 2, HEAD_DIM)
+    device, host = PackedKV(kind, shape), PackedKV(kind, (3 * 4, 2, HEAD_DIM))
+    x = (rng.standard_normal((8, 2, HEAD_DIM)) * rng.uniform(0.1, 10, (8, 2, 1))).astype(np.float32)
+    block = np.arange(bs)
+    device.store(np.concatenate([1 * bs + block, 5 * bs + block]), x)
+    expected = device.read(np.concatenate([1 * bs + block, 5 * bs + block]))
+    reference.copy_slots(device, host, np.concatenate([1 * bs + block, 5 * bs + block]),
+                         np.concatenate([2 * bs + block, 0 * bs + block]))                      # swap out
+    device.store(np.arange(shape[0]), np.zeros(shape, np.float32))                              # blocks reused
+    reference.copy_slots(host, device, np.concatenate([2 * bs + block, 0 * bs + block]),
+                         np.concatenate([6 * bs + block, 3 * bs + block]))                      # swap in
+    reference.copy_slots(device, device, 3 * bs + block, 7 * bs + block)                        # copy-on-write
+    np.testing.assert_array_equal(device.read(np.concatenate([6 * bs + block, 3 * bs + block])), expected)
+    np.testing.assert_array_equal(device.read(7 * bs + block), expected[bs:])
+    if kind == "int8":
+        assert (device.scales[7 * bs + block] > 0).all()
+
+
+def test_kv_bytes_per_token_counts_scales():
+    assert kv_dtype.kv_bytes_per_token(2, 2, 64, "auto", 4) == 2 * 2 * 2 * 64 * 4
+    assert kv_dtype.kv_bytes_per_token(2, 2, 64, "fp16", 4) == 2 * 2 * 2 * 64 * 2
+    assert kv_dtype.kv_bytes_per_token(2, 2, 64, "bf16", 8) == 2 * 2 * 2 * 64 * 2
+    assert kv_dtype.kv_bytes_per_token(2, 2, 64, "int8", 4) == 2 * 2 * 2 * (64 + 4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_widening_is_the_reference_widening_bit_for_bit(kind, dtype):
+    from vllmlite.kernels.numba.kv_widen import widen_step
+    rng = np.random.default_rng(4)
+    k_cache, v_cache = (packed_garbage(kind, 12 * 4, 3, rng) for _ in "kv")
+    k_cache.data[5] = 0   # a zero token (its int8 scale is 0)
+    meta = build_metadata([1, 3], [9, 6], [[7, 2, 11], [3, 7]], 4)
+    expected = kv_dtype.widen_step(k_cache, v_cache, meta, dtype)
+    got = widen_step(k_cache, v_cache, build_metadata([1, 3], [9, 6], [[7, 2, 11], [3, 7]], 4), dtype)
+    for e, g in zip(expected[:2], got[:2]):
+        assert g.dtype == dtype and g.shape == (5 * 4, 3, HEAD_DIM)   # blocks 0 (padding), 2, 3, 7, 11
+        np.testing.assert_array_equal(g, e)
+    np.testing.assert_array_equal(got[2].block_tables, [[3, 1, 4], [2, 3, 0]])

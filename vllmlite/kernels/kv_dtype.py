@@ -1,0 +1,149 @@
+"""The KV cache's storage dtype (vLLM's kv_cache_dtype) for the numpy-memory backends.
+
+`auto` keeps K and V as plain arrays of the model's dtype, as before. Any other dtype stores one
+layer's K (or V) as a `PackedKV`: `data` [num_slots, kv_heads, head_dim] in the storage dtype and,
+for int8, `scales` [num_slots, kv_heads] float32, indexed by the same slots as the data:
+
+  fp16  numpy float16 (round to nearest); reads widen exactly.
+  bf16  uint16, the top half of each float32 (numpy has no bfloat16), rounded to nearest even;
+        reads put the half back on top of 16 zero bits.
+  int8  symmetric, one float32 scale per (token, KV head): scale = max |x| over head_dim / 127,
+        q = rint(x / scale) in [-127, 127], read as q * scale, so |x - read| <= scale / 2 per element.
+
+Why per token and head, not per block: a token's stored K/V depends on that token alone. A write
+never touches earlier tokens (no requantizing a block's earlier tokens when a larger value comes,
+which would change K/V earlier steps already attended to, and make the cache depend on how a prompt
+was chunked), so prefix caching, recompute after preemption and chunked prefill all store the same
+bytes, and copy-on-write and swaps copy the scales with their slots (`copy_slots`). The cost is
+4 bytes per (token, KV head) for K and for V: with head_dim 64, 68 bytes against float32's 256
+(3.76x smaller), with 128, 132 against 512 (3.88x); `kv_bytes_per_token` counts them.
+
+Reading: the reference gathers a group's blocks and widens them (`gather_blocks`); the numba
+backend widens the blocks a step's tables name once per layer into float32 scratch and runs its
+unchanged kernels over it with the tables renumbered (`widen_step`, compiled in numba/kv_widen.py).
+The torch backend keeps `auto` only (config.py refuses the others there, naming kv_cache_dtype,
+except the half dtype it computes in, which is what auto stores).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllmlite.kernels.attention_metadata import AttentionMetadata
+
+STORAGE = {"fp16": np.float16, "bf16": np.uint16, "int8": np.int8}
+SCALE_BYTES = 4   # one float32 scale per (token, KV head), int8 only
+INT8_MAX = 127
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kind: str, model_itemsize: int) -> int:
+    """Bytes of K and V (scales included) one token holds across all layers."""
+    per_head = head_dim * (model_itemsize if kind == "auto" else np.dtype(STORAGE[kind]).itemsize)
+    per_head += SCALE_BYTES if kind == "int8" else 0
+    return 2 * num_layers * num_kv_heads * per_head
+
+
+class PackedKV:
+    """One layer's K or V in a storage dtype other than the compute dtype (module docstring)."""
+
+    def __init__(self, kind: str, shape: tuple[int, int, int]) -> None:
+        self.kind = kind
+        self.data = np.zeros(shape, STORAGE[kind])   # numpy's zeros map pages lazily
+        self.scales = np.zeros(shape[:2], np.float32) if kind == "int8" else None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes + (self.scales.nbytes if self.scales is not None else 0)
+
+    def store(self, slots: np.ndarray, x: np.ndarray) -> None:
+        """x [tokens, kv_heads, head_dim] into `slots`."""
+        data, scales = encode(self.kind, x)
+        self.data[slots] = data
+        if scales is not None:
+            self.scales[slots] = scales
+
+    def read(self, slots, dtype=np.float32) -> np.ndarray:
+        """The values at `slots` (any numpy index of the slot axis), widened to `dtype`."""
+        return decode(self.kind, self.data[slots], None if self.scales is None else self.scales[slots], dtype)
+
+
+def make_kv(kind: str, shape: tuple[int, int, int], zeros, dtype):
+    """One layer's K (or V) cache: zeros(shape, dtype) for auto (the backend's own array), else a PackedKV."""
+    return zeros(shape, dtype) if kind == "auto" else PackedKV(kind, shape)
+
+
+def encode(kind: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """x [..., head_dim] as stored: (data, scales [...] or None)."""
+    x = np.asarray(x, dtype=np.float32)
+    if kind == "fp16":
+        return x.astype(np.float16), None
+    if kind == "bf16":
+        bits = x.view(np.uint32).astype(np.uint64)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16), None   # round to nearest even
+    scales = np.abs(x).max(axis=-1) / np.float32(INT8_MAX)                                # [...]
+    safe = np.where(scales > 0, scales, np.float32(1))
+    q = np.clip(np.rint(x / safe[..., None]), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return q, scales.astype(np.float32)
+
+
+def decode(kind: str, data: np.ndarray, scales: np.ndarray | None, dtype=np.float32) -> np.ndarray:
+    """Stored values back in `dtype`: encode's inverse up to its rounding."""
+    if kind == "fp16":
+        return data.astype(dtype)
+    if kind == "bf16":
+        return (data.astype(np.uint32) << 16).view(np.float32).astype(dtype, copy=False)
+    return (data.astype(np.float32) * scales[..., None]).astype(dtype, copy=False)
+
+
+def write(k_cache: PackedKV, v_cache: PackedKV, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
+    """write_kv for packed caches."""
+    k_cache.store(slot_mapping, k)
+    v_cache.store(slot_mapping, v)
+
+
+def copy_slots(src: PackedKV, dst: PackedKV, src_slots: np.ndarray, dst_slots: np.ndarray) -> None:
+    """The data and the scales of src_slots into dst_slots (copy-on-write, swap out and in)."""
+    dst.data[dst_slots] = src.data[src_slots]
+    if src.scales is not None:
+        dst.scales[dst_slots] = src.scales[src_slots]
+
+
+def gather_blocks(cache, block_ids: np.ndarray, block_size: int, dtype) -> np.ndarray:
+    """cache's blocks `block_ids` (any shape of ids) as [*ids.shape, block_size, kv_heads, head_dim] in
+    `dtype`: a plain cache indexed, a packed one widened."""
+    num_slots, num_kv_heads, head_dim = cache.shape
+    if not isinstance(cache, PackedKV):
+        return cache.reshape(-1, block_size, num_kv_heads, head_dim)[block_ids]
+    data = cache.data.reshape(-1, block_size, num_kv_heads, head_dim)[block_ids]
+    scales = None if cache.scales is None else cache.scales.reshape(-1, block_size, num_kv_heads)[block_ids]
+    return decode(cache.kind, data, scales, dtype)
+
+
+def widen_step(k_cache: PackedKV, v_cache: PackedKV, meta: AttentionMetadata, dtype):
+    """(k, v, meta') for the step's compiled kernels: every block meta's tables name (padding and
+    blocks before a window included: they are never read, only widened) in `dtype` as plain
+    [blocks * block_size, kv_heads, head_dim] caches, and a metadata whose tables count those blocks
+    0, 1, ... The renumbered metadata is built once a step (meta.kernel_cache), the caches per layer."""
+    renumbered = renumbered_metadata(meta)
+    block_ids = renumbered.kernel_cache["kv_dtype block_ids"]
+    bs = meta.block_size
+    k, v = (gather_blocks(c, block_ids, bs, dtype).reshape(-1, *c.shape[1:]) for c in (k_cache, v_cache))
+    return k, v, renumbered
+
+
+def renumbered_metadata(meta: AttentionMetadata) -> AttentionMetadata:
+    """meta with its tables' blocks numbered 0, 1, ... in the order of their ids (the ids in its
+    kernel_cache["kv_dtype block_ids"]), built once a step (meta.kernel_cache)."""
+    renumbered = meta.kernel_cache.get("kv_dtype renumbered")
+    if renumbered is None:
+        block_ids, tables = np.unique(meta.block_tables, return_inverse=True)
+        renumbered = AttentionMetadata(meta.positions, meta.query_start, meta.seq_lens, meta.slot_mapping,
+                                       tables.reshape(meta.block_tables.shape).astype(meta.block_tables.dtype),
+                                       meta.block_size)
+        renumbered.kernel_cache["kv_dtype block_ids"] = block_ids.astype(np.int64)
+        meta.kernel_cache["kv_dtype renumbered"] = renumbered
+    return renumbered
