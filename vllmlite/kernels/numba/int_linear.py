@@ -3,11 +3,11 @@ block, int16/int32 products, scales applied per block (the contract: vllmlite/ke
 Knows nothing of the model; `linear(..., int_dot=True)` in linear.py chooses it.
 
 One loop order serves every token count: a work item is a tile of TILE rows (quant.py's layout,
-the rows side by side), and each of its blocks (32 x TILE bytes, in L1) is multiplied by every
-token's block before the next, so the weights are read from memory once whatever the batch.
-The innermost loop runs over the tile's rows with one activation integer broadcast: products
-fit in int16, so LLVM multiplies 32 lanes at a time (vpmullw) and widens to int32 only where a
-sum could pass 32767.
+the rows side by side), and each of its blocks is widened to int16 once (32 x TILE, in L1) and
+multiplied by every token's block before the next, so the weights are read from memory once
+whatever the batch. The innermost loop runs over the tile's rows with one activation integer
+broadcast: LLVM multiplies 32 lanes at a time in int16 (vpmullw) and widens every second product
+into int32 sums. (The rows side by side leave no 4 adjacent bytes of one row for VNNI's vpdpbusd.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from vllmlite.kernels.numba.jit import parallel
+from vllmlite.kernels.numba.jit import parallel, serial
 from vllmlite.kernels.quant import BLOCK, TILE, QuantizedMatrix
 
 I16, I32, F32 = np.int16, np.int32, np.float32
@@ -42,26 +42,57 @@ def _quantize_activations(x, q, d, sums):  # pragma: no cover - compiled
             d[r, b], sums[r, b] = scale, total
 
 
+@serial
+def _widen_int8_block(qs, t, b, w):  # pragma: no cover - compiled
+    """Block b of tile t into w int16 [32, TILE]. One flat loop: over [32, TILE] (in the kernel or
+    here), LLVM unrolled the 64 lanes into scalar code."""
+    src, dst = qs[t, b].reshape(BLOCK * TILE), w.reshape(BLOCK * TILE)
+    for k in range(BLOCK * TILE):
+        dst[k] = src[k]
+
+
+@serial
+def _unpack_int4_block(qs, t, b, w):  # pragma: no cover - compiled
+    """Block b of tile t into w int16 [32, TILE]: low nibbles are elements 0-15, high 16-31."""
+    size = HALF * TILE
+    src, dst = qs[t, b].reshape(size), w.reshape(2 * size)
+    for k in range(size):
+        dst[k] = src[k] & 15
+    for k in range(size):
+        dst[size + k] = src[k] // np.uint8(16)   # a shift (>> 4) stayed scalar
+
+
+@serial
+def _widen_block(qs, t, b, w):  # pragma: no cover - compiled
+    """Block b of tile t into w int16 [32, TILE], either format (an int4 block is 16 bytes)."""
+    if qs.shape[2] * 2 == BLOCK:
+        _unpack_int4_block(qs, t, b, w)
+    else:
+        _widen_int8_block(qs, t, b, w)
+
+
 @parallel
-def _int8_dot(q_x, d_x, s_x, qs, scales, mins, out_t):  # pragma: no cover - compiled
-    """out_t [rows, tokens] for int8 weights (mins None: symmetric). A pair of products fits in
-    int16 (2 * 128 * 127 = 32512), so two bytes are multiplied and added in int16 and widened once."""
+def _int_dot(q_x, d_x, s_x, qs, scales, mins, out_t):  # pragma: no cover - compiled
+    """out_t [rows, tokens] = the weight times every token's rounded activations; mins None:
+    symmetric int8. Each block of a tile is widened to int16 once (w), then for every token two
+    products at a time are summed in int16 (|q_w| <= 128 and |q_x| <= 127: 2 * 128 * 127 = 32512
+    fits) and widened into the int32 sums; written as one expression, LLVM keeps the products in
+    int16 lanes (vpmullw). Summed in a loop of their own into an int16 array, they stayed scalar."""
     num_tiles, num_blocks = qs.shape[0], qs.shape[1]
     num_tokens, num_rows = q_x.shape[0], out_t.shape[0]
     for t in prange(num_tiles):
         acc = np.empty((num_tokens, TILE), dtype=F32)
-        dots = np.empty(TILE, dtype=I32)       # q_w . q_x of each row, for one block and token
-        pairs = np.empty(TILE, dtype=I16)      # two bytes' products: a loop of its own stays int16
+        w = np.empty((BLOCK, TILE), dtype=I16)   # block b's integers, widened once for every token
+        dots = np.empty(TILE, dtype=I32)         # q_w . q_x of each row, for one block and token
         acc[:] = 0
         for b in range(num_blocks):
+            _widen_block(qs, t, b, w)
             for r in range(num_tokens):
                 dots[:] = 0
                 for j in range(0, BLOCK, 2):
                     x0, x1 = I16(q_x[r, b, j]), I16(q_x[r, b, j + 1])
                     for i in range(TILE):
-                        pairs[i] = I16(qs[t, b, j, i]) * x0 + I16(qs[t, b, j + 1, i]) * x1
-                    for i in range(TILE):
-                        dots[i] += I32(pairs[i])
+                        dots[i] += I32(I16(w[j, i] * x0 + w[j + 1, i] * x1))
                 dx = d_x[r, b]
                 if mins is None:
                     for i in range(TILE):
@@ -75,36 +106,6 @@ def _int8_dot(q_x, d_x, s_x, qs, scales, mins, out_t):  # pragma: no cover - com
                 out_t[t * TILE + i, r] = acc[r, i]
 
 
-@parallel
-def _int4_dot(q_x, d_x, s_x, qs, scales, mins, out_t):  # pragma: no cover - compiled
-    """The same for int4: byte j holds elements j (low nibble) and j + 16 (high). Sixteen
-    products of a nibble (<= 15) and an int8 fit in int16 (16 * 15 * 127 = 30480), so each half
-    of a block sums in int16 and is widened once."""
-    num_tiles, num_blocks = qs.shape[0], qs.shape[1]
-    num_tokens, num_rows = q_x.shape[0], out_t.shape[0]
-    for t in prange(num_tiles):
-        acc = np.empty((num_tokens, TILE), dtype=F32)
-        low = np.empty(TILE, dtype=I16)
-        high = np.empty(TILE, dtype=I16)
-        acc[:] = 0
-        for b in range(num_blocks):
-            for r in range(num_tokens):
-                low[:] = 0
-                high[:] = 0
-                for j in range(HALF):
-                    x_lo, x_hi = I16(q_x[r, b, j]), I16(q_x[r, b, j + HALF])
-                    for i in range(TILE):
-                        q = I16(qs[t, b, j, i])
-                        low[i] = I16(low[i] + (q & I16(15)) * x_lo)
-                        high[i] = I16(high[i] + (q >> I16(4)) * x_hi)
-                dx, dx_sum = d_x[r, b], d_x[r, b] * F32(s_x[r, b])
-                for i in range(TILE):
-                    acc[r, i] += scales[t, b, i] * (dx * F32(I32(low[i]) + I32(high[i]))) + mins[t, b, i] * dx_sum
-        for r in range(num_tokens):
-            for i in range(min(TILE, num_rows - t * TILE)):
-                out_t[t * TILE + i, r] = acc[r, i]
-
-
 def int_dot_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray) -> None:
     """out [tokens, rows] = x [tokens, in] times `weight` with 8-bit activations (int_dot.py)."""
     num_tokens, cols = x.shape
@@ -113,5 +114,4 @@ def int_dot_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray) -> N
     d_x = np.empty((num_tokens, num_blocks), dtype=F32)
     s_x = np.empty((num_tokens, num_blocks), dtype=I32)
     _quantize_activations(x, q_x, d_x, s_x)
-    kernel = _int4_dot if weight.format == "int4" else _int8_dot
-    kernel(q_x, d_x, s_x, weight.qs, weight.scales, weight.mins, out.T)
+    _int_dot(q_x, d_x, s_x, weight.qs, weight.scales, weight.mins, out.T)
