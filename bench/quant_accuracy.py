@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, like in (("int4 int-dot", "int4"), ("int8 rounded int-dot", "int8 rounded from float32"),
                        ("int4 rounded int-dot", "int4 rounded from float32")):
         weights[name] = f"{weights[like]}; activations 8-bit"
-    names = args.rows.split(",") if args.rows else QUICK_ROWS if args.quick else ROWS
+    names = args.rows.split(",") if args.rows else list(QUICK_ROWS if args.quick else ROWS)
     if names[0] != "none" or not set(names) <= set(ROWS):
         parser.error(f"--rows: 'none' first, then any of {list(ROWS)}")
     rows, ref = [], None

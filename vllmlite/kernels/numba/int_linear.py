@@ -75,11 +75,13 @@ def _widen_block(qs, t, b, w):  # pragma: no cover - compiled
 def _int_dot(q_x, d_x, s_x, qs, scales, mins, out_t):  # pragma: no cover - compiled
     """out_t [rows, tokens] = the weight times every token's rounded activations; mins None:
     symmetric int8. Each block of a tile is widened to int16 once (w), then for every token two
-    products at a time are summed in int16 (|q_w| <= 128 and |q_x| <= 127: 2 * 128 * 127 = 32512
-    fits) and widened into the int32 sums; written as one expression, LLVM keeps the products in
-    int16 lanes (vpmullw). Summed in a loop of their own into an int16 array, they stayed scalar."""
+    products at a time (four for int4) are summed in int16 (|q_w| <= 128 and |q_x| <= 127: 2 * 128
+    * 127 = 32512 fits) and widened into the int32 sums; written as one expression, LLVM keeps the
+    products in int16 lanes (vpmullw). Summed in a loop of their own into an int16 array, they
+    stayed scalar."""
     num_tiles, num_blocks = qs.shape[0], qs.shape[1]
     num_tokens, num_rows = q_x.shape[0], out_t.shape[0]
+    is_int4 = qs.shape[2] * 2 == BLOCK
     for t in prange(num_tiles):
         acc = np.empty((num_tokens, TILE), dtype=F32)
         w = np.empty((BLOCK, TILE), dtype=I16)   # block b's integers, widened once for every token
@@ -89,10 +91,18 @@ def _int_dot(q_x, d_x, s_x, qs, scales, mins, out_t):  # pragma: no cover - comp
             _widen_block(qs, t, b, w)
             for r in range(num_tokens):
                 dots[:] = 0
-                for j in range(0, BLOCK, 2):
-                    x0, x1 = I16(q_x[r, b, j]), I16(q_x[r, b, j + 1])
-                    for i in range(TILE):
-                        dots[i] += I32(I16(w[j, i] * x0 + w[j + 1, i] * x1))
+                if is_int4:   # nibbles <= 15: four products fit (4 * 15 * 127 = 7620)
+                    for j in range(0, BLOCK, 4):
+                        x0, x1 = I16(q_x[r, b, j]), I16(q_x[r, b, j + 1])
+                        x2, x3 = I16(q_x[r, b, j + 2]), I16(q_x[r, b, j + 3])
+                        for i in range(TILE):
+                            dots[i] += I32(I16(w[j, i] * x0 + w[j + 1, i] * x1
+                                               + w[j + 2, i] * x2 + w[j + 3, i] * x3))
+                else:
+                    for j in range(0, BLOCK, 2):
+                        x0, x1 = I16(q_x[r, b, j]), I16(q_x[r, b, j + 1])
+                        for i in range(TILE):
+                            dots[i] += I32(I16(w[j, i] * x0 + w[j + 1, i] * x1))
                 dx = d_x[r, b]
                 if mins is None:
                     for i in range(TILE):
