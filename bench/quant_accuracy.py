@@ -1,6 +1,6 @@
 """What weight quantization costs in accuracy on the default model, against its float32 form.
 
-    python -m bench.quant_accuracy           # 5 models; several minutes on 2 cores
+    python -m bench.quant_accuracy           # 8 rows; about 10 minutes on 2 cores
     python -m bench.quant_accuracy --quick   # "none" and "int4 rounded from float32", 3 prompts, 512 tokens
     python -m bench.quant_accuracy --rows "none,int4 int-dot"   # a subset of the rows ("none" first)
 

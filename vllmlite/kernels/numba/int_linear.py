@@ -43,12 +43,11 @@ def _quantize_activations(x, q, d, sums):  # pragma: no cover - compiled
 
 
 @serial
-def _widen_int8_block(qs, t, b, w):  # pragma: no cover - compiled
-    """Block b of tile t into w int16 [32, TILE]. One flat loop: over [32, TILE] (in the kernel or
-    here), LLVM unrolled the 64 lanes into scalar code."""
-    src, dst = qs[t, b].reshape(BLOCK * TILE), w.reshape(BLOCK * TILE)
+def _widen_int8_block(src, flat):  # pragma: no cover - compiled
+    """An int8 block's bytes src [32 * TILE] into flat int16 [32 * TILE]. One flat loop: over
+    [32, TILE] (in the kernel or here), LLVM unrolled the 64 lanes into scalar code."""
     for k in range(BLOCK * TILE):
-        dst[k] = src[k]
+        flat[k] = src[k]
 
 
 @serial
@@ -62,15 +61,6 @@ def _unpack_int4_block(qs, t, b, w):  # pragma: no cover - compiled
         dst[size + k] = src[k] // np.uint8(16)   # a shift (>> 4) stayed scalar
 
 
-@serial
-def _widen_block(qs, t, b, w):  # pragma: no cover - compiled
-    """Block b of tile t into w int16 [32, TILE], either format (an int4 block is 16 bytes)."""
-    if qs.shape[2] * 2 == BLOCK:
-        _unpack_int4_block(qs, t, b, w)
-    else:
-        _widen_int8_block(qs, t, b, w)
-
-
 @parallel
 def _int_dot(q_x, d_x, s_x, qs, scales, mins, out_t):  # pragma: no cover - compiled
     """out_t [rows, tokens] = the weight times every token's rounded activations; mins None:
@@ -82,13 +72,19 @@ def _int_dot(q_x, d_x, s_x, qs, scales, mins, out_t):  # pragma: no cover - comp
     num_tiles, num_blocks = qs.shape[0], qs.shape[1]
     num_tokens, num_rows = q_x.shape[0], out_t.shape[0]
     is_int4 = qs.shape[2] * 2 == BLOCK
+    size = BLOCK * TILE
     for t in prange(num_tiles):
         acc = np.empty((num_tokens, TILE), dtype=F32)
-        w = np.empty((BLOCK, TILE), dtype=I16)   # block b's integers, widened once for every token
-        dots = np.empty(TILE, dtype=I32)         # q_w . q_x of each row, for one block and token
+        flat = np.empty(size, dtype=I16)    # block b's integers, widened once for every token
+        w = flat.reshape((BLOCK, TILE))
+        src = qs[t].reshape(num_blocks * qs.shape[2] * TILE)
+        dots = np.empty(TILE, dtype=I32)    # q_w . q_x of each row, for one block and token
         acc[:] = 0
         for b in range(num_blocks):
-            _widen_block(qs, t, b, w)
+            if is_int4:
+                _unpack_int4_block(qs, t, b, w)
+            else:   # from a slice of the tile: with qs[t, b] (as int4 takes it) this took twice as long
+                _widen_int8_block(src[b * size:(b + 1) * size], flat)
             for r in range(num_tokens):
                 dots[:] = 0
                 if is_int4:   # nibbles <= 15: four products fit (4 * 15 * 127 = 7620)
