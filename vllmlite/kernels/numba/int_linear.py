@@ -51,14 +51,14 @@ def _widen_int8_block(src, flat):  # pragma: no cover - compiled
 
 
 @serial
-def _unpack_int4_block(qs, t, b, w):  # pragma: no cover - compiled
-    """Block b of tile t into w int16 [32, TILE]: low nibbles are elements 0-15, high 16-31."""
+def _unpack_int4_block(src, flat):  # pragma: no cover - compiled
+    """An int4 block's bytes src [16 * TILE] into flat int16 [32 * TILE]: low nibbles are elements
+    0-15, high 16-31 (LLVM shifts the bytes with vgf2p8affineqb; `>> 4` stayed scalar)."""
     size = HALF * TILE
-    src, dst = qs[t, b].reshape(size), w.reshape(2 * size)
     for k in range(size):
-        dst[k] = src[k] & 15
+        flat[k] = src[k] & 15
     for k in range(size):
-        dst[size + k] = src[k] // np.uint8(16)   # a shift (>> 4) stayed scalar
+        flat[size + k] = src[k] // np.uint8(16)
 
 
 @parallel
@@ -81,9 +81,10 @@ def _int_dot(q_x, d_x, s_x, qs, scales, mins, out_t):  # pragma: no cover - comp
         dots = np.empty(TILE, dtype=I32)    # q_w . q_x of each row, for one block and token
         acc[:] = 0
         for b in range(num_blocks):
+            # from a flat slice of the tile: from qs[t, b] these took up to twice as long
             if is_int4:
-                _unpack_int4_block(qs, t, b, w)
-            else:   # from a slice of the tile: with qs[t, b] (as int4 takes it) this took twice as long
+                _unpack_int4_block(src[b * size // 2:(b + 1) * size // 2], flat)
+            else:
                 _widen_int8_block(src[b * size:(b + 1) * size], flat)
             for r in range(num_tokens):
                 dots[:] = 0
