@@ -1,8 +1,9 @@
 """What weight quantization costs in accuracy on the default model, against its float32 form.
 
-    python -m bench.quant_accuracy           # 5 models; several minutes on 2 cores
+    python -m bench.quant_accuracy           # 8 rows; about 10 minutes on 2 cores
     python -m bench.quant_accuracy --quick   # "none" and "int4 rounded from float32", 3 prompts, 512 tokens
     python -m bench.quant_accuracy --kv-cache-dtype fp16 bf16 int8   # the KV cache's dtype instead
+    python -m bench.quant_accuracy --rows "none,int4 int-dot"   # a subset of the rows ("none" first)
 
 Rows: "none", the GGUF's blocks dequantized to float32 (the reference for every other row); "int8"
 and "int4" as `load_model(quantization=...)` serves them (this GGUF's blocks kept as stored, so the
@@ -22,6 +23,9 @@ changes), int8 the Q8_0 embedding (only the layers change). The "w err" columns 
 With --kv-cache-dtype the rows are "none" and "none, KV <dtype>" per dtype given: float32 weights
 throughout, K/V stored as kv_cache_dtype says (vllmlite/kernels/kv_dtype.py), the same protocol;
 raw results: results/kv_cache_dtype_accuracy.json.
+The "int-dot" rows run every linear layer through integer dot products (`linear(..., int_dot=True)`,
+vllmlite/kernels/int_dot.py): the same weights as the row they name, and the activations rounded to
+8 bits per block of 32 as llama.cpp does, so they measure what that rounding adds.
 """
 
 from __future__ import annotations
@@ -54,23 +58,41 @@ TEXT = REPO_ROOT / "bench" / "data" / "coriolanus.txt"
 LLAMA_PERPLEXITY = REPO_ROOT / "bench" / "llama.cpp-build" / "build" / "bin" / "llama-perplexity"
 LLAMA_N_CTX = 1024  # llama-perplexity needs 2 x n_ctx tokens: 2 chunks of the 2,880
 BLOCK_SIZE = 16
-ROWS = {  # name -> (the engine's quantization, rounded from float32 by our quantizer)
-    "none": ("none", False), "int8": ("int8", False), "int4": ("int4", False),
-    "int8 rounded from float32": ("int8", True), "int4 rounded from float32": ("int4", True),
+ROWS = {  # name -> (the engine's quantization, rounded from float32 by our quantizer, integer dot products)
+    "none": ("none", False, False), "int8": ("int8", False, False), "int4": ("int4", False, False),
+    "int8 rounded from float32": ("int8", True, False), "int4 rounded from float32": ("int4", True, False),
+    "int4 int-dot": ("int4", False, True), "int8 rounded int-dot": ("int8", True, True),
+    "int4 rounded int-dot": ("int4", True, True),
 }
 QUICK_ROWS = ("none", "int4 rounded from float32")
+
+
+class IntDotKernels:
+    """A backend's kernels with every linear layer through integer dot products."""
+
+    def __init__(self, kernels) -> None:
+        self._kernels = kernels
+
+    def __getattr__(self, name: str):
+        return getattr(self._kernels, name)
+
+    def linear(self, x: np.ndarray, weight: Matrix, out: np.ndarray) -> None:
+        self._kernels.linear(x, weight, out, int_dot=True)
 
 
 class PreloadedLLM(LLM):
     """An LLM on a model already in memory (LLM() loads its own), with a KV cache for one
     sequence of max_model_len tokens."""
 
-    def __init__(self, loaded: LoadedModel, quantization: str, max_model_len: int, kv_cache_dtype: str = "auto") -> None:
+    def __init__(self, loaded: LoadedModel, quantization: str, max_model_len: int, kv_cache_dtype: str = "auto",
+                 int_dot: bool = False) -> None:
         config = EngineConfig(dtype="float32", quantization=quantization,
                               cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=ceil_div(max_model_len, BLOCK_SIZE),
                                                 kv_cache_dtype=kv_cache_dtype),
                               scheduler=SchedulerConfig(max_model_len=max_model_len))
         self.engine = LLMEngine(config, loaded)
+        if int_dot:
+            self.engine.model.kernels = IntDotKernels(self.engine.model.kernels)
         self._next_id = 0
 
 
@@ -198,11 +220,11 @@ def check_targets(rows: dict[str, dict], num_prompts: int) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'row':26} {'weights':55} {'MB':>6} {'w err emb':>9} {'w err lay':>9} {'max|dlogit|':>11} "
+    print(f"{'row':26} {'weights':58} {'MB':>6} {'w err emb':>9} {'w err lay':>9} {'max|dlogit|':>11} "
           f"{'rel':>8} {'greedy=none':>11} {'same first':>10} {'greedy=HF':>9} {'ppl':>7} {'vs none':>8}")
     for r in rows:
         n = r["num_prompts"]
-        print(f"{r['name']:26} {r['weights']:55} {r['weights_bytes'] / 1e6:6.1f} "
+        print(f"{r['name']:26} {r['weights']:58} {r['weights_bytes'] / 1e6:6.1f} "
               f"{r['weight_error_embedding']:9.2%} {r['weight_error_layers']:9.2%} "
               f"{r['max_abs_logit_diff_vs_none']:11.2e} {r['max_rel_logit_diff_vs_none']:8.1e} "
               f"{r['greedy_same_as_none']:>8}/{n:<2} "
@@ -215,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--kv-cache-dtype", nargs="+", default=[], metavar="DTYPE",
                         help="rows of float32 weights with these KV cache dtypes (fp16, bf16, int8) instead")
+    parser.add_argument("--rows", help=f"comma-separated, 'none' first (default: all of {list(ROWS)})")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     args.out = args.out or REPO_ROOT / "results" / ("kv_cache_dtype_accuracy.json" if args.kv_cache_dtype
@@ -232,13 +255,18 @@ def main(argv: list[str] | None = None) -> dict:
     weights = {"none": f"float32 (dequantized from {stored})", "int8": f"as stored ({stored})",
                "int4": f"as stored ({stored})", "int8 rounded from float32": "int8, rounded from the 'none' weights",
                "int4 rounded from float32": "int4, rounded from the 'none' weights"}
+    for name, like in (("int4 int-dot", "int4"), ("int8 rounded int-dot", "int8 rounded from float32"),
+                       ("int4 rounded int-dot", "int4 rounded from float32")):
+        weights[name] = f"{weights[like]}; activations 8-bit"
+    names = args.rows.split(",") if args.rows else list(QUICK_ROWS if args.quick else ROWS)
+    if names[0] != "none" or not set(names) <= set(ROWS):
+        parser.error(f"--rows: 'none' first, then any of {list(ROWS)}")
     rows, ref = [], None
-    names = QUICK_ROWS if args.quick else ROWS
     if args.kv_cache_dtype:
         names = ["none"] + [f"none, KV {kv}" for kv in args.kv_cache_dtype]
         weights |= {name: f"{weights['none']}; K/V {name[len('none, KV '):]}" for name in names[1:]}
     for name in names:
-        quantization, rounded = ROWS[name.split(",")[0]]
+        quantization, rounded, int_dot = ROWS[name.split(",")[0]]
         kv = name[len("none, KV "):] if name.startswith("none, KV ") else "auto"
         row_start = time.perf_counter()
         if name.split(",")[0] == "none":
@@ -247,7 +275,7 @@ def main(argv: list[str] | None = None) -> dict:
             loaded = dataclasses.replace(reference, weights=quantize_weights(reference.weights, quantization))
         else:
             loaded = load_model("default", quantization=quantization)
-        m = measure(PreloadedLLM(loaded, quantization, max_model_len, kv), prompts, text_ids)
+        m = measure(PreloadedLLM(loaded, quantization, max_model_len, kv, int_dot), prompts, text_ids)
         if ref is None:  # the first row, "none"
             ref = m
         rows.append({**compare(name, weights[name], m, ref, prompts, golden_logits), "kv_cache_dtype": kv,

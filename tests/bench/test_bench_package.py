@@ -28,7 +28,7 @@ MODULES = ["bench.bench", "bench.measure", "bench.report", "bench.static_batchin
            "bench.soak", "bench.soak_client", "bench.slow_readers", "bench.grammar_bench",
            "bench.grammar_backends", "bench.grammar_adapters", "bench.trace_overhead", "bench.route_sim",
            "bench.chunking", "bench.prefill_attention", "bench.gpu", "bench.gpu_attention", "bench.gpu_steps", "bench.step_overhead",
-           "bench.moe", "bench.moe_step", "bench.attention_options"]
+           "bench.moe", "bench.moe_step", "bench.attention_options", "bench.int_dot"]
 
 
 def test_every_bench_module_is_listed_and_imports():

@@ -12,6 +12,7 @@ import numpy as np
 from numba import prange
 
 from vllmlite.kernels import blas, reference
+from vllmlite.kernels.numba.int_linear import int_dot_linear
 from vllmlite.kernels.numba.jit import parallel, serial
 from vllmlite.kernels.quant import BLOCK, TILE, QuantizedMatrix
 
@@ -224,14 +225,19 @@ DEQUANTIZE_TILES = 8  # tiles dequantized at a time for np.matmul, when numpy's 
 _scratch = threading.local()  # per thread: the float32 tiles dequantized into, reused across calls
 
 
-def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray) -> None:
+def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray, int_dot: bool = False) -> None:
     """BLAS for batches; for up to SKINNY_MAX_ROWS tokens (a lone decode, speculative verification,
     a small batch) the compiled product above, which reads the weights once: over the default
     model's weights on 2 AVX2 cores it took 66-93 ms at 4-16 tokens where OpenBLAS's GEMM took
     97-104 ms (and about as long as one token at 2-3); BLAS wins from about 24 tokens. Quantized
-    weights go their own way (`_quantized_linear`)."""
+    weights go their own way (`_quantized_linear`), or with `int_dot` (off by default: it rounds
+    the activations to 8 bits too) through integer dot products (int_linear.py); `int_dot`
+    changes nothing for float weights."""
     if isinstance(weight, QuantizedMatrix):
-        _quantized_linear(x, weight, out)
+        if int_dot:
+            int_dot_linear(x, weight, out)
+        else:
+            _quantized_linear(x, weight, out)
     elif x.shape[0] <= SKINNY_MAX_ROWS:
         _skinny_linear(x.T, weight, out.T)
     else:

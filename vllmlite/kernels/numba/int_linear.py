@@ -1,0 +1,124 @@
+"""The numba backend's integer-dot `linear` on quantized weights: activations rounded to 8 bits per
+block, int16/int32 products, scales applied per block (the contract: vllmlite/kernels/int_dot.py).
+Knows nothing of the model; `linear(..., int_dot=True)` in linear.py chooses it.
+
+One loop order serves every token count: a work item is a tile of TILE rows (quant.py's layout,
+the rows side by side), and each of its blocks is widened to int16 once (32 x TILE, in L1) and
+multiplied by every token's block before the next, so the weights are read from memory once
+whatever the batch. The innermost loop runs over the tile's rows with one activation integer
+broadcast: LLVM multiplies 32 lanes at a time in int16 (vpmullw) and widens every second product
+into int32 sums. (The rows side by side leave no 4 adjacent bytes of one row for VNNI's vpdpbusd.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from vllmlite.kernels.numba.jit import parallel, serial
+from vllmlite.kernels.quant import BLOCK, TILE, QuantizedMatrix
+
+I16, I32, F32 = np.int16, np.int32, np.float32
+HALF = BLOCK // 2
+
+
+@njit(cache=True, nogil=True)   # no fastmath: x / d must round as numpy's does, not as x * (1 / d)
+def _quantize_activations(x, q, d, sums):  # pragma: no cover - compiled
+    """x [tokens, in] -> q int8 [tokens, blocks, 32], d float32 [tokens, blocks] (the scales) and
+    sums int32 [tokens, blocks] (each block's sum of q), as int_dot.quantize_activations."""
+    num_tokens, num_blocks = d.shape
+    for r in range(num_tokens):
+        for b in range(num_blocks):
+            top = F32(0)
+            for j in range(BLOCK):
+                top = max(top, abs(F32(x[r, b * BLOCK + j])))
+            scale = top / F32(127)
+            divisor = scale if scale != 0 else F32(1)
+            total = 0
+            for j in range(BLOCK):
+                v = min(max(np.rint(F32(x[r, b * BLOCK + j]) / divisor), F32(-127)), F32(127))
+                q[r, b, j] = v
+                total += I32(v)
+            d[r, b], sums[r, b] = scale, total
+
+
+@serial
+def _widen_int8_block(src, flat):  # pragma: no cover - compiled
+    """An int8 block's bytes src [32 * TILE] into flat int16 [32 * TILE]. One flat loop: over
+    [32, TILE] (in the kernel or here), LLVM unrolled the 64 lanes into scalar code."""
+    for k in range(BLOCK * TILE):
+        flat[k] = src[k]
+
+
+@serial
+def _unpack_int4_block(src, flat):  # pragma: no cover - compiled
+    """An int4 block's bytes src [16 * TILE] into flat int16 [32 * TILE]: low nibbles are elements
+    0-15, high 16-31 (LLVM shifts the bytes with vgf2p8affineqb; `>> 4` stayed scalar)."""
+    size = HALF * TILE
+    for k in range(size):
+        flat[k] = src[k] & 15
+    for k in range(size):
+        flat[size + k] = src[k] // np.uint8(16)
+
+
+@parallel
+def _int_dot(q_x, d_x, s_x, qs, scales, mins, out_t):  # pragma: no cover - compiled
+    """out_t [rows, tokens] = the weight times every token's rounded activations; mins None:
+    symmetric int8. Each block of a tile is widened to int16 once (w), then for every token two
+    products at a time (four for int4) are summed in int16 (|q_w| <= 128 and |q_x| <= 127: 2 * 128
+    * 127 = 32512 fits) and widened into the int32 sums; written as one expression, LLVM keeps the
+    products in int16 lanes (vpmullw). Summed in a loop of their own into an int16 array, they
+    stayed scalar."""
+    num_tiles, num_blocks = qs.shape[0], qs.shape[1]
+    num_tokens, num_rows = q_x.shape[0], out_t.shape[0]
+    is_int4 = qs.shape[2] * 2 == BLOCK
+    size = BLOCK * TILE
+    for t in prange(num_tiles):
+        acc = np.empty((num_tokens, TILE), dtype=F32)
+        flat = np.empty(size, dtype=I16)    # block b's integers, widened once for every token
+        w = flat.reshape((BLOCK, TILE))
+        src = qs[t].reshape(num_blocks * qs.shape[2] * TILE)
+        dots = np.empty(TILE, dtype=I32)    # q_w . q_x of each row, for one block and token
+        acc[:] = 0
+        for b in range(num_blocks):
+            # from a flat slice of the tile: from qs[t, b] these took up to twice as long
+            if is_int4:
+                _unpack_int4_block(src[b * size // 2:(b + 1) * size // 2], flat)
+            else:
+                _widen_int8_block(src[b * size:(b + 1) * size], flat)
+            for r in range(num_tokens):
+                dots[:] = 0
+                if is_int4:   # nibbles <= 15: four products fit (4 * 15 * 127 = 7620)
+                    for j in range(0, BLOCK, 4):
+                        x0, x1 = I16(q_x[r, b, j]), I16(q_x[r, b, j + 1])
+                        x2, x3 = I16(q_x[r, b, j + 2]), I16(q_x[r, b, j + 3])
+                        for i in range(TILE):
+                            dots[i] += I32(I16(w[j, i] * x0 + w[j + 1, i] * x1
+                                               + w[j + 2, i] * x2 + w[j + 3, i] * x3))
+                else:
+                    for j in range(0, BLOCK, 2):
+                        x0, x1 = I16(q_x[r, b, j]), I16(q_x[r, b, j + 1])
+                        for i in range(TILE):
+                            dots[i] += I32(I16(w[j, i] * x0 + w[j + 1, i] * x1))
+                dx = d_x[r, b]
+                if mins is None:
+                    for i in range(TILE):
+                        acc[r, i] += scales[t, b, i] * (dx * F32(dots[i]))
+                else:
+                    dx_sum = dx * F32(s_x[r, b])
+                    for i in range(TILE):
+                        acc[r, i] += scales[t, b, i] * (dx * F32(dots[i])) + mins[t, b, i] * dx_sum
+        for r in range(num_tokens):
+            for i in range(min(TILE, num_rows - t * TILE)):
+                out_t[t * TILE + i, r] = acc[r, i]
+
+
+def int_dot_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray) -> None:
+    """out [tokens, rows] = x [tokens, in] times `weight` with 8-bit activations (int_dot.py)."""
+    num_tokens, cols = x.shape
+    num_blocks = cols // BLOCK
+    q_x = np.empty((num_tokens, num_blocks, BLOCK), dtype=np.int8)
+    d_x = np.empty((num_tokens, num_blocks), dtype=F32)
+    s_x = np.empty((num_tokens, num_blocks), dtype=I32)
+    _quantize_activations(x, q_x, d_x, s_x)
+    _int_dot(q_x, d_x, s_x, weight.qs, weight.scales, weight.mins, out.T)
