@@ -16,9 +16,10 @@ from vllmlite.kernels.kv_dtype import PackedKV
 KINDS = ["fp16", "bf16", "int8"]
 
 
-def packed_garbage(kind: str, num_slots: int, num_kv_heads: int, rng: np.random.Generator) -> PackedKV:
+def packed_garbage(kind: str, num_slots: int, num_kv_heads: int, rng: np.random.Generator,
+                   head_dim: int = HEAD_DIM) -> PackedKV:
     """A packed cache whose every slot holds large finite values: reading an unowned one would show."""
-    cache = PackedKV(kind, (num_slots, num_kv_heads, HEAD_DIM))
+    cache = PackedKV(kind, (num_slots, num_kv_heads, head_dim))
     cache.store(np.arange(num_slots), 1e3 * rng.uniform(-1, 1, cache.shape).astype(np.float32))
     return cache
 
@@ -37,11 +38,12 @@ def test_round_trip_error_bounds(kind):
     assert read.dtype == np.float32
     error = np.abs(read - x)
     if kind == "int8":
-        scale = np.abs(x).max(axis=-1) / 127
+        groups = kv_dtype.int8_groups(HEAD_DIM)
+        scale = np.abs(x.reshape(50, 3, groups, -1)).max(axis=-1) / 127                  # [50, 3, groups]
         np.testing.assert_array_equal(cache.scales[slots], scale.astype(np.float32))
-        assert (error <= scale[..., None] / 2 * (1 + 1e-6)).all()
-        assert (read[7, 1] == 0).all() and cache.scales[slots[7], 1] == 0
-        assert cache.nbytes == x.size + 4 * 50 * 3
+        assert (error.reshape(50, 3, groups, -1) <= scale[..., None] / 2 * (1 + 1e-6)).all()
+        assert (read[7, 1] == 0).all() and (cache.scales[slots[7], 1] == 0).all()
+        assert cache.nbytes == x.size + 4 * 50 * 3 * groups
     else:
         assert (error <= np.abs(x) * (2.0 ** -11 if kind == "fp16" else 2.0 ** -8)).all()
         assert cache.nbytes == 2 * x.size
@@ -117,20 +119,32 @@ def test_kv_bytes_per_token_counts_scales():
     assert kv_dtype.kv_bytes_per_token(2, 2, 64, "auto", 4) == 2 * 2 * 2 * 64 * 4
     assert kv_dtype.kv_bytes_per_token(2, 2, 64, "fp16", 4) == 2 * 2 * 2 * 64 * 2
     assert kv_dtype.kv_bytes_per_token(2, 2, 64, "bf16", 8) == 2 * 2 * 2 * 64 * 2
-    assert kv_dtype.kv_bytes_per_token(2, 2, 64, "int8", 4) == 2 * 2 * 2 * (64 + 4)
+    assert kv_dtype.kv_bytes_per_token(2, 2, 64, "int8", 4) == 2 * 2 * 2 * (64 + 2 * 4)   # two groups of 32
+    assert kv_dtype.kv_bytes_per_token(2, 2, 48, "int8", 4) == 2 * 2 * 2 * (48 + 4)       # 32 does not divide 48
+
+
+def test_int8_scales_each_group_of_32_on_its_own():
+    """A large value in one group of 32 leaves the other group's step as fine as its own values allow."""
+    x = np.zeros((1, 1, 64), np.float32)
+    x[0, 0, :32], x[0, 0, 32:] = 100.0, np.linspace(-1, 1, 32)
+    cache = PackedKV("int8", x.shape)
+    cache.store(np.array([0]), x)
+    np.testing.assert_allclose(cache.scales[0, 0], [100 / 127, 1 / 127], rtol=1e-6)
+    assert np.abs(cache.read(np.array([0]))[0, 0, 32:] - x[0, 0, 32:]).max() <= 0.5 / 127 * (1 + 1e-6)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_compiled_widening_is_the_reference_widening_bit_for_bit(kind, dtype):
+@pytest.mark.parametrize("head_dim", [HEAD_DIM, 64])   # int8: one scale a head, and two groups of 32
+def test_compiled_widening_is_the_reference_widening_bit_for_bit(kind, dtype, head_dim):
     from vllmlite.kernels.numba.kv_widen import widen_step
     rng = np.random.default_rng(4)
-    k_cache, v_cache = (packed_garbage(kind, 12 * 4, 3, rng) for _ in "kv")
+    k_cache, v_cache = (packed_garbage(kind, 12 * 4, 3, rng, head_dim) for _ in "kv")
     k_cache.data[5] = 0   # a zero token (its int8 scale is 0)
     meta = build_metadata([1, 3], [9, 6], [[7, 2, 11], [3, 7]], 4)
     expected = kv_dtype.widen_step(k_cache, v_cache, meta, dtype)
     got = widen_step(k_cache, v_cache, build_metadata([1, 3], [9, 6], [[7, 2, 11], [3, 7]], 4), dtype)
     for e, g in zip(expected[:2], got[:2]):
-        assert g.dtype == dtype and g.shape == (5 * 4, 3, HEAD_DIM)   # blocks 0 (padding), 2, 3, 7, 11
+        assert g.dtype == dtype and g.shape == (5 * 4, 3, head_dim)   # blocks 0 (padding), 2, 3, 7, 11
         np.testing.assert_array_equal(g, e)
     np.testing.assert_array_equal(got[2].block_tables, [[3, 1, 4], [2, 3, 0]])

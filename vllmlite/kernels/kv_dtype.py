@@ -2,21 +2,26 @@
 
 `auto` keeps K and V as plain arrays of the model's dtype, as before. Any other dtype stores one
 layer's K (or V) as a `PackedKV`: `data` [num_slots, kv_heads, head_dim] in the storage dtype and,
-for int8, `scales` [num_slots, kv_heads] float32, indexed by the same slots as the data:
+for int8, `scales` [num_slots, kv_heads, groups] float32, indexed by the same slots as the data:
 
   fp16  numpy float16 (round to nearest); reads widen exactly.
   bf16  uint16, the top half of each float32 (numpy has no bfloat16), rounded to nearest even;
         reads put the half back on top of 16 zero bits.
-  int8  symmetric, one float32 scale per (token, KV head): scale = max |x| over head_dim / 127,
+  int8  symmetric, one float32 scale per (token, KV head, group of INT8_GROUP elements of head_dim,
+        or the whole head when head_dim is no multiple of it): scale = max |x| over the group / 127,
         q = rint(x / scale) in [-127, 127], read as q * scale, so |x - read| <= scale / 2 per element.
+        Groups of 32, as llama.cpp's Q8_0: with one scale per head (64 elements in SmolLM2), a few
+        large channels of K set the step for all, and 8 of 13 greedy continuations stayed identical
+        to float32 K/V's on the default model; with groups of 32, 10 of 13 (groups of 16: 9, noise
+        on a measure this sensitive; results/kv_cache_dtype_accuracy.json has the rest).
 
-Why per token and head, not per block: a token's stored K/V depends on that token alone. A write
+Why per token (and head and group), not per block: a token's stored K/V depends on that token alone. A write
 never touches earlier tokens (no requantizing a block's earlier tokens when a larger value comes,
 which would change K/V earlier steps already attended to, and make the cache depend on how a prompt
 was chunked), so prefix caching, recompute after preemption and chunked prefill all store the same
 bytes, and copy-on-write and swaps copy the scales with their slots (`copy_slots`). The cost is
-4 bytes per (token, KV head) for K and for V: with head_dim 64, 68 bytes against float32's 256
-(3.76x smaller), with 128, 132 against 512 (3.88x); `kv_bytes_per_token` counts them.
+4 bytes per (token, KV head, group) for K and for V: with head_dim 64, 72 bytes against float32's
+256 (3.56x smaller), and the same ratio at 128; `kv_bytes_per_token` counts them.
 
 Reading: the reference gathers a group's blocks and widens them (`gather_blocks`); the numba
 backend widens the blocks a step's tables name once per layer into float32 scratch and runs its
@@ -32,14 +37,20 @@ import numpy as np
 from vllmlite.kernels.attention_metadata import AttentionMetadata
 
 STORAGE = {"fp16": np.float16, "bf16": np.uint16, "int8": np.int8}
-SCALE_BYTES = 4   # one float32 scale per (token, KV head), int8 only
+SCALE_BYTES = 4   # one float32 scale per (token, KV head, group), int8 only
 INT8_MAX = 127
+INT8_GROUP = 32   # elements of head_dim sharing one int8 scale
+
+
+def int8_groups(head_dim: int) -> int:
+    """Scales per (token, KV head) in int8: head_dim / INT8_GROUP, or 1 if it does not divide."""
+    return head_dim // INT8_GROUP if head_dim % INT8_GROUP == 0 else 1
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kind: str, model_itemsize: int) -> int:
     """Bytes of K and V (scales included) one token holds across all layers."""
     per_head = head_dim * (model_itemsize if kind == "auto" else np.dtype(STORAGE[kind]).itemsize)
-    per_head += SCALE_BYTES if kind == "int8" else 0
+    per_head += SCALE_BYTES * int8_groups(head_dim) if kind == "int8" else 0
     return 2 * num_layers * num_kv_heads * per_head
 
 
@@ -49,7 +60,7 @@ class PackedKV:
     def __init__(self, kind: str, shape: tuple[int, int, int]) -> None:
         self.kind = kind
         self.data = np.zeros(shape, STORAGE[kind])   # numpy's zeros map pages lazily
-        self.scales = np.zeros(shape[:2], np.float32) if kind == "int8" else None
+        self.scales = np.zeros((*shape[:2], int8_groups(shape[2])), np.float32) if kind == "int8" else None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -84,10 +95,12 @@ def encode(kind: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     if kind == "bf16":
         bits = x.view(np.uint32).astype(np.uint64)
         return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16), None   # round to nearest even
-    scales = np.abs(x).max(axis=-1) / np.float32(INT8_MAX)                                # [...]
+    num_groups = int8_groups(x.shape[-1])
+    groups = x.reshape(*x.shape[:-1], num_groups, x.shape[-1] // num_groups)             # [..., G, g]
+    scales = np.abs(groups).max(axis=-1) / np.float32(INT8_MAX)                          # [..., G]
     safe = np.where(scales > 0, scales, np.float32(1))
-    q = np.clip(np.rint(x / safe[..., None]), -INT8_MAX, INT8_MAX).astype(np.int8)
-    return q, scales.astype(np.float32)
+    q = np.clip(np.rint(groups / safe[..., None]), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return q.reshape(x.shape), scales.astype(np.float32)
 
 
 def decode(kind: str, data: np.ndarray, scales: np.ndarray | None, dtype=np.float32) -> np.ndarray:
@@ -96,7 +109,9 @@ def decode(kind: str, data: np.ndarray, scales: np.ndarray | None, dtype=np.floa
         return data.astype(dtype)
     if kind == "bf16":
         return (data.astype(np.uint32) << 16).view(np.float32).astype(dtype, copy=False)
-    return (data.astype(np.float32) * scales[..., None]).astype(dtype, copy=False)
+    num_groups = scales.shape[-1]
+    groups = data.reshape(*data.shape[:-1], num_groups, data.shape[-1] // num_groups).astype(np.float32)
+    return (groups * scales[..., None]).reshape(data.shape).astype(dtype, copy=False)
 
 
 def write(k_cache: PackedKV, v_cache: PackedKV, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
@@ -119,7 +134,8 @@ def gather_blocks(cache, block_ids: np.ndarray, block_size: int, dtype) -> np.nd
     if not isinstance(cache, PackedKV):
         return cache.reshape(-1, block_size, num_kv_heads, head_dim)[block_ids]
     data = cache.data.reshape(-1, block_size, num_kv_heads, head_dim)[block_ids]
-    scales = None if cache.scales is None else cache.scales.reshape(-1, block_size, num_kv_heads)[block_ids]
+    scales = None if cache.scales is None else \
+        cache.scales.reshape(-1, block_size, num_kv_heads, cache.scales.shape[-1])[block_ids]
     return decode(cache.kind, data, scales, dtype)
 
 

@@ -37,14 +37,16 @@ def _widen_16(data, table, block_ids, block_size, out):  # pragma: no cover - co
 
 @parallel
 def _widen_int8(data, scales, block_ids, block_size, out):  # pragma: no cover - compiled
-    """out[b * bs + t] = data[s] * scales[s] (per KV head), s = block_ids[b] * bs + t."""
+    """out[b * bs + t] = data[s] * scales[s] (per KV head and group), s = block_ids[b] * bs + t."""
+    group = data.shape[2] // scales.shape[2]
     for b in prange(block_ids.shape[0]):
         first, base = block_ids[b] * block_size, b * block_size
         for t in range(block_size):
             for h in range(data.shape[1]):
-                scale = scales[first + t, h]
-                for i in range(data.shape[2]):
-                    out[base + t, h, i] = data[first + t, h, i] * scale
+                for g in range(scales.shape[2]):
+                    scale = scales[first + t, h, g]
+                    for i in range(g * group, (g + 1) * group):
+                        out[base + t, h, i] = data[first + t, h, i] * scale
 
 
 def widen_step(k_cache: PackedKV, v_cache: PackedKV, meta: AttentionMetadata, dtype):
