@@ -5,18 +5,14 @@ anything is."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from paths import REPO_ROOT
+from bench_run import run_quick
 
 
 def test_moe_step_compares_equal_active_sizes_at_each_batch(tmp_path):
     out = tmp_path / "bench_moe_step.json"
-    result = subprocess.run([sys.executable, "-m", "bench.moe_step", "--quick", "--out", str(out)],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_quick("bench.moe_step", out)
     report = json.loads(out.read_text())
     assert [row["num_seqs"] for row in report["rows"]] == [1, 32]
     for row in report["rows"]:

@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
-from paths import REPO_ROOT
+from bench_run import run_quick
 
 
 @pytest.mark.real_model
 def test_quick_run_measures_int4_rounding_against_float32(tmp_path):
     out = tmp_path / "quant_accuracy.json"
-    result = subprocess.run([sys.executable, "-m", "bench.quant_accuracy", "--quick", "--out", str(out)],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+    result = run_quick("bench.quant_accuracy", out)
     assert "perplexity within 5% of float32" in result.stdout  # the table and the target line were printed
     report = json.loads(out.read_text())
     assert {"command", "machine", "text", "rows"} <= set(report)

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from paths import REPO_ROOT
+from bench_run import run_quick
 
 
 @pytest.mark.real_model
 def test_quick_run_times_both_paths_for_each_token_count(tmp_path):
     out = tmp_path / "bench_quant.json"
-    result = subprocess.run([sys.executable, "-m", "bench.quant_bench", "--quick", "--out", str(out)], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+    run_quick("bench.quant_bench", out)
     rows = json.loads(out.read_text())["rows"]
     assert [r["tokens"] for r in rows] == [1, 17]          # the few-token kernel and the BLAS tiles
     for r in rows:

@@ -4,20 +4,16 @@ routing hits the prefix cache more than round robin does, and the report's figur
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from paths import REPO_ROOT
+from bench_run import run_quick
 
 from bench.route_sim import SimConfig, make_trace, simulate
 
 
 def test_quick_run_writes_every_row_and_the_plot(tmp_path):
     out, plot = tmp_path / "sim.json", tmp_path / "sim.png"
-    result = subprocess.run([sys.executable, "-m", "bench.route_sim", "--quick", "--out", str(out), "--plot", str(plot)],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_quick("bench.route_sim", out, "--plot", str(plot))
     report = json.loads(out.read_text())
     assert [(r["num_replicas"], r["policy"]) for r in report["rows"]] == [
         (n, p) for n in (2, 4) for p in ("prefix_aware", "round_robin", "least_loaded")]

@@ -7,18 +7,14 @@ not how fast anything is.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from paths import REPO_ROOT
+from bench_run import run_quick
 
 
 def test_step_overhead_reports_every_phase_of_every_row(tmp_path):
     out = tmp_path / "bench_step_overhead.json"
-    result = subprocess.run([sys.executable, "-m", "bench.step_overhead", "--quick", "--out", str(out)],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_quick("bench.step_overhead", out)
     report = json.loads(out.read_text())
     rows = report["current"]["offline"]
     assert [(r["num_seqs"], r["detokenize"]) for r in rows] == [(8, False), (8, True), (4, False), (4, True)]
