@@ -250,15 +250,21 @@ def cuda_time(fn, reps: int = 20) -> float:
     return float(np.median(times))
 
 
+def decode_inputs(batch: int, context: int):
+    """(metadata, input ids) of a decode step of `batch` sequences at `context` tokens, each in its own
+    shuffled blocks."""
+    blocks_per_seq = -(-context // BLOCK_SIZE)
+    rng = np.random.default_rng(batch)
+    ids = rng.permutation(batch * blocks_per_seq).reshape(batch, blocks_per_seq)
+    return build_metadata([1] * batch, [context] * batch, ids.tolist(), BLOCK_SIZE), rng.integers(0, 1000, batch)
+
+
 def decode_step(engine: LLMEngine, batch: int, context: int) -> dict:
     """One decode forward pass (each of `batch` sequences at `context` tokens) next to its GEMM-only
     bound replayed as a CUDA graph."""
     model, kv = engine.runner.model, engine.runner.kv_cache
-    blocks_per_seq = -(-context // BLOCK_SIZE)
-    rng = np.random.default_rng(batch)
-    ids = rng.permutation(batch * blocks_per_seq).reshape(batch, blocks_per_seq)
-    meta = build_metadata([1] * batch, [context] * batch, ids.tolist(), BLOCK_SIZE)
-    input_ids, rows = rng.integers(0, 1000, batch), np.arange(batch)
+    meta, input_ids = decode_inputs(batch, context)
+    rows = np.arange(batch)
 
     def eager():     # the forward pass launched from Python and a device argmax
         meta.kernel_cache.clear()   # a new step: its index arrays are moved to the device again

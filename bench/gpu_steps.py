@@ -26,7 +26,7 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 import numpy as np
 import torch
 
-from bench.gpu import decode_step, hf_model, make_engine, our_model, workload
+from bench.gpu import decode_inputs, decode_step, hf_model, make_engine, our_model, workload
 from vllmlite.sampling_params import SamplingParams
 
 
@@ -138,12 +138,7 @@ def main() -> None:
         result = decode_step(engine, batch, 512)
         tables.append(f"decode batch {batch}: {result}")
         model, graphs = engine.runner.model, engine.runner.graphs
-        rng = np.random.default_rng(0)
-        from vllmlite.kernels.attention_metadata import build_metadata
-        blocks = 512 // 16
-        meta = build_metadata([1] * batch, [512] * batch,
-                              rng.permutation(batch * blocks).reshape(batch, blocks).tolist(), 16)
-        ids = rng.integers(0, 1000, batch)
+        meta, ids = decode_inputs(batch, 512)
         tables.append(kernel_table(lambda: model.kernels.argmax(graphs.run(ids, meta))))
         tables.append(f"eager forward, batch {batch}")
 
