@@ -118,7 +118,7 @@ def test_the_split_plan_splits_only_a_starved_device():
 
 
 def run_splits(device, query_lens, seq_lens, num_splits, heads=4, kv_heads=2, head_dim=16, block_size=16,
-               seed=0, **options):
+               seed=0, block_n=None, **options):
     """The kernel launched straight with `num_splits` (short-query tiles, as decodes get them)
     against the reference; returns the relative error and the output."""
     if device == "cuda" and not torch.cuda.is_available():
@@ -137,7 +137,7 @@ def run_splits(device, query_lens, seq_lens, num_splits, heads=4, kv_heads=2, he
     dev = [torch.from_numpy(np.ascontiguousarray(a)).to(device)
            for a in (q, k_cache, v_cache, tiles, np.asarray(meta.block_tables, np.int64))]
     out = torch.full(q.shape, float("nan"), device=device)    # every element must be written
-    ta.paged_attention_tiles(*dev[:4], rows, dev[4], block_size, out, num_splits, **options)
+    ta.paged_attention_tiles(*dev[:4], rows, dev[4], block_size, out, num_splits, block_n or ta.BLOCK_N, **options)
     got = out.cpu().numpy()
     return np.linalg.norm(got - expected) / np.linalg.norm(expected), got
 
@@ -153,6 +153,24 @@ def test_any_number_of_splits_matches_the_reference(device, num_splits, window):
     seq_lens = [3, span - 37 if span > 64 else 27, span, span + 50, span + 9]
     error, got = run_splits(device, [1, 1, 1, 1, 5], seq_lens, num_splits, sliding_window=window)
     assert not np.isnan(got).any() and error < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_splits,window", [(1, None), (3, None), (2, 40)])
+def test_32_keys_a_tile_match_the_reference(device, num_splits, window):
+    """The tile a large decode batch at head_dim >= 128 gets (block_n_for): contexts around
+    multiples of 32 keys, split or not, windowed or not, at head_dim 128."""
+    error, got = run_splits(device, [1, 1, 1, 1], [5, 32, 95, 161], num_splits, head_dim=128, block_n=32,
+                            sliding_window=window)
+    assert not np.isnan(got).any() and error < 1e-5
+
+
+def test_32_keys_a_tile_only_for_wide_heads_and_many_programs():
+    block_n_for = paged_attention_kernel().block_n_for
+    assert block_n_for(head_dim=128, num_programs=2048, num_sms=132) == 32    # 256 decodes, 8 KV heads
+    assert block_n_for(head_dim=128, num_programs=256, num_sms=132) == 64     # 32 decodes
+    assert block_n_for(head_dim=64, num_programs=2048, num_sms=132) == 64     # Llama-3.2-1B's heads
+    assert block_n_for(head_dim=256, num_programs=4096, num_sms=0) == 64      # the CPU
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -174,8 +174,9 @@ class DecodeGraphs:
                                  self.block_size)
         # The attention launch the torch kernels would plan for this batch, on the static tiles.
         rows = triton_attention.tile_rows(c.num_heads, c.num_kv_heads, long=False)
-        splits = triton_attention.split_plan(batch * c.num_kv_heads, self.max_model_len, self.model.kernels.num_sms)
-        meta.kernel_cache["torch.tiles"] = [(self.view("tiles").view(-1, 4)[:batch], rows, splits)]
+        plan = triton_attention.short_query_plan(batch * c.num_kv_heads, c.head_dim, self.max_model_len,
+                                                 self.model.kernels.num_sms)
+        meta.kernel_cache["torch.tiles"] = [(self.view("tiles").view(-1, 4)[:batch], rows, *plan)]
         meta.kernel_cache["torch.block_tables"] = meta.block_tables
         return self.model.forward_logits(self.view("ids")[:batch], meta, self.kv_cache, self._rows[:batch],
                                          workspace=self._workspace)
