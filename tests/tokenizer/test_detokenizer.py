@@ -209,9 +209,11 @@ class RecordingTokenizer(ByteTokenizer):
     def __init__(self) -> None:
         super().__init__()
         self.max_decode_len = 0
+        self.num_decodes = 0
 
     def decode(self, token_ids, skip_special_tokens=False):
         self.max_decode_len = max(self.max_decode_len, len(token_ids))
+        self.num_decodes += 1
         return super().decode(token_ids, skip_special_tokens)
 
 
@@ -222,6 +224,16 @@ def test_each_step_decodes_a_bounded_window():
     pieces = stream(detok, output)
     assert tokenizer.max_decode_len <= 8
     assert "".join(pieces) == BYTES.decode(output)  # O(window), not O(length)
+
+
+def test_without_stop_strings_a_call_decodes_once_whatever_its_tokens():
+    """Multi-step decoding hands the detokenizer 8 tokens a step: with no stop string to match
+    they are decoded together (plus one decode where the window moves), not one by one."""
+    tokenizer = RecordingTokenizer()
+    detok = IncrementalDetokenizer(tokenizer, byte_ids("prompt"))
+    tokenizer.num_decodes = 0
+    assert detok.add_tokens(byte_ids("8 bytes!")).text == "8 bytes!"
+    assert tokenizer.num_decodes <= 2
 
 
 def test_numpy_token_ids_accepted():

@@ -71,6 +71,11 @@ class IncrementalDetokenizer:
         """
         if self.is_stopped:
             return DetokenizerDelta("", None, 0)
+        if not self.stop:   # nothing to match: all of them in one decode, not one (or two) a token
+            if not len(token_ids):
+                return self._emit("", None, 0)
+            self._window.extend(map(int, token_ids))   # numpy ints from the sampler too
+            return self._emit(self._decode_step(), None, len(token_ids))
         pieces = []
         for num_used, token_id in enumerate(token_ids, start=1):
             text, stop_str = self._add_one(token_id)
@@ -99,8 +104,6 @@ class IncrementalDetokenizer:
         """Append one token; return (text safe to emit, the stop string it completed or None)."""
         self._window.append(int(token_id))  # numpy ints from the sampler too
         pending = self._held + self._decode_step()
-        if not self.stop:
-            return pending, None  # no stop string: nothing to match, nothing held back
         stop_match = _find_stop(pending, self.stop)
         if stop_match is not None:
             start, stop_str = stop_match
