@@ -58,6 +58,31 @@ def test_generate_streams_deltas_that_add_up_to_the_offline_output(make_async, m
     assert wait_until(lambda: is_idle(engine))
 
 
+def test_a_final_only_stream_gets_the_finished_output_alone(make_async, make_engine):
+    """What a response not streamed reads (api final_outputs marks its streams): one output, the
+    finished one, whose cumulative ids and text are the offline run's; a plain stream beside it
+    still gets every step's."""
+    prompts = make_prompts(2, seed=5)
+    expected = run_to_completion(make_engine(), [(p, greedy(10)) for p in prompts])
+    engine = make_async()
+
+    async def main():
+        final = engine.add_request(GenerateRequest("final", prompts[0], greedy(10)))
+        final.final_only = True
+        every = engine.add_request(GenerateRequest("every", prompts[1], greedy(10)))
+
+        async def read(stream):
+            return [o async for o in stream]
+        return await asyncio.gather(read(final), read(every))
+
+    final, every = asyncio.run(main())
+    assert [o.finished for o in final] == [True]
+    assert final[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+    assert final[0].outputs[0].text == expected[0].outputs[0].text
+    assert len(every) > 1 and every[-1].outputs[0].token_ids == expected[1].outputs[0].token_ids
+    assert wait_until(lambda: is_idle(engine))
+
+
 def test_consumer_that_stops_early_aborts_and_frees_blocks(make_async):
     engine = make_async()
 

@@ -333,7 +333,7 @@ class AsyncLLMEngine:
         for output in outputs:
             stream = self._streams.pop(output.request_id) if output.finished \
                 else self._streams.get(output.request_id)
-            if stream is not None:
+            if stream is not None and (output.finished or not stream.final_only):
                 delivered.append((stream, output))
         put_many(delivered)
 

@@ -59,6 +59,9 @@ class RequestStream:
         self._timeout = timeout
         self.is_finished = False   # the engine has sent its last item
         self._cancel_error: BaseException | None = None  # why cancel() aborts, if not a disconnect
+        # Set by a reader that wants only the finished output (a response not streamed): the feeder
+        # may then skip the outputs before it, each a wake-up of the event loop for nothing.
+        self.final_only = False
 
     def put(self, item: StreamItem) -> None:
         """Called from the engine thread."""
