@@ -29,6 +29,7 @@ from bench.report import REPO_ROOT, machine_info, module_command
 from vllmlite.engine_args import EngineArgs
 from vllmlite.kernels import get_kernels
 from vllmlite.kernels.attention_metadata import build_metadata
+from vllmlite.kernels.kv_dtype import PackedKV
 from vllmlite.kernels.reference import linear  # BLAS: the GEMM-only bound
 from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import load_model
@@ -53,28 +54,36 @@ def median_seconds(fn, min_seconds: float) -> float:
     return timed(fn, reps=3, min_seconds=min_seconds, warm_up=True).median_s
 
 
-def kv_for(model: DecoderModel, num_seqs: int, context: int, rng: np.random.Generator):
-    """A KV cache holding `num_seqs` contexts in shuffled, distinct blocks; the block tables."""
+def kv_for(model: DecoderModel, num_seqs: int, context: int, rng: np.random.Generator, kv_cache_dtype: str = "auto"):
+    """A KV cache holding `num_seqs` contexts in shuffled, distinct blocks, stored as kv_cache_dtype
+    says (kernels/kv_dtype.py); the block tables."""
     c = model.config
     blocks_per_seq = -(-(context + 1) // BLOCK_SIZE)
     num_blocks = num_seqs * blocks_per_seq
     order = rng.permutation(num_blocks)
     tables = [order[i * blocks_per_seq:(i + 1) * blocks_per_seq].tolist() for i in range(num_seqs)]
     shape = (num_blocks * BLOCK_SIZE, c.num_kv_heads, c.head_dim)
-    kv = [(rng.standard_normal(shape, dtype=np.float32).astype(model.dtype),
-           rng.standard_normal(shape, dtype=np.float32).astype(model.dtype)) for _ in range(c.num_layers)]
-    return kv, tables
+    def cache():
+        values = rng.standard_normal(shape, dtype=np.float32).astype(model.dtype)
+        if kv_cache_dtype == "auto":
+            return values
+        packed = PackedKV(kv_cache_dtype, shape)
+        packed.store(np.arange(shape[0]), values)
+        return packed
+
+    return [(cache(), cache()) for _ in range(c.num_layers)], tables
 
 
-def decode_row(model: DecoderModel, num_seqs: int, context: int, min_seconds: float, rng) -> dict:
-    kv, tables = kv_for(model, num_seqs, context, rng)
+def decode_row(model: DecoderModel, num_seqs: int, context: int, min_seconds: float, rng,
+               kv_cache_dtype: str = "auto") -> dict:
+    kv, tables = kv_for(model, num_seqs, context, rng, kv_cache_dtype)
     meta = build_metadata([1] * num_seqs, [context + 1] * num_seqs, tables, BLOCK_SIZE)
     input_ids = rng.integers(0, model.config.vocab_size, num_seqs)
     rows = np.arange(num_seqs)
     forward = median_seconds(lambda: model.forward(input_ids, meta, kv, rows), min_seconds)
     gemm = median_seconds(lambda: gemm_only(model, num_seqs, num_seqs), min_seconds)
-    return {"num_seqs": num_seqs, "context": context, "forward_s": forward, "gemm_only_s": gemm,
-            "ratio": forward / gemm, "tokens_per_s": num_seqs / forward}
+    return {"num_seqs": num_seqs, "context": context, "kv_cache_dtype": kv_cache_dtype, "forward_s": forward,
+            "gemm_only_s": gemm, "ratio": forward / gemm, "tokens_per_s": num_seqs / forward}
 
 
 def prefill_row(model: DecoderModel, prompt_len: int, min_seconds: float, rng) -> dict:
@@ -96,10 +105,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--kernels", default=None,
                         help="comma-separated backends, each measured in turn in this run "
                              "(default: $VLLMLITE_KERNELS or numba); e.g. numba,numpy")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="the decode rows' K/V storage: auto, fp16, bf16, int8")
+    parser.add_argument("--decode", default=None,
+                        help="only these decode shapes, SEQSxCONTEXT comma-separated (e.g. 32x512), no prefill")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     seqs, contexts, prompt_len, min_seconds = ([8, 32, 64], [128, 512, 2048], 512, 2.0) if not args.quick \
         else ([2, 4], [16, 40], 32, 0.05)
+    shapes = [(n, ctx) for ctx in contexts for n in seqs] if args.decode is None else \
+        [tuple(int(v) for v in shape.split("x")) for shape in args.decode.split(",")]
     loaded = load_model(args.model)
     if loaded.config.num_experts:   # the GEMM-only bound below is the dense MLP's products
         parser.error(f"{args.model} is a mixture-of-experts model; its step against a dense one: python -m bench.moe_step")
@@ -107,18 +121,20 @@ def main(argv: list[str] | None = None) -> dict:
     backends = [EngineArgs(kernels=name).create_engine_config().kernel_backend for name in names]
     rng = np.random.default_rng(0)
     result = {"machine": machine_info(), "command": module_command("bench.step_bench", argv), "model": args.model,
-              "kernels": backends, "kernel_warm_up_s": {}, "decode": [], "prefill": []}
+              "kernels": backends, "kv_cache_dtype": args.kv_cache_dtype, "kernel_warm_up_s": {}, "decode": [],
+              "prefill": []}
     for kernels in backends:
-        model = DecoderModel(loaded.config, loaded.weights, max(contexts) + 1, get_kernels(kernels))
+        model = DecoderModel(loaded.config, loaded.weights, max(ctx for _, ctx in shapes) + 1, get_kernels(kernels))
         result["kernel_warm_up_s"][kernels] = model.warm_up()
         print(f"kernels {kernels}; decode: one token per sequence, forward vs GEMM-only (ms)", file=sys.stderr)
-        for context in contexts:
-            for num_seqs in seqs:
-                row = {"kernels": kernels, **decode_row(model, num_seqs, context, min_seconds, rng)}
-                result["decode"].append(row)
-                print(f"  seqs {num_seqs:3d} ctx {context:5d}: forward {row['forward_s'] * 1e3:8.1f}  "
-                      f"gemm {row['gemm_only_s'] * 1e3:8.1f}  ratio {row['ratio']:.2f}  "
-                      f"{row['tokens_per_s']:7.1f} tok/s", file=sys.stderr)
+        for num_seqs, context in shapes:
+            row = {"kernels": kernels, **decode_row(model, num_seqs, context, min_seconds, rng, args.kv_cache_dtype)}
+            result["decode"].append(row)
+            print(f"  seqs {num_seqs:3d} ctx {context:5d}: forward {row['forward_s'] * 1e3:8.1f}  "
+                  f"gemm {row['gemm_only_s'] * 1e3:8.1f}  ratio {row['ratio']:.2f}  "
+                  f"{row['tokens_per_s']:7.1f} tok/s", file=sys.stderr)
+        if args.decode is not None:
+            continue
         row = {"kernels": kernels, **prefill_row(model, prompt_len, min_seconds, rng)}
         result["prefill"].append(row)
         print(f"prefill {prompt_len} tokens: {row['tokens_per_s']:.0f} tok/s, GEMM-only "

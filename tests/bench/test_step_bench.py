@@ -33,3 +33,15 @@ def test_step_bench_reports_every_shape_for_each_backend(tmp_path):
         assert prefill["prompt_len"] == 32
         assert prefill["fraction_of_gemm_rate"] == pytest.approx(prefill["gemm_only_s"] / prefill["forward_s"])
     assert report["machine"]["cpu_count"] >= 1 and "-m bench.step_bench" in report["command"]
+
+
+def test_step_bench_decodes_chosen_shapes_over_a_packed_cache(tmp_path):
+    out = tmp_path / "bench_step.json"
+    result = subprocess.run([sys.executable, "-m", "bench.step_bench", "--quick", "--model", "random",
+                             "--kv-cache-dtype", "int8", "--decode", "3x20,2x40", "--out", str(out)],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["kv_cache_dtype"] == "int8" and report["prefill"] == []
+    assert [(r["num_seqs"], r["context"], r["kv_cache_dtype"]) for r in report["decode"]] == [(3, 20, "int8"),
+                                                                                               (2, 40, "int8")]
