@@ -11,7 +11,7 @@ import pytest
 from conftest import skip_unless_ci
 
 from vllmlite.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, read_gguf_fields
-from vllmlite.tokenizer.detokenizer import IncrementalDetokenizer
+from vllmlite.tokenizer.detokenizer import CUT_KEEP_TOKENS, MAX_OPEN_TOKENS, IncrementalDetokenizer
 
 BYTES = ByteTokenizer()
 
@@ -257,3 +257,19 @@ def test_sentencepiece_stream_keeps_spaces_after_the_prompt(seed):
     pieces = stream(IncrementalDetokenizer(tok, prompt), output, random.Random(seed))
     full, context = tok.decode(prompt + output, skip_special_tokens=True), tok.decode(prompt, skip_special_tokens=True)
     assert "".join(pieces) == full[len(context):] == " The answer is ½, é 🦙\n  and  more"
+
+
+@pytest.mark.parametrize("garbage", [[0xE2], [0x80], [0xF0, 0x9F], [0xE2, ord("x"), 0x80]])
+@pytest.mark.parametrize("stop", [(), ("never",)])
+def test_a_run_that_never_closes_a_character_keeps_the_window_bounded(garbage, stop):
+    """Lone lead bytes, stray continuation bytes, a 4-byte character's first half over and over: the
+    window is cut (where clean) rather than decoded whole for every token, and the pieces still
+    join to decode(output), U+FFFDs and all."""
+    tokenizer = RecordingTokenizer()
+    output = garbage * (1200 // len(garbage)) + byte_ids("ok €")
+    detok = IncrementalDetokenizer(tokenizer, byte_ids("prompt"), stop=stop)
+    pieces = stream(detok, output, random.Random(len(garbage)))
+    assert "".join(pieces) == BYTES.decode(output)
+    # a window: the last run's tokens as prefix, then at most MAX_OPEN_TOKENS + a chunk before a cut
+    # (which keeps up to CUT_KEEP_TOKENS + 3): bounded, whatever the output's length (1200 here)
+    assert tokenizer.max_decode_len <= 2 * (MAX_OPEN_TOKENS + CUT_KEEP_TOKENS + 3 + 4)

@@ -15,6 +15,12 @@ from vllmlite.tokenizer.base import Tokenizer
 # (SentencePiece's leading space) sees the output as a continuation (vLLM uses 5 too).
 PROMPT_CONTEXT_TOKENS = 5
 REPLACEMENT_CHAR = "\ufffd"
+# A window holding more tokens than this past its prefix is cut (where that is clean) even though
+# its text still ends in U+FFFD: a run of tokens that never closes a character (random weights'
+# output, or a logit_bias forcing a lone byte token) would otherwise grow it, and every token's
+# decode with it, to the whole output: O(n^2) work on the engine thread.
+MAX_OPEN_TOKENS = 32
+CUT_KEEP_TOKENS = 4   # tokens kept after a forced cut: room for a character still open (<= 3 bytes)
 
 
 class DetokenizerDelta(NamedTuple):
@@ -30,8 +36,9 @@ class IncrementalDetokenizer:
     left context (vLLM's prefix), `window[read_offset:]` is text not yet fully emitted, and
     `window_emitted` counts the characters of `decode(window)` already emitted. The window moves
     only at a clean boundary (decoded text not ending in U+FFFD, so no UTF-8 character is open),
-    where decoding the two sides apart gives the same text as decoding them together. (So a run
-    of tokens that never closes a character, i.e. garbage bytes, widens the window until one does.)
+    where decoding the two sides apart gives the same text as decoding them together. A run of
+    tokens that never closes a character (garbage bytes) is cut once it passes MAX_OPEN_TOKENS, at
+    a point where the same holds (`_cut`), so no window grows with the output.
 
     Invariant: every string emitted is final; with no stop string the emitted pieces plus `flush()`
     join to `tokenizer.decode(output_ids, skip_special_tokens)` for byte-level tokenizers.
@@ -131,7 +138,28 @@ class IncrementalDetokenizer:
             self._window = self._window[self._read_offset:]
             self._read_offset = len(self._window)
             self._window_emitted = len(self._decode(self._window))
+        elif len(self._window) - self._read_offset > MAX_OPEN_TOKENS:
+            new_text += self._cut(text)
         return new_text
+
+    def _cut(self, text: str) -> str:
+        """Drop all but the last CUT_KEEP_TOKENS (to 3 more) tokens of a long window whose text is
+        still open, at the first cut where decoding the two sides apart gives `text` (the kept
+        tokens' bytes then never join the dropped ones', so the dropped side's text, U+FFFD runs
+        included, is final; a cut inside a malformed sequence decodes differently, hence the 4
+        tries). Returns what of the dropped side's text was not yet emitted."""
+        for keep in range(CUT_KEEP_TOKENS, CUT_KEEP_TOKENS + 4):
+            cut = len(self._window) - keep
+            left, right = self._decode(self._window[:cut]), self._decode(self._window[cut:])
+            if right and left + right == text:
+                break
+        else:
+            return ""
+        released = left[self._window_emitted:]
+        self._window = self._window[cut:]
+        self._read_offset = 0
+        self._window_emitted = max(self._window_emitted - len(left), 0)
+        return released
 
     def _decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
