@@ -3,6 +3,8 @@ kernels that meet it (kernels/numba/int_linear.py), reached through `linear(...,
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ from vllmlite.kernels.quant import BLOCK, TILE, BlockRows, QuantizedMatrix, dequ
 
 EPS = np.finfo(np.float32).eps
 FORMATS = ("int8 symmetric", "int8 affine", "int4")
+linear_module = importlib.import_module("vllmlite.kernels.numba.linear")   # the package exports its function
 
 
 def make_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> QuantizedMatrix:
@@ -39,6 +42,17 @@ def exact_and_magnitude(x: np.ndarray, weight: QuantizedMatrix) -> tuple[np.ndar
     if rows.mins is not None:
         terms = terms + rows.mins[None] * (d_x * q_x.sum(axis=-1))[:, None, :]
     return terms.sum(axis=-1), np.abs(terms).sum(axis=-1)
+
+
+def elementwise_magnitude(x: np.ndarray, weight: QuantizedMatrix) -> np.ndarray:
+    """sum over every element of |d_w * q_w * x_rounded| + |m_w * x_rounded|: [tokens, rows]."""
+    q_x, d_x = quantize_activations(x)
+    x_rounded = q_x.reshape(x.shape[0], -1, BLOCK) * d_x[..., None].astype(np.float64)   # [tokens, blocks, 32]
+    rows = untile(weight)
+    w = np.abs(weight_integers(weight) * rows.scales[..., None].astype(np.float64))      # [rows, blocks, 32]
+    if rows.mins is not None:
+        w += np.abs(rows.mins[..., None])
+    return np.einsum("rbj,tbj->tr", w, np.abs(x_rounded))
 
 
 def run_numba(x: np.ndarray, weight: QuantizedMatrix) -> np.ndarray:
@@ -98,12 +112,15 @@ def test_compiled_int_dot_matches_the_definition(fmt, num_rows, num_tokens):
     got = run_numba(x, weight)
     exact, magnitude = exact_and_magnitude(x, weight)
     tolerance = (cols // BLOCK + 3) * EPS * magnitude
-    assert (np.abs(got - exact) <= tolerance).all()
     assert (np.abs(int_dot_linear(x, weight) - exact) <= tolerance).all()
+    if num_tokens < linear_module.INT_DOT_MIN_ROWS:   # the rounded floats: each block's sum in float32 too
+        tolerance = 2 * (BLOCK + cols // BLOCK + 3) * EPS * elementwise_magnitude(x, weight)
+    assert (np.abs(got - exact) <= tolerance).all()
 
 
 @pytest.mark.parametrize("fmt", ["int8 symmetric", "int4"])
-def test_integer_weights_and_activations_give_exact_integer_sums(fmt):
+@pytest.mark.parametrize("num_tokens", [1, 17])   # the rounded floats' path and the integer kernel
+def test_integer_weights_and_activations_give_exact_integer_sums(fmt, num_tokens):
     """Scales of 1 and activations whose blocks reach +-127: every term is an integer below 2^24,
     so any summation order gives x @ w.T exactly."""
     rng = np.random.default_rng(1)
@@ -115,7 +132,7 @@ def test_integer_weights_and_activations_give_exact_integer_sums(fmt):
     else:
         q = rng.integers(-127, 128, (rows, cols // BLOCK, BLOCK), dtype=np.int8)
         weight = tile(BlockRows("int8", q, np.ones((rows, cols // BLOCK), np.float32), None))
-    x = rng.integers(-126, 127, (17, cols)).astype(np.float32)
+    x = rng.integers(-126, 127, (num_tokens, cols)).astype(np.float32)
     x[:, ::BLOCK] = 127                                 # each block's largest: d_x = 1, q_x = x
     want = x.astype(np.float64) @ dequantize(weight).astype(np.float64).T
     np.testing.assert_array_equal(run_numba(x, weight), want)
@@ -134,3 +151,24 @@ def test_int_dot_leaves_float_weights_and_the_default_path_alone():
     linear(x, weight, switched, int_dot=False)
     np.testing.assert_array_equal(switched, default)
     assert not np.array_equal(run_numba(x, weight), default)   # the switch does change the quantized path
+
+
+@pytest.mark.parametrize("num_tokens, integer_kernel", [(1, False), (linear_module.INT_DOT_MIN_ROWS - 1, False),
+                                                        (linear_module.INT_DOT_MIN_ROWS, True), (48, True)])
+def test_int_dot_runs_the_integer_kernel_from_int_dot_min_rows_tokens(monkeypatch, num_tokens, integer_kernel):
+    """Below INT_DOT_MIN_ROWS tokens the rounded activations go through the float kernels (faster
+    there: results/int_dot.json); from it on, the integer kernel."""
+    calls = []
+    monkeypatch.setattr(linear_module, "int_dot_linear", lambda *args: calls.append(args))
+    rng = np.random.default_rng(3)
+    weight = make_weight("int4", 40, 64, rng)
+    linear(rng.standard_normal((num_tokens, 64), dtype=np.float32), weight,
+           np.empty((num_tokens, 40), np.float32), int_dot=True)
+    assert len(calls) == integer_kernel
+
+
+def test_rounded_activations_are_the_8_bit_integers_times_their_scales():
+    x = np.random.default_rng(4).standard_normal((3, 96), dtype=np.float32)
+    q, d = quantize_activations(x)
+    want = q.reshape(3, 3, BLOCK) * d[..., None]                                # [tokens, blocks, 32]
+    np.testing.assert_array_equal(int_linear.rounded_activations(x), want.reshape(3, 96))

@@ -42,6 +42,32 @@ def _quantize_activations(x, q, d, sums):  # pragma: no cover - compiled
             d[r, b], sums[r, b] = scale, total
 
 
+@njit(cache=True, nogil=True)   # no fastmath, as above
+def _round_activations(x, xt):  # pragma: no cover - compiled
+    """xt [in, tokens] = x [tokens, in] rounded to 8 bits per block, as the floats q_x * d_x it
+    stands for (`_quantize_activations`' q and d)."""
+    num_tokens, cols = x.shape
+    for r in range(num_tokens):
+        for b in range(cols // BLOCK):
+            top = F32(0)
+            for j in range(BLOCK):
+                top = max(top, abs(F32(x[r, b * BLOCK + j])))
+            scale = top / F32(127)
+            divisor = scale if scale != 0 else F32(1)
+            for j in range(BLOCK):
+                xt[b * BLOCK + j, r] = min(max(np.rint(F32(x[r, b * BLOCK + j]) / divisor), F32(-127)), F32(127)) * scale
+
+
+def rounded_activations(x: np.ndarray) -> np.ndarray:
+    """x [tokens, in] rounded to 8 bits per block (int_dot.quantize_activations), as the float32
+    values q_x * d_x: a float kernel multiplying them computes int_dot's function up to float32
+    rounding (q_w . q_x is exact in float32: |sum| <= 32 * 128 * 127 < 2^24). Returned as the
+    transpose of a feature-major [in, tokens] array, as the model's activations are."""
+    xt = np.empty((x.shape[1], x.shape[0]), dtype=F32)   # [in, tokens]
+    _round_activations(x, xt)
+    return xt.T
+
+
 @serial
 def _widen_int8_block(src, flat):  # pragma: no cover - compiled
     """An int8 block's bytes src [32 * TILE] into flat int16 [32 * TILE]. One flat loop: over

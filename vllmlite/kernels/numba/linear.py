@@ -12,7 +12,7 @@ import numpy as np
 from numba import prange
 
 from vllmlite.kernels import blas, reference
-from vllmlite.kernels.numba.int_linear import int_dot_linear
+from vllmlite.kernels.numba.int_linear import int_dot_linear, rounded_activations
 from vllmlite.kernels.numba.jit import parallel, serial
 from vllmlite.kernels.quant import BLOCK, TILE, QuantizedMatrix
 
@@ -221,6 +221,7 @@ def _quantized_gemm(qs, scales, mins, xp, tiles, gemm):  # pragma: no cover - co
 # whole model at 12 tokens the tiles took 0.8x the packed-bytes kernel's time (scratch A/B runs,
 # one core each), and 1.18x float32's at 16 tokens, 1.27x at 64.
 QUANTIZED_FEW_ROWS = 8
+INT_DOT_MIN_ROWS = 9   # tokens from which `linear(..., int_dot=True)` runs the integer kernel (int_linear.py)
 DEQUANTIZE_TILES = 8  # tiles dequantized at a time for np.matmul, when numpy's BLAS is not OpenBLAS
 _scratch = threading.local()  # per thread: the float32 tiles dequantized into, reused across calls
 
@@ -234,8 +235,10 @@ def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray,
     the activations to 8 bits too) through integer dot products (int_linear.py); `int_dot`
     changes nothing for float weights."""
     if isinstance(weight, QuantizedMatrix):
-        if int_dot:
+        if int_dot and x.shape[0] >= INT_DOT_MIN_ROWS:
             int_dot_linear(x, weight, out)
+        elif int_dot:    # the same function: these floats are the rounded activations
+            _quantized_linear(rounded_activations(x), weight, out)
         else:
             _quantized_linear(x, weight, out)
     elif x.shape[0] <= SKINNY_MAX_ROWS:
