@@ -1,5 +1,5 @@
 """Integer dot products on quantized weights against today's quantized paths and float32: one linear
-layer, at 1 and 32 tokens, through the numba backend's `linear`.
+layer, at 1 and 32 tokens (or --tokens), through the numba backend's kernels.
 
     python -m bench.int_dot            # about a minute on 2 cores
     python -m bench.int_dot --quick    # one shape, few repetitions
@@ -26,7 +26,7 @@ import numpy as np
 
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
 from vllmlite.kernels.numba import linear
-from vllmlite.kernels.numba.int_linear import int_dot_linear, rounded_activations
+from vllmlite.kernels.numba.int_linear import VNNI, int_dot_linear, rounded_activations
 from vllmlite.kernels.quant import BLOCK, BlockRows, QuantizedMatrix, quantize, tile
 
 SHAPES = ((1536, 576), (576, 1536), (2048, 8192))
@@ -45,7 +45,8 @@ def weights(shape: tuple[int, int], rng: np.random.Generator) -> dict[str, np.nd
 
 def paths(ws: dict, formats: tuple[str, ...]) -> dict[str, Callable[[np.ndarray, np.ndarray], None]]:
     """name -> a product x -> out: float32; each format today (float activations), through the
-    integer kernel (int-dot), and as its rounded activations through today's kernels (int-dot
+    integer kernel (int-dot: vpdpbusd where the CPU has AVX-512 VNNI; int-dot int16: the int16
+    kernel on such a CPU), and as its rounded activations through today's kernels (int-dot
     rounded: the same function, `linear(..., int_dot=True)` below INT_DOT_MIN_ROWS tokens)."""
     def product(w, route):
         return lambda x, out: route(x, w, out)
@@ -53,6 +54,8 @@ def paths(ws: dict, formats: tuple[str, ...]) -> dict[str, Callable[[np.ndarray,
     for fmt in formats:
         runs[f"{fmt} today"] = product(ws[fmt], linear)
         runs[f"{fmt} int-dot"] = product(ws[fmt], int_dot_linear)
+        if VNNI:
+            runs[f"{fmt} int-dot int16"] = product(ws[fmt], lambda x, w, out: int_dot_linear(x, w, out, use_vnni=False))
         runs[f"{fmt} int-dot rounded"] = product(ws[fmt], lambda x, w, out: linear(rounded_activations(x), w, out))
     return runs
 

@@ -12,7 +12,7 @@ import numpy as np
 from numba import prange
 
 from vllmlite.kernels import blas, reference
-from vllmlite.kernels.numba.int_linear import int_dot_linear, rounded_activations
+from vllmlite.kernels.numba.int_linear import VNNI, int_dot_linear, rounded_activations
 from vllmlite.kernels.numba.jit import parallel, serial
 from vllmlite.kernels.quant import BLOCK, TILE, QuantizedMatrix
 
@@ -221,7 +221,13 @@ def _quantized_gemm(qs, scales, mins, xp, tiles, gemm):  # pragma: no cover - co
 # whole model at 12 tokens the tiles took 0.8x the packed-bytes kernel's time (scratch A/B runs,
 # one core each), and 1.18x float32's at 16 tokens, 1.27x at 64.
 QUANTIZED_FEW_ROWS = 8
-INT_DOT_MIN_ROWS = 9   # tokens from which `linear(..., int_dot=True)` runs the integer kernel (int_linear.py)
+# Tokens from which `linear(..., int_dot=True)` runs the integer kernel (int_linear.py); below, the
+# rounded activations go through the packed-bytes kernels above, the same function up to float32
+# rounding. With AVX-512 VNNI the integer kernel was the fastest from 1 token on (`python -m
+# bench.int_dot --tokens 1 2 4 8 16 32 48`, the default model's shapes: int4 0.36-0.55x float32's
+# time at 1 token where the packed bytes took 0.45-0.55x, 0.28x at 32 tokens); its int16 form
+# lost to them up to 8 tokens (1.1-1.3x float32's time against 0.5-1.1x) and won from 16.
+INT_DOT_MIN_ROWS = 1 if VNNI else 9
 DEQUANTIZE_TILES = 8  # tiles dequantized at a time for np.matmul, when numpy's BLAS is not OpenBLAS
 _scratch = threading.local()  # per thread: the float32 tiles dequantized into, reused across calls
 
