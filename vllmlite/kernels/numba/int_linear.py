@@ -1,16 +1,23 @@
 """The numba backend's integer-dot `linear` on quantized weights: activations rounded to 8 bits per
-block, int16/int32 products, scales applied per block (the contract: vllmlite/kernels/int_dot.py).
-Knows nothing of the model; `linear(..., int_dot=True)` in linear.py chooses it.
+block, exact integer sums per block, scales applied per block (the contract:
+vllmlite/kernels/int_dot.py). Knows nothing of the model; `linear(..., int_dot=True)` in linear.py
+chooses it.
 
-One loop order serves every token count: a work item is a tile of TILE rows (quant.py's layout,
-the rows side by side), and each of its blocks is widened to int16 once (32 x TILE, in L1) and
-multiplied by every token's block before the next, so the weights are read from memory once
-whatever the batch. The innermost loop runs over the tile's rows with one activation integer
-broadcast: LLVM multiplies 32 lanes at a time in int16 (vpmullw) and widens every second product
-into int32 sums. (The rows side by side leave no 4 adjacent bytes of one row for VNNI's vpdpbusd.)
+One loop order serves every token count: a work item is a tile of TILE rows, and each of its
+blocks is multiplied by every token's block before the next, so the weights are read from memory
+once whatever the batch. Two kernels:
+
+- `_int_dot_vnni` (CPUs with AVX-512 VNNI): the rows regrouped so that 4 bytes of one row fill a
+  32-bit lane (QuantizedMatrix.grouped_qs), 64 byte products per vpdpbusd instruction (vnni.py).
+- `_int_dot` (elsewhere): quant.py's layout (the rows side by side), each block widened to int16
+  once (32 x TILE, in L1); the innermost loop runs over the tile's rows with one activation integer
+  broadcast: LLVM multiplies 32 lanes at a time in int16 (vpmullw) and widens every second product
+  into int32 sums.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
@@ -60,30 +67,31 @@ def _quantize_activations(x, q, d, sums):  # pragma: no cover - compiled
             sums[r, b] = total
 
 
-@njit(cache=True, nogil=True)   # no fastmath, as above
-def _round_activations(x, xt):  # pragma: no cover - compiled
-    """xt [in, tokens] = x [tokens, in] rounded to 8 bits per block, as the floats q_x * d_x it
-    stands for (`_quantize_activations`' q and d)."""
+class QuantizedActivations(NamedTuple):
+    """x [tokens, in] rounded to 8 bits per block (int_dot.quantize_activations)."""
+
+    q: np.ndarray      # int8 [tokens, blocks, 32]
+    d: np.ndarray      # float32 [tokens, blocks]: the scales
+    sums: np.ndarray   # int32 [tokens, blocks]: each block's sum of q
+
+
+def quantize_activations(x: np.ndarray) -> QuantizedActivations:
     num_tokens, cols = x.shape
-    for r in range(num_tokens):
-        for b in range(cols // BLOCK):
-            top = F32(0)
-            for j in range(BLOCK):
-                top = max(top, abs(F32(x[r, b * BLOCK + j])))
-            scale = top / F32(127)
-            divisor = scale if scale != 0 else F32(1)
-            for j in range(BLOCK):
-                xt[b * BLOCK + j, r] = min(max(np.rint(F32(x[r, b * BLOCK + j]) / divisor), F32(-127)), F32(127)) * scale
+    rounded = QuantizedActivations(np.empty((num_tokens, cols // BLOCK, BLOCK), dtype=np.int8),
+                                   np.empty((num_tokens, cols // BLOCK), dtype=F32),
+                                   np.empty((num_tokens, cols // BLOCK), dtype=I32))
+    _quantize_activations(x, *rounded)
+    return rounded
 
 
 def rounded_activations(x: np.ndarray) -> np.ndarray:
-    """x [tokens, in] rounded to 8 bits per block (int_dot.quantize_activations), as the float32
-    values q_x * d_x: a float kernel multiplying them computes int_dot's function up to float32
-    rounding (q_w . q_x is exact in float32: |sum| <= 32 * 128 * 127 < 2^24). Returned as the
-    transpose of a feature-major [in, tokens] array, as the model's activations are."""
-    xt = np.empty((x.shape[1], x.shape[0]), dtype=F32)   # [in, tokens]
-    _round_activations(x, xt)
-    return xt.T
+    """x [tokens, in] rounded to 8 bits per block, as the float32 values q_x * d_x: a float kernel
+    multiplying them computes int_dot's function up to float32 rounding (q_w . q_x is exact in
+    float32: |sum| <= 32 * 128 * 127 < 2^24). Returned as the transpose of a feature-major [in,
+    tokens] array, as the model's activations are."""
+    q, d, _ = quantize_activations(x)
+    values = (q * d[..., None]).reshape(x.shape)           # float32 [tokens, in]
+    return np.ascontiguousarray(values.T).T
 
 
 @serial
@@ -198,13 +206,8 @@ def int_dot_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray, use_
     """out [tokens, rows] = x [tokens, in] times `weight` with 8-bit activations (int_dot.py);
     through vpdpbusd where the CPU has AVX-512 VNNI (`use_vnni` None: vnni.available()), else
     through int16 products."""
-    num_tokens, cols = x.shape
-    num_blocks = cols // BLOCK
-    q_x = np.empty((num_tokens, num_blocks, BLOCK), dtype=np.int8)
-    d_x = np.empty((num_tokens, num_blocks), dtype=F32)
-    s_x = np.empty((num_tokens, num_blocks), dtype=I32)
-    _quantize_activations(x, q_x, d_x, s_x)
+    rounded = quantize_activations(x)
     if VNNI if use_vnni is None else use_vnni:
-        _int_dot_vnni(q_x, d_x, s_x, weight.grouped_qs, weight.scales, weight.mins, out.T)
+        _int_dot_vnni(*rounded, weight.grouped_qs, weight.scales, weight.mins, out.T)
     else:
-        _int_dot(q_x, d_x, s_x, weight.qs, weight.scales, weight.mins, out.T)
+        _int_dot(*rounded, weight.qs, weight.scales, weight.mins, out.T)

@@ -223,10 +223,11 @@ def _quantized_gemm(qs, scales, mins, xp, tiles, gemm):  # pragma: no cover - co
 QUANTIZED_FEW_ROWS = 8
 # Tokens from which `linear(..., int_dot=True)` runs the integer kernel (int_linear.py); below, the
 # rounded activations go through the packed-bytes kernels above, the same function up to float32
-# rounding. With AVX-512 VNNI the integer kernel was the fastest from 1 token on (`python -m
-# bench.int_dot --tokens 1 2 4 8 16 32 48`, the default model's shapes: int4 0.36-0.55x float32's
-# time at 1 token where the packed bytes took 0.45-0.55x, 0.28x at 32 tokens); its int16 form
-# lost to them up to 8 tokens (1.1-1.3x float32's time against 0.5-1.1x) and won from 16.
+# rounding. With AVX-512 VNNI the integer kernel was as fast or faster from 1 token on (`python -m
+# bench.int_dot --tokens 1 2 4 8 16 32 48 --rounds 9`, results/int_dot.json, int4: 0.20-0.96x
+# float32's time at 1 token where the rounded activations through the packed bytes took
+# 0.27-1.17x; 0.33-0.57x at 32 tokens); its int16 form was about even with them at 4-8 tokens
+# and faster from 16 (0.82-0.95x against 1.29-1.68x).
 INT_DOT_MIN_ROWS = 1 if VNNI else 9
 DEQUANTIZE_TILES = 8  # tiles dequantized at a time for np.matmul, when numpy's BLAS is not OpenBLAS
 _scratch = threading.local()  # per thread: the float32 tiles dequantized into, reused across calls
