@@ -191,26 +191,38 @@ needs_vnni = pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX
 
 
 @numba.njit
-def _all_block_dots(grouped, words, is_int4):
-    """dots int32 [tokens, tiles, blocks, TILE] from vnni's block product, for every block."""
+def _all_block_dots(grouped, words, is_int4, four_at_a_time):
+    """dots int32 [tokens, tiles, blocks, TILE] from vnni's block products, for every block: one
+    token per call, or (four_at_a_time) tokens 0-3 in one call and the rest one by one."""
     tiles, blocks, groups = grouped.shape[:3]
-    num_tokens = words.shape[0] // (blocks * 8)
+    num_tokens, stride = words.shape[0] // (blocks * 8), blocks * 8
     block_bytes = groups * TILE * 4
     dots = np.empty((num_tokens, tiles, blocks, TILE), np.int32)
+    four = np.empty(4 * TILE, np.int32)
     for t in range(tiles):
         w = grouped[t].reshape(blocks * block_bytes)
         for b in range(blocks):
-            for r in range(num_tokens):
+            first = 0
+            if four_at_a_time:
                 if is_int4:
-                    vnni.int4_block_dots(w, b * block_bytes, words, (r * blocks + b) * 8, dots[r, t, b])
+                    vnni.int4_block_dots_4(w, b * block_bytes, words, b * 8, stride, four)
                 else:
-                    vnni.int8_block_dots(w, b * block_bytes, words, (r * blocks + b) * 8, dots[r, t, b])
+                    vnni.int8_block_dots_4(w, b * block_bytes, words, b * 8, stride, four)
+                for k in range(4):
+                    dots[k, t, b] = four[k * TILE:(k + 1) * TILE]
+                first = 4
+            for r in range(first, num_tokens):
+                if is_int4:
+                    vnni.int4_block_dots(w, b * block_bytes, words, r * stride + b * 8, 0, dots[r, t, b])
+                else:
+                    vnni.int8_block_dots(w, b * block_bytes, words, r * stride + b * 8, 0, dots[r, t, b])
     return dots
 
 
 @needs_vnni
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_vnni_block_products_are_the_exact_integer_sums(fmt):
+@pytest.mark.parametrize("four_at_a_time", [False, True])
+def test_vnni_block_products_are_the_exact_integer_sums(fmt, four_at_a_time):
     """Every byte value, extremes included: q_w in [-128, 127] (int8; stored + 128) or [0, 15]
     (int4) times q_x in [-127, 127], summed in int32 with nothing lost."""
     rng = np.random.default_rng(6)
@@ -226,7 +238,7 @@ def test_vnni_block_products_are_the_exact_integer_sums(fmt):
         weight = tile(BlockRows("int8", q, np.ones((rows, blocks), np.float32), None))
     q_x = rng.integers(-127, 128, (num_tokens, blocks, BLOCK), dtype=np.int8)
     q_x[0, 0] = -127                                       # with q = -128: the largest product
-    dots = _all_block_dots(weight.grouped_qs, q_x.reshape(-1).view(np.int32), fmt == "int4")
+    dots = _all_block_dots(weight.grouped_qs, q_x.reshape(-1).view(np.int32), fmt == "int4", four_at_a_time)
     if fmt == "int8":                                      # the stored bytes are q + 128
         dots = dots - 128 * q_x.sum(axis=-1, dtype=np.int32)[:, None, :, None]
     want = np.einsum("rbj,tbj->trb", q.astype(np.int64), q_x.astype(np.int64))   # [tokens, rows, blocks]
@@ -236,7 +248,7 @@ def test_vnni_block_products_are_the_exact_integer_sums(fmt):
 
 @needs_vnni
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("num_tokens", [1, 9, 48])
+@pytest.mark.parametrize("num_tokens", [1, 6, 9, 48])   # calls of four tokens, and the rest one by one
 def test_vnni_kernel_and_int16_kernel_agree(fmt, num_tokens):
     """The same exact integer sums, the same float32 expressions for the scales (LLVM may fuse
     them differently: a few ulps)."""
@@ -264,8 +276,8 @@ def test_grouped_bytes_put_four_elements_of_one_row_in_each_32_bit_lane(fmt):
 def test_the_block_product_compiles_to_vpdpbusd():
     @numba.njit
     def block(w, x, dots):
-        vnni.int4_block_dots(w, 0, x, 0, dots)
-    w, x, dots = np.zeros(1024, np.uint8), np.zeros(8, np.int32), np.zeros(TILE, np.int32)
+        vnni.int4_block_dots_4(w, 0, x, 0, 8, dots)
+    w, x, dots = np.zeros(1024, np.uint8), np.zeros(32, np.int32), np.zeros(4 * TILE, np.int32)
     block(w, x, dots)
     instructions = re.findall(r"^\s*(vpdpbusd|vpmullw|vpmaddubsw)\s", block.inspect_asm(block.signatures[0]), re.M)
-    assert set(instructions) == {"vpdpbusd"} and len(instructions) >= 32   # 4 groups x 4 registers x 2 nibbles
+    assert set(instructions) == {"vpdpbusd"} and len(instructions) >= 128   # 4 groups x 4 registers x 2 nibbles x 4 tokens

@@ -55,55 +55,71 @@ def _broadcast(builder: ir.IRBuilder, word):
     return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
 
 
-def _block_dots_codegen(is_int4: bool):
-    """IR for one block of one tile times one token: dots[i] = the weights' bytes . the token's bytes
-    of row i (int4: the nibbles; int8: q + 128), unrolled, 2 x REGISTERS accumulators in registers."""
+def _block_dots_codegen(is_int4: bool, num_tokens: int):
+    """IR for one block of one tile times `num_tokens` tokens: dots[k * TILE + i] = the weights'
+    bytes . token k's bytes of row i (int4: the nibbles; int8: q + 128), unrolled. Each weight
+    register is loaded (and for int4 split into nibbles) once for all the tokens; one token keeps
+    two accumulators per register (shorter dependency chains), several keep one each."""
     num_groups = BLOCK // GROUP // (2 if is_int4 else 1)
+    num_sets = 2 if num_tokens == 1 else 1
 
     def codegen(context, builder, signature, args):
-        w_type, _, x_type, _, dots_type = signature.args
+        w_type, _, x_type, _, _, dots_type = signature.args
         w_arr = context.make_array(w_type)(context, builder, args[0])
         x_arr = context.make_array(x_type)(context, builder, args[2])
-        dots_arr = context.make_array(dots_type)(context, builder, args[4])
+        dots_arr = context.make_array(dots_type)(context, builder, args[5])
         w_base = builder.gep(w_arr.data, [args[1]])                         # uint8*
-        x_base = builder.gep(x_arr.data, [args[3]])                         # int32*
+        x_bases = [builder.gep(x_arr.data, [builder.add(args[3], builder.mul(args[4], ir.Constant(args[4].type, k)))])
+                   for k in range(num_tokens)]                              # int32* of each token's block
         vector_ptr = I32X16.as_pointer()
         zero = ir.Constant(I32X16, [0] * LANES)
         nibble = ir.Constant(I32X16, [0x0F0F0F0F] * LANES)
         four = ir.Constant(I32X16, [4] * LANES)
-        acc = [[zero] * REGISTERS for _ in range(2)]
+        acc = [[[zero] * REGISTERS for _ in range(num_sets)] for _ in range(num_tokens)]
+
+        def word(k, index):
+            return _broadcast(builder, builder.load(builder.gep(x_bases[k], [ir.Constant(ir.IntType(64), index)])))
+
         for g in range(num_groups):
-            x_low = _broadcast(builder, builder.load(builder.gep(x_base, [ir.Constant(ir.IntType(64), g)])))
-            if is_int4:
-                x_high = _broadcast(builder, builder.load(
-                    builder.gep(x_base, [ir.Constant(ir.IntType(64), num_groups + g)])))
+            x_low = [word(k, g) for k in range(num_tokens)]
+            x_high = [word(k, num_groups + g) for k in range(num_tokens)] if is_int4 else None
             for c in range(REGISTERS):
                 offset = ir.Constant(ir.IntType(64), (g * TILE + c * LANES) * GROUP)
                 v = builder.load(builder.bitcast(builder.gep(w_base, [offset]), vector_ptr), align=1)
                 if is_int4:
-                    acc[0][c] = _vpdpbusd(builder, acc[0][c], builder.and_(v, nibble), x_low)
-                    acc[1][c] = _vpdpbusd(builder, acc[1][c], builder.and_(builder.lshr(v, four), nibble), x_high)
-                else:
-                    acc[g % 2][c] = _vpdpbusd(builder, acc[g % 2][c], v, x_low)
-        for c in range(REGISTERS):
-            ptr = builder.gep(dots_arr.data, [ir.Constant(ir.IntType(64), c * LANES)])
-            builder.store(builder.add(acc[0][c], acc[1][c]), builder.bitcast(ptr, vector_ptr), align=4)
+                    low, high = builder.and_(v, nibble), builder.and_(builder.lshr(v, four), nibble)
+                for k in range(num_tokens):
+                    if is_int4:
+                        acc[k][0][c] = _vpdpbusd(builder, acc[k][0][c], low, x_low[k])
+                        acc[k][-1][c] = _vpdpbusd(builder, acc[k][-1][c], high, x_high[k])
+                    else:
+                        acc[k][g % num_sets][c] = _vpdpbusd(builder, acc[k][g % num_sets][c], v, x_low[k])
+        for k in range(num_tokens):
+            for c in range(REGISTERS):
+                total = acc[k][0][c] if num_sets == 1 else builder.add(acc[k][0][c], acc[k][1][c])
+                ptr = builder.gep(dots_arr.data, [ir.Constant(ir.IntType(64), k * TILE + c * LANES)])
+                builder.store(total, builder.bitcast(ptr, vector_ptr), align=4)
         return context.get_dummy_value()
     return codegen
 
 
-def _block_dots_intrinsic(is_int4: bool):
+def _block_dots_intrinsic(is_int4: bool, num_tokens: int):
     @intrinsic
-    def block_dots(typingctx, w, w_start, x, x_start, dots):
-        """w uint8 1-D (C), x int32 1-D (C), dots int32 1-D (C, >= TILE): dots[:TILE] = block
-        w[w_start:] . x[x_start:] (module docstring)."""
+    def block_dots(typingctx, w, w_start, x, x_start, x_stride, dots):
+        """w uint8 1-D (C), x int32 1-D (C), dots int32 1-D (C, >= num_tokens * TILE):
+        dots[k * TILE:(k + 1) * TILE] = block w[w_start:] . x[x_start + k * x_stride:] for each
+        of the num_tokens tokens k (module docstring)."""
         arrays = ((w, types.uint8), (x, types.int32), (dots, types.int32))
         if not all(isinstance(a, types.Array) and a.dtype == dtype and a.ndim == 1 and a.layout == "C"
                    for a, dtype in arrays):
             return None
-        return types.void(w, types.intp, x, types.intp, dots), _block_dots_codegen(is_int4)
+        return (types.void(w, types.intp, x, types.intp, types.intp, dots),
+                _block_dots_codegen(is_int4, num_tokens))
     return block_dots
 
 
-int4_block_dots = _block_dots_intrinsic(True)
-int8_block_dots = _block_dots_intrinsic(False)
+TOKENS_PER_CALL = 4   # tokens the *_block_dots_4 products take at once
+int4_block_dots = _block_dots_intrinsic(True, 1)
+int8_block_dots = _block_dots_intrinsic(False, 1)
+int4_block_dots_4 = _block_dots_intrinsic(True, TOKENS_PER_CALL)
+int8_block_dots_4 = _block_dots_intrinsic(False, TOKENS_PER_CALL)
