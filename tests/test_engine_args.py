@@ -176,6 +176,8 @@ def test_int_dot_from_flag_variable_or_keyword_and_off_by_default():
                  EngineArgs(quantization="int4", int_dot=True)):
         config = args.create_engine_config()
         assert (config.weight_quantization, config.int_dot) == ("int4", True)
+    from vllmlite.llm import LLM
+    assert LLM(model="random", quantization="int4", int_dot=True).engine.config.int_dot is True
     assert parse_config(["--quantization", "int4"], {}).create_engine_config().int_dot is False
     assert parse_config(["--quantization", "int4", "--int-dot", "--no-int-dot"], {}).create_engine_config().int_dot is False
 
