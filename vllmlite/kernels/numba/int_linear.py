@@ -17,8 +17,6 @@ once whatever the batch. Two kernels:
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 from numba import njit, prange
 
@@ -67,21 +65,29 @@ def _quantize_activations(x, q, d, sums):  # pragma: no cover - compiled
             sums[r, b] = total
 
 
-class QuantizedActivations(NamedTuple):
-    """x [tokens, in] rounded to 8 bits per block (int_dot.quantize_activations)."""
-
-    q: np.ndarray      # int8 [tokens, blocks, 32]
-    d: np.ndarray      # float32 [tokens, blocks]: the scales
-    sums: np.ndarray   # int32 [tokens, blocks]: each block's sum of q
-
-
-def quantize_activations(x: np.ndarray) -> QuantizedActivations:
+@njit(cache=True, nogil=True)
+def _quantized(x):  # pragma: no cover - compiled
+    """x [tokens, in] -> (q, d, sums) of `_quantize_activations`, allocated here: inside the
+    kernels' one compiled call (at 1 token, a call and three arrays more from Python cost about as
+    much as the product)."""
     num_tokens, cols = x.shape
-    rounded = QuantizedActivations(np.empty((num_tokens, cols // BLOCK, BLOCK), dtype=np.int8),
-                                   np.empty((num_tokens, cols // BLOCK), dtype=F32),
-                                   np.empty((num_tokens, cols // BLOCK), dtype=I32))
-    _quantize_activations(x, *rounded)
-    return rounded
+    q = np.empty((num_tokens, cols // BLOCK, BLOCK), dtype=np.int8)
+    d = np.empty((num_tokens, cols // BLOCK), dtype=F32)
+    sums = np.empty((num_tokens, cols // BLOCK), dtype=I32)
+    _quantize_activations(x, q, d, sums)
+    return q, d, sums
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _round_activations(x, xt):  # pragma: no cover - compiled
+    """xt [in, tokens] = q_x * d_x of `_quantize_activations` (one compiled call: for the few
+    tokens this serves, numpy's steps around it cost more than the rounding)."""
+    num_tokens, cols = x.shape
+    q, d, _ = _quantized(x)
+    for b in range(cols // BLOCK):
+        for j in range(BLOCK):
+            for r in range(num_tokens):
+                xt[b * BLOCK + j, r] = F32(q[r, b, j]) * d[r, b]
 
 
 def rounded_activations(x: np.ndarray) -> np.ndarray:
@@ -89,9 +95,9 @@ def rounded_activations(x: np.ndarray) -> np.ndarray:
     multiplying them computes int_dot's function up to float32 rounding (q_w . q_x is exact in
     float32: |sum| <= 32 * 128 * 127 < 2^24). Returned as the transpose of a feature-major [in,
     tokens] array, as the model's activations are."""
-    q, d, _ = quantize_activations(x)
-    values = (q * d[..., None]).reshape(x.shape)           # float32 [tokens, in]
-    return np.ascontiguousarray(values.T).T
+    xt = np.empty((x.shape[1], x.shape[0]), dtype=F32)    # [in, tokens]
+    _round_activations(x, xt)
+    return xt.T
 
 
 @serial
@@ -114,13 +120,14 @@ def _unpack_int4_block(src, flat):  # pragma: no cover - compiled
 
 
 @parallel
-def _int_dot(q_x, d_x, s_x, qs, scales, mins, out_t):  # pragma: no cover - compiled
-    """out_t [rows, tokens] = the weight times every token's rounded activations; mins None:
-    symmetric int8. Each block of a tile is widened to int16 once (w), then for every token two
+def _int_dot(x, qs, scales, mins, out_t):  # pragma: no cover - compiled
+    """out_t [rows, tokens] = the weight times x [tokens, in] rounded to 8 bits (rounded first, on
+    this thread); mins None: symmetric int8. Each block of a tile is widened to int16 once (w), then for every token two
     products at a time (four for int4) are summed in int16 (|q_w| <= 128 and |q_x| <= 127: 2 * 128
     * 127 = 32512 fits) and widened into the int32 sums; written as one expression, LLVM keeps the
     products in int16 lanes (vpmullw). Summed in a loop of their own into an int16 array, they
     stayed scalar."""
+    q_x, d_x, s_x = _quantized(x)
     num_tiles, num_blocks = qs.shape[0], qs.shape[1]
     num_tokens, num_rows = q_x.shape[0], out_t.shape[0]
     is_int4 = qs.shape[2] * 2 == BLOCK
@@ -166,12 +173,13 @@ def _int_dot(q_x, d_x, s_x, qs, scales, mins, out_t):  # pragma: no cover - comp
 
 
 @parallel
-def _int_dot_vnni(q_x, d_x, s_x, grouped, scales, mins, out_t):  # pragma: no cover - compiled
+def _int_dot_vnni(x, grouped, scales, mins, out_t):  # pragma: no cover - compiled
     """`_int_dot` on AVX-512 VNNI: each block's 64 rows times four tokens at a time (the last few
     one by one) in vpdpbusd (vnni.py), on the weights as grouped_qs lays them out; int8's bytes
     are q + 128, so 128 * sum(q_x) comes off. Four tokens share each weight load (and int4's
     nibble masks): 4.6 ns a block and token for int4 and 5.3 for int8 on one core, against 7.5
     and 11.9 one token at a time. The same float32 expressions as `_int_dot` apply the scales."""
+    q_x, d_x, s_x = _quantized(x)
     num_tiles, num_blocks = grouped.shape[0], grouped.shape[1]
     num_tokens, num_rows = q_x.shape[0], out_t.shape[0]
     is_int4 = grouped.shape[2] * 2 * 4 == BLOCK
@@ -219,8 +227,7 @@ def int_dot_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray, use_
     """out [tokens, rows] = x [tokens, in] times `weight` with 8-bit activations (int_dot.py);
     through vpdpbusd where the CPU has AVX-512 VNNI (`use_vnni` None: vnni.available()), else
     through int16 products."""
-    rounded = quantize_activations(x)
     if VNNI if use_vnni is None else use_vnni:
-        _int_dot_vnni(*rounded, weight.grouped_qs, weight.scales, weight.mins, out.T)
+        _int_dot_vnni(x, weight.grouped_qs, weight.scales, weight.mins, out.T)
     else:
-        _int_dot(*rounded, weight.qs, weight.scales, weight.mins, out.T)
+        _int_dot(x, weight.qs, weight.scales, weight.mins, out.T)
