@@ -281,3 +281,20 @@ def test_the_block_product_compiles_to_vpdpbusd():
     block(w, x, dots)
     instructions = re.findall(r"^\s*(vpdpbusd|vpmullw|vpmaddubsw)\s", block.inspect_asm(block.signatures[0]), re.M)
     assert set(instructions) == {"vpdpbusd"} and len(instructions) >= 128   # 4 groups x 4 registers x 2 nibbles x 4 tokens
+
+
+@pytest.mark.parametrize("use_vnni", [pytest.param(True, marks=needs_vnni), False])
+@pytest.mark.parametrize("num_tokens", [1, 5, 40])
+def test_the_kernels_round_activations_exactly_as_the_definition(use_vnni, num_tokens):
+    """Through an identity weight (int8, scale 1), out[r, i] = d_x * q_x[r, i]: any rounding that
+    is not numpy's (a division turned into a reciprocal's product, another tie rule) shows."""
+    rng = np.random.default_rng(num_tokens)
+    cols = 128
+    identity = tile(BlockRows("int8", np.eye(cols, dtype=np.int8).reshape(cols, cols // BLOCK, BLOCK),
+                              np.ones((cols, cols // BLOCK), np.float32), None))
+    x = rng.standard_normal((cols, num_tokens), dtype=np.float32).T * np.float32(3)
+    x[:, 32:64] = np.arange(32, dtype=np.float32) - 15.5     # halves of the step: ties round to even
+    q, d = quantize_activations(x)
+    out = np.empty((num_tokens, cols), np.float32)
+    int_linear.int_dot_linear(x, identity, out, use_vnni=use_vnni)
+    np.testing.assert_array_equal(out, q * np.repeat(d, BLOCK, axis=1))

@@ -27,6 +27,10 @@ from vllmlite.kernels.quant import BLOCK, TILE, QuantizedMatrix
 I16, I32, F32 = np.int16, np.int32, np.float32
 HALF = BLOCK // 2
 VNNI = vnni.available()   # the compiling CPU has vpdpbusd (AVX-512 VNNI)
+# The kernels that round the activations themselves compile without fastmath: with it, LLVM took
+# the inlined x / d for x * (1 / d) (the caller's function attributes apply to inlined code), and
+# the rounded integers were no longer numpy's.
+exact_parallel = njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 
 
 # No fastmath: x / d must round as numpy's does, not as x * (1 / d). The numpy error model: no
@@ -119,7 +123,7 @@ def _unpack_int4_block(src, flat):  # pragma: no cover - compiled
         flat[size + k] = src[k] // np.uint8(16)
 
 
-@parallel
+@exact_parallel
 def _int_dot(x, qs, scales, mins, out_t):  # pragma: no cover - compiled
     """out_t [rows, tokens] = the weight times x [tokens, in] rounded to 8 bits (rounded first, on
     this thread); mins None: symmetric int8. Each block of a tile is widened to int16 once (w), then for every token two
@@ -172,7 +176,7 @@ def _int_dot(x, qs, scales, mins, out_t):  # pragma: no cover - compiled
                 out_t[t * TILE + i, r] = acc[r, i]
 
 
-@parallel
+@exact_parallel
 def _int_dot_vnni(x, grouped, scales, mins, out_t):  # pragma: no cover - compiled
     """`_int_dot` on AVX-512 VNNI: each block's 64 rows times four tokens at a time (the last few
     one by one) in vpdpbusd (vnni.py), on the weights as grouped_qs lays them out; int8's bytes
