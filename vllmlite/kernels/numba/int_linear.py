@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit, prange
 
 from vllmlite.kernels.numba import vnni
-from vllmlite.kernels.numba.jit import parallel, serial
+from vllmlite.kernels.numba.jit import serial
 from vllmlite.kernels.quant import BLOCK, TILE, QuantizedMatrix
 
 I16, I32, F32 = np.int16, np.int32, np.float32
