@@ -1,5 +1,5 @@
 """Integer dot products on quantized weights against today's quantized paths and float32: one linear
-layer, at 1 and 32 tokens, through the numba backend's `linear`.
+layer, at 1 and 32 tokens (or --tokens), through the numba backend's kernels.
 
     python -m bench.int_dot            # about a minute on 2 cores
     python -m bench.int_dot --quick    # one shape, few repetitions
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
@@ -25,10 +26,12 @@ import numpy as np
 
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
 from vllmlite.kernels.numba import linear
+from vllmlite.kernels.numba.int_linear import VNNI, int_dot_linear, rounded_activations
 from vllmlite.kernels.quant import BLOCK, BlockRows, QuantizedMatrix, quantize, tile
 
 SHAPES = ((1536, 576), (576, 1536), (2048, 8192))
 TOKENS = (1, 32)
+FORMATS = ("int8", "int8 sym", "int4")
 
 
 def weights(shape: tuple[int, int], rng: np.random.Generator) -> dict[str, np.ndarray | QuantizedMatrix]:
@@ -40,27 +43,38 @@ def weights(shape: tuple[int, int], rng: np.random.Generator) -> dict[str, np.nd
             "int4": quantize(w, "int4")}
 
 
-def paths(ws: dict) -> dict[str, tuple]:
-    """name -> (weight, int_dot)."""
-    return {"float32": (ws["float32"], False),
-            **{f"{fmt} today": (ws[fmt], False) for fmt in ("int8", "int8 sym", "int4")},
-            **{f"{fmt} int-dot": (ws[fmt], True) for fmt in ("int8", "int8 sym", "int4")}}
+def paths(ws: dict, formats: tuple[str, ...]) -> dict[str, Callable[[np.ndarray, np.ndarray], None]]:
+    """name -> a product x -> out: float32; each format today (float activations), through the
+    integer kernel (int-dot: vpdpbusd where the CPU has AVX-512 VNNI; int-dot int16: the int16
+    kernel on such a CPU), and as its rounded activations through today's kernels (int-dot
+    rounded: the same function, `linear(..., int_dot=True)` below INT_DOT_MIN_ROWS tokens)."""
+    def product(w, route):
+        return lambda x, out: route(x, w, out)
+    runs = {"float32": product(ws["float32"], linear)}
+    for fmt in formats:
+        runs[f"{fmt} today"] = product(ws[fmt], linear)
+        runs[f"{fmt} int-dot"] = product(ws[fmt], int_dot_linear)
+        if VNNI:
+            runs[f"{fmt} int-dot int16"] = product(ws[fmt], lambda x, w, out: int_dot_linear(x, w, out, use_vnni=False))
+        runs[f"{fmt} int-dot rounded"] = product(ws[fmt], lambda x, w, out: linear(rounded_activations(x), w, out))
+    return runs
 
 
-def measure(shape: tuple[int, int], num_tokens: int, rounds: int, rng: np.random.Generator) -> dict:
+def measure(shape: tuple[int, int], num_tokens: int, rounds: int, rng: np.random.Generator,
+            formats: tuple[str, ...] = FORMATS) -> dict:
     ws = weights(shape, rng)
     x = rng.standard_normal((shape[1], num_tokens), dtype=np.float32).T   # feature-major, as the model's
     out = np.empty((shape[0], num_tokens), np.float32).T
-    runs = paths(ws)
+    runs = paths(ws, formats)
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for name, (w, int_dot) in runs.items():   # warm up: compile, touch the memory
-        linear(x, w, out, int_dot=int_dot)
+    for run in runs.values():   # warm up: compile, touch the memory
+        run(x, out)
     calls = max(1, int(2e8 / (shape[0] * shape[1] * num_tokens)))  # ~0.1 s of float work per sample
     for _ in range(rounds):
-        for name, (w, int_dot) in runs.items():
+        for name, run in runs.items():
             start = time.perf_counter()
             for _ in range(calls):
-                linear(x, w, out, int_dot=int_dot)
+                run(x, out)
             times[name].append((time.perf_counter() - start) / calls)
     medians = {name: float(np.median(t)) for name, t in times.items()}
     return {"shape": list(shape), "tokens": num_tokens, "median_s": medians,
@@ -71,11 +85,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
+    parser.add_argument("--shapes", type=int, nargs="+", choices=range(len(SHAPES)), default=None,
+                        help="indices into SHAPES (default: all)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "int_dot.json")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
-    shapes, rounds = (SHAPES[:1], 2) if args.quick else (SHAPES, args.rounds)
-    rows = [measure(shape, n, rounds, rng) for shape in shapes for n in TOKENS]
+    shapes = [SHAPES[i] for i in args.shapes] if args.shapes is not None else list(SHAPES)
+    shapes, rounds = (shapes[:1], 2) if args.quick else (shapes, args.rounds)
+    rows = [measure(shape, n, rounds, rng, tuple(args.formats)) for shape in shapes for n in args.tokens]
     names = list(rows[0]["median_s"])
     print(f"{'out x in':>11} {'tokens':>6} {'float32 us':>10} " + " ".join(f"{n:>14}" for n in names[1:]))
     for r in rows:

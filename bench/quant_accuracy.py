@@ -23,8 +23,8 @@ changes), int8 the Q8_0 embedding (only the layers change). The "w err" columns 
 With --kv-cache-dtype the rows are "none" and "none, KV <dtype>" per dtype given: float32 weights
 throughout, K/V stored as kv_cache_dtype says (vllmlite/kernels/kv_dtype.py), the same protocol;
 raw results: results/kv_cache_dtype_accuracy.json.
-The "int-dot" rows run every linear layer through integer dot products (`linear(..., int_dot=True)`,
-vllmlite/kernels/int_dot.py): the same weights as the row they name, and the activations rounded to
+The "int-dot" rows run every quantized linear layer through integer dot products (the engine's
+int_dot knob, vllmlite/kernels/int_dot.py): the same weights as the row they name, and the activations rounded to
 8 bits per block of 32 as llama.cpp does, so they measure what that rounding adds.
 """
 
@@ -67,32 +67,17 @@ ROWS = {  # name -> (the engine's quantization, rounded from float32 by our quan
 QUICK_ROWS = ("none", "int4 rounded from float32")
 
 
-class IntDotKernels:
-    """A backend's kernels with every linear layer through integer dot products."""
-
-    def __init__(self, kernels) -> None:
-        self._kernels = kernels
-
-    def __getattr__(self, name: str):
-        return getattr(self._kernels, name)
-
-    def linear(self, x: np.ndarray, weight: Matrix, out: np.ndarray) -> None:
-        self._kernels.linear(x, weight, out, int_dot=True)
-
-
 class PreloadedLLM(LLM):
     """An LLM on a model already in memory (LLM() loads its own), with a KV cache for one
     sequence of max_model_len tokens."""
 
     def __init__(self, loaded: LoadedModel, quantization: str, max_model_len: int, kv_cache_dtype: str = "auto",
                  int_dot: bool = False) -> None:
-        config = EngineConfig(dtype="float32", quantization=quantization,
+        config = EngineConfig(dtype="float32", quantization=quantization, int_dot=int_dot,
                               cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=ceil_div(max_model_len, BLOCK_SIZE),
                                                 kv_cache_dtype=kv_cache_dtype),
                               scheduler=SchedulerConfig(max_model_len=max_model_len))
         self.engine = LLMEngine(config, loaded)
-        if int_dot:
-            self.engine.model.kernels = IntDotKernels(self.engine.model.kernels)
         self._next_id = 0
 
 

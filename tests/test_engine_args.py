@@ -37,7 +37,8 @@ VALUES = {"model": "random", "tokenizer": "random", "dtype": "float64", "seed": 
           "trace_max_events": 5, "debug_store_prompts": True, "runner": "pooling"}
 NOT_IN_VALUES = {"gpu_memory_utilization",  # exclusive with kv_cache_memory; tested on its own
                  "device",  # cuda needs a GPU to build an engine; tested below and in tests/models/test_torch_backend.py
-                 "num_scheduler_steps"}  # exclusive with speculative_config; tested below
+                 "num_scheduler_steps",  # exclusive with speculative_config; tested below
+                 "int_dot"}  # needs quantization int8/int4 (float32); tested below and in tests/engine/test_int_dot_engine.py
 
 
 def as_text(value) -> str:
@@ -167,6 +168,24 @@ def test_num_scheduler_steps_from_flag_variable_or_keyword():
     for args in (parse_config(["--num-scheduler-steps", "8"], {}), parse_config([], {"VLLMLITE_NUM_SCHEDULER_STEPS": "8"}),
                  EngineArgs(num_scheduler_steps=8)):
         assert args.create_engine_config().scheduler.num_scheduler_steps == 8
+
+
+def test_int_dot_from_flag_variable_or_keyword_and_off_by_default():
+    for args in (parse_config(["--quantization", "int4", "--int-dot"], {}),
+                 parse_config([], {"VLLMLITE_QUANTIZATION": "int4", "VLLMLITE_INT_DOT": "true"}),
+                 EngineArgs(quantization="int4", int_dot=True)):
+        config = args.create_engine_config()
+        assert (config.weight_quantization, config.int_dot) == ("int4", True)
+    from vllmlite.llm import LLM
+    assert LLM(model="random", quantization="int4", int_dot=True).engine.config.int_dot is True
+    assert parse_config(["--quantization", "int4"], {}).create_engine_config().int_dot is False
+    assert parse_config(["--quantization", "int4", "--int-dot", "--no-int-dot"], {}).create_engine_config().int_dot is False
+
+
+def test_int_dot_flag_without_quantization_is_a_usage_error_naming_the_knob(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--int-dot"], {})
+    assert "int_dot multiplies quantized weights as integers" in capsys.readouterr().err
 
 
 def test_device_cuda_computes_in_bfloat16_on_the_torch_kernels_from_flag_or_variable():

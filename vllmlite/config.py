@@ -20,6 +20,8 @@ HIDDEN_ACTS = ("silu", "gelu_tanh")  # the gated MLP's activation
 LAYER_TYPES = ("full", "sliding")  # attention over the whole context, or the last sliding_window tokens
 QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, blocks of 32 (vllmlite/kernels/quant.py)
 KERNEL_BACKENDS = ("numba", "numpy", "torch")  # vllmlite/kernels: compiled (default), numpy references, torch
+INT_DOT_QUANTIZATIONS = ("int8", "int4")  # what int_dot multiplies as integers
+INT_DOT_KERNELS = ("numba", "numpy")      # the backends that have the integer products
 PREEMPTION_MODES = ("recompute", "swap")
 TORCH_KV_KINDS = {"float16": "fp16", "bfloat16": "bf16"}  # the torch kernels' half dtypes as KV kinds
 # kv_cache_dtype: vLLM's names and ours -> the kind the KV cache stores (vllmlite/kernels/kv_dtype.py)
@@ -328,6 +330,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     kernels: str | None = None  # a KERNEL_BACKENDS name; None: the default (kernel_backend)
     quantization: str | None = None  # a QUANTIZATIONS name; None: "none" (weight_quantization)
+    int_dot: bool = False  # quantized weights times activations rounded to 8 bits (kernels/int_dot.py)
     pooling: str = "last"  # embeddings: a POOLING_TYPES name
     trace: TraceConfig = field(default_factory=TraceConfig)
     device: str = "cpu"  # a DEVICES name; "cuda" computes with the torch kernels on the GPU
@@ -339,12 +342,17 @@ class EngineConfig:
                  f"device {self.device!r} computes with the torch kernels, not {self.kernels!r}")
         dtypes = TORCH_DTYPES if self.uses_torch else DTYPES
         _require(self.dtype in dtypes, f"dtype must be one of {dtypes}, got {self.dtype!r}")
+        _require(self.kernels is None or self.kernels in KERNEL_BACKENDS,
+                 f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")
+        _require(not self.int_dot or self.kernel_backend in INT_DOT_KERNELS,
+                 f"int_dot needs the {' or '.join(INT_DOT_KERNELS)} kernels, got {self.kernel_backend!r}")
+        _require(not self.int_dot or self.weight_quantization in INT_DOT_QUANTIZATIONS,
+                 f"int_dot multiplies quantized weights as integers: it needs quantization "
+                 f"{' or '.join(INT_DOT_QUANTIZATIONS)}, got {self.weight_quantization!r}")
         _require(not self.uses_torch or self.weight_quantization == "none",
                  "the torch kernels compute on dequantized weights: quantization must be 'none'")
         _require(self.pooling in POOLING_TYPES, f"pooling must be one of {POOLING_TYPES}, got {self.pooling!r}")
         check_quantization(self.weight_quantization, self.dtype)
-        _require(self.kernels is None or self.kernels in KERNEL_BACKENDS,
-                 f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")
         _require(not self.uses_torch or self.cache.kv_kind in ("auto", TORCH_KV_KINDS.get(self.dtype)),
                  f"kv_cache_dtype {self.cache.kv_cache_dtype!r} needs the numpy or numba kernels: the torch "
                  f"kernels keep K/V in the model's dtype ({self.dtype}; kv_cache_dtype auto)")

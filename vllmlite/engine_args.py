@@ -143,6 +143,9 @@ class EngineArgs:
     quantization: str | None = knob(EngineConfig.quantization, f"weights: {', '.join(QUANTIZATIONS)}, in blocks "
                                                                "of 32; GGUF Q8_0/Q4_0/Q4_1 tensors are kept as "
                                                                "stored, float ones rounded at load")
+    int_dot: bool = knob(EngineConfig.int_dot, "round activations to 8 bits and use integer dot products on "
+                                               "int8/int4 weights, as llama.cpp does (needs --quantization int8 "
+                                               "or int4 and the numba or numpy kernels); changes tokens slightly")
     pooling: str = knob(EngineConfig.pooling, "embeddings (LLM.embed, /v1/embeddings): the final-norm hidden state "
                                               "of the prompt's last token (last) or their average over the "
                                               "prompt (mean), L2-normalized (llama-server's --pooling)")
@@ -200,7 +203,7 @@ class EngineArgs:
                                                                  gpu_memory_utilization=self._gpu_fraction())),
                             scheduler=SchedulerConfig(**self._values_for(SchedulerConfig)),
                             speculative=self._speculative(), kernels=self._or_env("kernels"),
-                            quantization=self._or_env("quantization"),
+                            quantization=self._or_env("quantization"), int_dot=self.int_dot,
                             pooling=self.pooling, trace=TraceConfig(**self._values_for(TraceConfig)),
                             device=self.device, enforce_eager=self.enforce_eager)
 

@@ -3,15 +3,20 @@ kernels that meet it (kernels/numba/int_linear.py), reached through `linear(...,
 
 from __future__ import annotations
 
+import importlib
+import re
+
+import numba
 import numpy as np
 import pytest
 
 from vllmlite.kernels.int_dot import int_dot_linear, quantize_activations, weight_integers
-from vllmlite.kernels.numba import int_linear, linear
+from vllmlite.kernels.numba import int_linear, linear, vnni
 from vllmlite.kernels.quant import BLOCK, TILE, BlockRows, QuantizedMatrix, dequantize, quantize, tile, untile
 
 EPS = np.finfo(np.float32).eps
 FORMATS = ("int8 symmetric", "int8 affine", "int4")
+linear_module = importlib.import_module("vllmlite.kernels.numba.linear")   # the package exports its function
 
 
 def make_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> QuantizedMatrix:
@@ -39,6 +44,17 @@ def exact_and_magnitude(x: np.ndarray, weight: QuantizedMatrix) -> tuple[np.ndar
     if rows.mins is not None:
         terms = terms + rows.mins[None] * (d_x * q_x.sum(axis=-1))[:, None, :]
     return terms.sum(axis=-1), np.abs(terms).sum(axis=-1)
+
+
+def elementwise_magnitude(x: np.ndarray, weight: QuantizedMatrix) -> np.ndarray:
+    """sum over every element of |d_w * q_w * x_rounded| + |m_w * x_rounded|: [tokens, rows]."""
+    q_x, d_x = quantize_activations(x)
+    x_rounded = q_x.reshape(x.shape[0], -1, BLOCK) * d_x[..., None].astype(np.float64)   # [tokens, blocks, 32]
+    rows = untile(weight)
+    w = np.abs(weight_integers(weight) * rows.scales[..., None].astype(np.float64))      # [rows, blocks, 32]
+    if rows.mins is not None:
+        w += np.abs(rows.mins[..., None])
+    return np.einsum("rbj,tbj->tr", w, np.abs(x_rounded))
 
 
 def run_numba(x: np.ndarray, weight: QuantizedMatrix) -> np.ndarray:
@@ -98,12 +114,19 @@ def test_compiled_int_dot_matches_the_definition(fmt, num_rows, num_tokens):
     got = run_numba(x, weight)
     exact, magnitude = exact_and_magnitude(x, weight)
     tolerance = (cols // BLOCK + 3) * EPS * magnitude
-    assert (np.abs(got - exact) <= tolerance).all()
     assert (np.abs(int_dot_linear(x, weight) - exact) <= tolerance).all()
+    rounded = np.empty_like(got)     # the rounded floats through today's kernels: each block's sum in float32 too
+    linear(int_linear.rounded_activations(x), weight, rounded)
+    rounded_tolerance = 2 * (BLOCK + cols // BLOCK + 3) * EPS * elementwise_magnitude(x, weight)
+    assert (np.abs(rounded - exact) <= rounded_tolerance).all()
+    if num_tokens < linear_module.INT_DOT_MIN_ROWS:
+        tolerance = rounded_tolerance
+    assert (np.abs(got - exact) <= tolerance).all()
 
 
 @pytest.mark.parametrize("fmt", ["int8 symmetric", "int4"])
-def test_integer_weights_and_activations_give_exact_integer_sums(fmt):
+@pytest.mark.parametrize("num_tokens", [1, 17])   # the rounded floats' path and the integer kernel
+def test_integer_weights_and_activations_give_exact_integer_sums(fmt, num_tokens):
     """Scales of 1 and activations whose blocks reach +-127: every term is an integer below 2^24,
     so any summation order gives x @ w.T exactly."""
     rng = np.random.default_rng(1)
@@ -115,7 +138,7 @@ def test_integer_weights_and_activations_give_exact_integer_sums(fmt):
     else:
         q = rng.integers(-127, 128, (rows, cols // BLOCK, BLOCK), dtype=np.int8)
         weight = tile(BlockRows("int8", q, np.ones((rows, cols // BLOCK), np.float32), None))
-    x = rng.integers(-126, 127, (17, cols)).astype(np.float32)
+    x = rng.integers(-126, 127, (num_tokens, cols)).astype(np.float32)
     x[:, ::BLOCK] = 127                                 # each block's largest: d_x = 1, q_x = x
     want = x.astype(np.float64) @ dequantize(weight).astype(np.float64).T
     np.testing.assert_array_equal(run_numba(x, weight), want)
@@ -134,3 +157,144 @@ def test_int_dot_leaves_float_weights_and_the_default_path_alone():
     linear(x, weight, switched, int_dot=False)
     np.testing.assert_array_equal(switched, default)
     assert not np.array_equal(run_numba(x, weight), default)   # the switch does change the quantized path
+
+
+def test_the_integer_kernel_runs_from_one_token_with_vnni_and_from_nine_without():
+    assert linear_module.INT_DOT_MIN_ROWS == (1 if int_linear.VNNI else 9)
+
+
+@pytest.mark.parametrize("num_tokens, integer_kernel", [(1, False), (8, False), (9, True), (48, True)])
+def test_int_dot_runs_the_integer_kernel_from_int_dot_min_rows_tokens(monkeypatch, num_tokens, integer_kernel):
+    """Below INT_DOT_MIN_ROWS tokens (9 here, as without VNNI) the rounded activations go through
+    the float kernels; from it on, the integer kernel."""
+    calls = []
+    monkeypatch.setattr(linear_module, "INT_DOT_MIN_ROWS", 9)
+    monkeypatch.setattr(linear_module, "int_dot_linear", lambda *args: calls.append(args))
+    rng = np.random.default_rng(3)
+    weight, x = make_weight("int4", 40, 64, rng), rng.standard_normal((num_tokens, 64), dtype=np.float32)
+    out, rounded = np.full((num_tokens, 40), np.nan, np.float32), np.empty((num_tokens, 40), np.float32)
+    linear(x, weight, out, int_dot=True)
+    assert len(calls) == integer_kernel
+    if not integer_kernel:
+        linear(int_linear.rounded_activations(x), weight, rounded)
+        np.testing.assert_array_equal(out, rounded)
+
+
+def test_rounded_activations_are_the_8_bit_integers_times_their_scales():
+    x = np.random.default_rng(4).standard_normal((3, 96), dtype=np.float32)
+    q, d = quantize_activations(x)
+    want = q.reshape(3, 3, BLOCK) * d[..., None]                                # [tokens, blocks, 32]
+    np.testing.assert_array_equal(int_linear.rounded_activations(x), want.reshape(3, 96))
+
+
+needs_vnni = pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+
+
+@numba.njit
+def _all_block_dots(grouped, words, is_int4, four_at_a_time):
+    """dots int32 [tokens, tiles, blocks, TILE] from vnni's block products, for every block: one
+    token per call, or (four_at_a_time) tokens 0-3 in one call and the rest one by one."""
+    tiles, blocks, groups = grouped.shape[:3]
+    num_tokens, stride = words.shape[0] // (blocks * 8), blocks * 8
+    block_bytes = groups * TILE * 4
+    dots = np.empty((num_tokens, tiles, blocks, TILE), np.int32)
+    four = np.empty(4 * TILE, np.int32)
+    for t in range(tiles):
+        w = grouped[t].reshape(blocks * block_bytes)
+        for b in range(blocks):
+            first = 0
+            if four_at_a_time:
+                if is_int4:
+                    vnni.int4_block_dots_4(w, b * block_bytes, words, b * 8, stride, four)
+                else:
+                    vnni.int8_block_dots_4(w, b * block_bytes, words, b * 8, stride, four)
+                for k in range(4):
+                    dots[k, t, b] = four[k * TILE:(k + 1) * TILE]
+                first = 4
+            for r in range(first, num_tokens):
+                if is_int4:
+                    vnni.int4_block_dots(w, b * block_bytes, words, r * stride + b * 8, 0, dots[r, t, b])
+                else:
+                    vnni.int8_block_dots(w, b * block_bytes, words, r * stride + b * 8, 0, dots[r, t, b])
+    return dots
+
+
+@needs_vnni
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("four_at_a_time", [False, True])
+def test_vnni_block_products_are_the_exact_integer_sums(fmt, four_at_a_time):
+    """Every byte value, extremes included: q_w in [-128, 127] (int8; stored + 128) or [0, 15]
+    (int4) times q_x in [-127, 127], summed in int32 with nothing lost."""
+    rng = np.random.default_rng(6)
+    rows, blocks, num_tokens = 2 * TILE, 3, 5
+    if fmt == "int4":
+        q = rng.integers(0, 16, (rows, blocks, BLOCK), dtype=np.uint8)
+        q[0, 0] = 15
+        ones = np.ones((rows, blocks), np.float32)
+        weight = tile(BlockRows("int4", q[..., :16] | (q[..., 16:] << 4), ones, ones))
+    else:
+        q = rng.integers(-128, 128, (rows, blocks, BLOCK), dtype=np.int8)
+        q[0, 0] = -128
+        weight = tile(BlockRows("int8", q, np.ones((rows, blocks), np.float32), None))
+    q_x = rng.integers(-127, 128, (num_tokens, blocks, BLOCK), dtype=np.int8)
+    q_x[0, 0] = -127                                       # with q = -128: the largest product
+    dots = _all_block_dots(weight.grouped_qs, q_x.reshape(-1).view(np.int32), fmt == "int4", four_at_a_time)
+    if fmt == "int8":                                      # the stored bytes are q + 128
+        dots = dots - 128 * q_x.sum(axis=-1, dtype=np.int32)[:, None, :, None]
+    want = np.einsum("rbj,tbj->trb", q.astype(np.int64), q_x.astype(np.int64))   # [tokens, rows, blocks]
+    got = dots.transpose(0, 1, 3, 2).reshape(num_tokens, rows, blocks)
+    np.testing.assert_array_equal(got, want)
+
+
+@needs_vnni
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("num_tokens", [1, 6, 9, 48])   # calls of four tokens, and the rest one by one
+def test_vnni_kernel_and_int16_kernel_agree(fmt, num_tokens):
+    """The same exact integer sums, the same float32 expressions for the scales (LLVM may fuse
+    them differently: a few ulps)."""
+    rng = np.random.default_rng(num_tokens)
+    weight = make_weight(fmt, 2 * TILE + 7, 192, rng)
+    x = rng.standard_normal((192, num_tokens), dtype=np.float32).T
+    with_vnni, without = (np.full((num_tokens, weight.num_rows), np.nan, np.float32) for _ in range(2))
+    int_linear.int_dot_linear(x, weight, with_vnni, use_vnni=True)
+    int_linear.int_dot_linear(x, weight, without, use_vnni=False)
+    _, magnitude = exact_and_magnitude(x, weight)
+    assert (np.abs(with_vnni - without) <= 2 * (192 // BLOCK + 3) * EPS * magnitude).all()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_grouped_bytes_put_four_elements_of_one_row_in_each_32_bit_lane(fmt):
+    weight = make_weight(fmt, TILE, 64, np.random.default_rng(5))
+    grouped = weight.grouped_qs                                    # [tiles, blocks, groups, TILE, 4]
+    q = untile(weight).qs                                          # [rows, blocks, 32 or 16 bytes]
+    row, block, element = 5, 1, 6                                  # group 1, byte 2
+    byte = q[row, block, element].view(np.uint8)
+    assert grouped[0, block, element // 4, row, element % 4] == (byte if fmt == "int4" else byte ^ 128)
+
+
+@needs_vnni
+def test_the_block_product_compiles_to_vpdpbusd():
+    @numba.njit
+    def block(w, x, dots):
+        vnni.int4_block_dots_4(w, 0, x, 0, 8, dots)
+    w, x, dots = np.zeros(1024, np.uint8), np.zeros(32, np.int32), np.zeros(4 * TILE, np.int32)
+    block(w, x, dots)
+    instructions = re.findall(r"^\s*(vpdpbusd|vpmullw|vpmaddubsw)\s", block.inspect_asm(block.signatures[0]), re.M)
+    assert set(instructions) == {"vpdpbusd"} and len(instructions) >= 128   # 4 groups x 4 registers x 2 nibbles x 4 tokens
+
+
+@pytest.mark.parametrize("use_vnni", [pytest.param(True, marks=needs_vnni), False])
+@pytest.mark.parametrize("num_tokens", [1, 5, 40])
+def test_the_kernels_round_activations_exactly_as_the_definition(use_vnni, num_tokens):
+    """Through an identity weight (int8, scale 1), out[r, i] = d_x * q_x[r, i]: any rounding that
+    is not numpy's (a division turned into a reciprocal's product, another tie rule) shows."""
+    rng = np.random.default_rng(num_tokens)
+    cols = 128
+    identity = tile(BlockRows("int8", np.eye(cols, dtype=np.int8).reshape(cols, cols // BLOCK, BLOCK),
+                              np.ones((cols, cols // BLOCK), np.float32), None))
+    x = rng.standard_normal((cols, num_tokens), dtype=np.float32).T * np.float32(3)
+    x[:, 32:64] = np.arange(32, dtype=np.float32) - 15.5     # halves of the step: ties round to even
+    q, d = quantize_activations(x)
+    out = np.empty((num_tokens, cols), np.float32)
+    int_linear.int_dot_linear(x, identity, out, use_vnni=use_vnni)
+    np.testing.assert_array_equal(out, q * np.repeat(d, BLOCK, axis=1))

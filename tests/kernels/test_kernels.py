@@ -266,14 +266,14 @@ def test_backend_is_chosen_by_name_or_environment(monkeypatch):
 WARM_UP_COVERAGE = """
 import vllmlite
 from vllmlite import LLM, SamplingParams
-from vllmlite.kernels.numba import attention, elementwise, linear
+from vllmlite.kernels.numba import attention, elementwise, int_linear, linear
 from numba.core.registry import CPUDispatcher
 
 def signatures():
-    return {f"{m.__name__}.{name}": len(f.signatures) for m in (attention, elementwise, linear)
+    return {f"{m.__name__}.{name}": len(f.signatures) for m in (attention, elementwise, int_linear, linear)
             for name, f in vars(m).items() if isinstance(f, CPUDispatcher)}
 
-llm = LLM("random", quantization=QUANTIZATION, max_num_batched_tokens=32)   # warms up
+llm = LLM("random", quantization=QUANTIZATION, int_dot=INT_DOT, max_num_batched_tokens=32)   # warms up
 after_warm_up = signatures()
 greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 llm.generate([{"prompt_token_ids": [1, 2, 3]}], greedy)             # one user: single-token decodes
@@ -284,12 +284,12 @@ assert not new, f"compiled after warm-up: {new}"
 """
 
 
-@pytest.mark.parametrize("quantization", ["none", "int4"])
-def test_warm_up_compiles_every_kernel_signature_requests_use(quantization):
+@pytest.mark.parametrize("quantization, int_dot", [("none", False), ("int4", False), ("int4", True)])
+def test_warm_up_compiles_every_kernel_signature_requests_use(quantization, int_dot):
     """A kernel first compiled during a request stalls it for seconds (a single user's first
     decode paid ~8 s when warm-up missed the one-token layouts). In a fresh process, nothing may
     compile after the engine's warm-up."""
-    script = f"QUANTIZATION = {quantization!r}\n" + WARM_UP_COVERAGE
+    script = f"QUANTIZATION = {quantization!r}\nINT_DOT = {int_dot!r}\n" + WARM_UP_COVERAGE
     env = {k: v for k, v in os.environ.items() if k != "VLLMLITE_KERNELS"}   # the compiled default
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]

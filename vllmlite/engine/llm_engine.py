@@ -55,7 +55,7 @@ class LLMEngine:
         self.max_model_len = min(sched.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)
         backend = config.kernel_backend
-        kernels = get_kernels(backend, config.device, config.dtype)
+        kernels = get_kernels(backend, config.device, config.dtype, config.int_dot)
         # The model the runner runs; public for tools that measure or spy on its forward pass.
         self.model = model = DecoderModel(loaded.config, loaded.weights, self.max_model_len, kernels)
         # What K/V are stored as: on torch, a kv_cache_dtype config.py lets through is the model's own dtype.
@@ -225,7 +225,7 @@ class LLMEngine:
         values.update(max_model_len=self.max_model_len, num_blocks=self.block_manager.num_blocks,
                       num_host_blocks=self.block_manager.num_host_blocks, dtype=config.dtype, seed=config.seed,
                       kernels=config.kernel_backend, quantization=config.weight_quantization,
-                      pooling=config.pooling, speculative=spec)
+                      int_dot=config.int_dot, pooling=config.pooling, speculative=spec)
         return values
 
     def kv_occupancy(self) -> KVOccupancy:

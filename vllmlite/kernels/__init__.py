@@ -96,10 +96,29 @@ def resolve_backend(name: str | None = None) -> str:
     return name
 
 
-def get_kernels(name: str | None = None, device: str = "cpu", dtype: str = "float32") -> Kernels:
-    """The backend `name` (see resolve_backend); "torch" is an instance on `device` computing in `dtype`."""
+def get_kernels(name: str | None = None, device: str = "cpu", dtype: str = "float32",
+                int_dot: bool = False) -> Kernels:
+    """The backend `name` (see resolve_backend); "torch" is an instance on `device` computing in `dtype`.
+    With `int_dot`, the numpy-array backend whose `linear` multiplies quantized weights by
+    activations rounded to 8 bits (kernels/int_dot.py; the engine's int_dot knob)."""
     if name == TORCH_BACKEND:
         from vllmlite.kernels.torch import TorchKernels  # torch is an optional extra: imported only here
         return TorchKernels(device, dtype)
-    return importlib.import_module(BACKENDS[resolve_backend(name)])  # type: ignore[return-value]
+    backend = importlib.import_module(BACKENDS[resolve_backend(name)])
+    return IntDotKernels(backend) if int_dot else backend  # type: ignore[return-value]
+
+
+class IntDotKernels:
+    """A numpy-array backend (numpy or numba) with every quantized product through integer dot
+    products: `linear(x, weight, out)` is the backend's `linear(..., int_dot=True)`; every other
+    operation is the backend's own."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+
+    def __getattr__(self, name: str):
+        return getattr(self.backend, name)
+
+    def linear(self, x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray) -> None:
+        self.backend.linear(x, weight, out, int_dot=True)
 

@@ -37,6 +37,7 @@ without building the float matrix (vllmlite/kernels).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -94,6 +95,18 @@ class QuantizedMatrix:
     @property
     def nbytes(self) -> int:
         return self.qs.nbytes + self.scales.nbytes + (self.mins.nbytes if self.mins is not None else 0)
+
+    @cached_property
+    def grouped_qs(self) -> np.ndarray:
+        """qs regrouped for 4-byte integer dot products (VNNI's vpdpbusd: unsigned bytes times signed
+        ones, each 4 summed into a 32-bit lane): uint8 [tiles, blocks, bytes / 4, TILE, 4], where
+        [t, b, g, lane, k] is qs[t, b, 4g + k, lane], offset by 128 for int8 (so unsigned: q + 128).
+        Made on the first integer product that reads it (vllmlite/kernels/numba/vnni.py), then kept:
+        as many bytes again as qs, not counted in nbytes."""
+        tiles, blocks, num_bytes = self.qs.shape[:3]
+        grouped = self.qs.reshape(tiles, blocks, num_bytes // 4, 4, TILE).transpose(0, 1, 2, 4, 3)
+        grouped = np.ascontiguousarray(grouped).view(np.uint8)
+        return grouped if self.format == "int4" else grouped ^ np.uint8(128)
 
 
 def _check_format(fmt: str) -> None:

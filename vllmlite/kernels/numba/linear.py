@@ -12,7 +12,7 @@ import numpy as np
 from numba import prange
 
 from vllmlite.kernels import blas, reference
-from vllmlite.kernels.numba.int_linear import int_dot_linear
+from vllmlite.kernels.numba.int_linear import VNNI, int_dot_linear, rounded_activations
 from vllmlite.kernels.numba.jit import parallel, serial
 from vllmlite.kernels.quant import BLOCK, TILE, QuantizedMatrix
 
@@ -221,6 +221,14 @@ def _quantized_gemm(qs, scales, mins, xp, tiles, gemm):  # pragma: no cover - co
 # whole model at 12 tokens the tiles took 0.8x the packed-bytes kernel's time (scratch A/B runs,
 # one core each), and 1.18x float32's at 16 tokens, 1.27x at 64.
 QUANTIZED_FEW_ROWS = 8
+# Tokens from which `linear(..., int_dot=True)` runs the integer kernel (int_linear.py); below, the
+# rounded activations go through the packed-bytes kernels above, the same function up to float32
+# rounding. With AVX-512 VNNI the integer kernel was as fast or faster from 1 token on (`python -m
+# bench.int_dot --tokens 1 2 4 8 16 32 48 --rounds 9`, results/int_dot.json, int4: 0.23-1.02x
+# float32's time at 1 token where the rounded activations through the packed bytes took
+# 0.26-1.09x; 0.38-0.52x at 32 tokens); its int16 form was about even with them at 4-8 tokens
+# (0.83-0.98x against 0.85-1.05x) and faster from 16 (0.77-1.23x against 1.17-1.58x).
+INT_DOT_MIN_ROWS = 1 if VNNI else 9
 DEQUANTIZE_TILES = 8  # tiles dequantized at a time for np.matmul, when numpy's BLAS is not OpenBLAS
 _scratch = threading.local()  # per thread: the float32 tiles dequantized into, reused across calls
 
@@ -234,8 +242,10 @@ def linear(x: np.ndarray, weight: np.ndarray | QuantizedMatrix, out: np.ndarray,
     the activations to 8 bits too) through integer dot products (int_linear.py); `int_dot`
     changes nothing for float weights."""
     if isinstance(weight, QuantizedMatrix):
-        if int_dot:
+        if int_dot and x.shape[0] >= INT_DOT_MIN_ROWS:
             int_dot_linear(x, weight, out)
+        elif int_dot:    # the same function: these floats are the rounded activations
+            _quantized_linear(rounded_activations(x), weight, out)
         else:
             _quantized_linear(x, weight, out)
     elif x.shape[0] <= SKINNY_MAX_ROWS:
