@@ -456,6 +456,16 @@ def _sweep_headlines(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _int_dot_burst_headlines(r: dict) -> list[tuple[str, str]]:
+    runs = {x["target"]: x["summary"]["output_throughput"] for x in r["runs"]}
+    llamas = [v for name, v in runs.items() if name.startswith(LLAMA_PREFIX)]
+    if "vllmlite_int4_intdot" not in runs or not llamas:
+        return []
+    return [("The same burst with `--quantization int4 --int-dot` (8-bit activations, integer products, as "
+             "llama.cpp) vs llama-server at its best `--parallel` in the same run",
+             f"{runs['vllmlite_int4_intdot'] / max(llamas):.2f}x")]
+
+
 def _quant_headlines(r: dict) -> list[tuple[str, str]]:
     single = {x["target"]: x for x in r["single_stream"]}
     llama = next((x for name, x in single.items() if name.startswith(LLAMA_PREFIX)), None)
@@ -488,6 +498,7 @@ def _gpu_headlines(r: dict) -> list[tuple[str, str]]:
 
 
 HEADLINES = [("bench_offline.json", "offline", _offline_headlines), ("serve_sweep.json", "serve-sweep", _sweep_headlines),
+             ("serve_burst_34_int_dot_repeat.json", None, _int_dot_burst_headlines),
              ("quant_speed.json", "quant-speed", _quant_headlines), ("bench_spec.json", "spec", _spec_headlines),
              ("bench_route_sim.json", None, _route_headlines), ("bench_gpu.json", "gpu", _gpu_headlines)]
 
