@@ -17,6 +17,8 @@ and Llama-3.1-8B; one set of weights, made by transformers and copied into ours)
   http      the offline workload as one burst of HTTP requests to the OpenAI server on the GPU, next to
             the offline run (the default GGUF cannot travel to the GPU machine, over its 64 MiB limit,
             so the served model is the shape's random one)
+`--kv-cache-dtype fp8` runs ours on float8 K/V (half of bf16's bytes), and the offline run and the
+decode steps at batch 1 and 256 once more on bf16 K/V beside it.
 Raw results: results/bench_gpu.json (machine, command, every number). Run one shape per process
 (`--shapes qwen3-0.6b`, ...): transformers' `generate_batch` keeps its cache after it returns, and
 the next shape's engine finds the GPU full.
@@ -112,10 +114,11 @@ def workload(num_requests: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(0, vocab, int(rng.integers(100, 1025))).tolist() for _ in range(num_requests)]
 
 
-def make_engine(loaded: LoadedModel, max_num_seqs: int, max_len: int, num_scheduler_steps: int = 1) -> LLMEngine:
+def make_engine(loaded: LoadedModel, max_num_seqs: int, max_len: int, num_scheduler_steps: int = 1,
+                kv_cache_dtype: str = "auto") -> LLMEngine:
     args = EngineArgs(model="random", device="cuda", dtype="bfloat16", max_num_seqs=max_num_seqs,
                       max_model_len=max_len, max_num_batched_tokens=8192, gpu_memory_utilization=0.85,
-                      num_scheduler_steps=num_scheduler_steps)
+                      num_scheduler_steps=num_scheduler_steps, kv_cache_dtype=kv_cache_dtype)
     return LLMEngine(args.create_engine_config(), loaded)
 
 
@@ -150,7 +153,7 @@ def run_hf(hf, prompts: list[list[int]], output_len: int) -> dict:
 
 
 def http_burst(loaded: LoadedModel, prompts: list[list[int]], output_len: int, device: str = "cuda",
-               num_scheduler_steps: int = 1) -> dict:
+               num_scheduler_steps: int = 1, kv_cache_dtype: str = "auto") -> dict:
     """The offline workload as a burst of HTTP requests: the OpenAI server (its app, engine thread and
     uvicorn, in this process, as `python -m vllmlite.api.server` runs them) on an engine built as
     make_engine's, every request sent at once from a client in another process (/v1/completions
@@ -165,7 +168,8 @@ def http_burst(loaded: LoadedModel, prompts: list[list[int]], output_len: int, d
     from vllmlite.engine.factory import make_async_engine
     args = ServerArgs(model="random", device=device, dtype="bfloat16" if device == "cuda" else "float32",
                       max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=1024 + output_len + 16,
-                      gpu_memory_utilization=0.85, max_queue=4 * len(prompts), num_scheduler_steps=num_scheduler_steps)
+                      gpu_memory_utilization=0.85, max_queue=4 * len(prompts), num_scheduler_steps=num_scheduler_steps,
+                      kv_cache_dtype=kv_cache_dtype)
     engine = make_async_engine(args, loaded)
     server = uvicorn.Server(uvicorn.Config(build_app(engine, args), host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -322,9 +326,8 @@ def single_stream(engine: LLMEngine, vocab: int, output_len: int, bandwidth: flo
     prompt = single_prompt(vocab)
     run_ours(engine, [prompt], 8, "single-warm")
     result = run_ours(engine, [prompt], output_len, "single")
-    c = engine.model_config
     weight_bytes = engine.weights_bytes
-    kv_bytes = c.kv_bytes_per_token(2) * (len(prompt) + output_len / 2)   # the mean context's KV, bf16
+    kv_bytes = engine.kv_bytes_per_token * (len(prompt) + output_len / 2)   # the mean context's KV, as stored
     bound = bandwidth / (weight_bytes + kv_bytes)
     return {"tok_s": result["output_tok_s"], "bandwidth_bound_tok_s": bound,
             "fraction_of_bound": result["output_tok_s"] / bound}
@@ -353,10 +356,21 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
     loaded = our_model(hf)
     prompts = workload(args.num_requests, loaded.config.vocab_size)
     row.update({"shape": shape, "num_requests": len(prompts), "prompt_tokens": sum(map(len, prompts)),
-                "output_len": args.output_len})
+                "output_len": args.output_len, "kv_cache_dtype": args.kv_cache_dtype})
     row["num_scheduler_steps"] = steps = args.num_scheduler_steps
+    max_len = 1024 + args.output_len + 16
+    if args.kv_cache_dtype != "auto" and not args.skip_auto_kv:   # the same run with the model's dtype's K/V
+        engine = make_engine(loaded, max_num_seqs=256, max_len=max_len, num_scheduler_steps=steps)
+        run_ours(engine, prompts[:4], 4, "warm")
+        row["ours_auto_kv"] = run_ours(engine, prompts, args.output_len)
+        row["decode_auto_kv"] = [decode_step(engine, b, 512) for b in (1, 256)]
+        save()
+        print(f"{shape}: ours with auto (bf16) K/V {row['ours_auto_kv']['output_tok_s']:.0f} out tok/s", flush=True)
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
     if steps > 1 and not args.skip_one_pass:   # the same run one pass a step, beside
-        engine = make_engine(loaded, max_num_seqs=256, max_len=1024 + args.output_len + 16)
+        engine = make_engine(loaded, max_num_seqs=256, max_len=max_len, kv_cache_dtype=args.kv_cache_dtype)
         run_ours(engine, prompts[:4], 4, "warm")
         row["ours_one_pass_a_step"] = run_ours(engine, prompts, args.output_len)
         row["single_one_pass_a_step"] = single_stream(engine, loaded.config.vocab_size, args.output_len, bandwidth)
@@ -365,7 +379,8 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
         del engine
         gc.collect()
         torch.cuda.empty_cache()
-    engine = make_engine(loaded, max_num_seqs=256, max_len=1024 + args.output_len + 16, num_scheduler_steps=steps)
+    engine = make_engine(loaded, max_num_seqs=256, max_len=max_len, num_scheduler_steps=steps,
+                         kv_cache_dtype=args.kv_cache_dtype)
     run_ours(engine, prompts[:4], 4, "warm")  # Triton compiles its kernel for these shapes
     row["ours"] = run_ours(engine, prompts, args.output_len)
     save()
@@ -377,7 +392,8 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
     gc.collect()   # the engine's CUDA graphs and KV cache go before transformers needs the memory
     torch.cuda.empty_cache()
     if not args.skip_http:
-        row["http"] = http_burst(loaded, prompts, args.output_len, num_scheduler_steps=steps)
+        row["http"] = http_burst(loaded, prompts, args.output_len, num_scheduler_steps=steps,
+                                 kv_cache_dtype=args.kv_cache_dtype)
         if "error" not in row["http"]:
             row["http"]["fraction_of_offline"] = row["http"]["output_tok_s"] / row["ours"]["output_tok_s"]
         save()
@@ -449,6 +465,11 @@ def main() -> None:
                         help="leave out the one-pass-a-step runs beside multi-step decoding")
     parser.add_argument("--skip-hf", action="store_true", help="leave out transformers' generate_batch")
     parser.add_argument("--skip-http", action="store_true", help="leave out the HTTP server's burst")
+    parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
+                        help="our engines' K/V storage (auto: bf16, the model's dtype); with fp8 the offline run "
+                             "and two decode steps are also made with auto K/V, beside")
+    parser.add_argument("--skip-auto-kv", action="store_true",
+                        help="with --kv-cache-dtype fp8, leave out the runs with auto K/V")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "bench_gpu.json")
     parser.add_argument("--profile", type=Path, help="only profile decode steps (batch 256), writing here")
     args = parser.parse_args()

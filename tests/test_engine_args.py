@@ -247,7 +247,7 @@ def test_dtype_names_map_to_the_computed_dtype(dtype, resolved, caplog):
     ({"gpu_memory_utilization": 0}, "gpu_memory_utilization must be in (0, 1]"),
     ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1]"),
     ({"gpu_memory_utilization": 0.5, "kv_cache_memory": 1 << 20}, "kv_cache_memory and gpu_memory_utilization"),
-    ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype must be one of"),
+    ({"kv_cache_dtype": "fp8_e5m2"}, "kv_cache_dtype must be one of"),
     ({"cpu_offload_gb": -1}, "cpu_offload_gb must be >= 0"),
     ({"tokenizer": "gpt2"}, "tokenizer must be unset or the model"),
     ({"block_size": 0}, "block_size must be an integer"),

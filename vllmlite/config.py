@@ -24,9 +24,10 @@ INT_DOT_QUANTIZATIONS = ("int8", "int4")  # what int_dot multiplies as integers
 INT_DOT_KERNELS = ("numba", "numpy")      # the backends that have the integer products
 PREEMPTION_MODES = ("recompute", "swap")
 TORCH_KV_KINDS = {"float16": "fp16", "bfloat16": "bf16"}  # the torch kernels' half dtypes as KV kinds
+TORCH_ONLY_KV_KINDS = ("fp8",)   # what only the torch kernels store: float8 e4m3 tensors (kv_dtype.py)
 # kv_cache_dtype: vLLM's names and ours -> the kind the KV cache stores (vllmlite/kernels/kv_dtype.py)
 KV_CACHE_DTYPES = {"auto": "auto", "fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
-                   "int8": "int8"}
+                   "int8": "int8", "fp8": "fp8", "fp8_e4m3": "fp8"}
 PREFILL_CHUNKING = ("fixed", "adaptive")  # vllmlite/core/chunking.py
 MAX_SCHEDULER_STEPS = 64
 POOLING_TYPES = ("last", "mean")  # embeddings: the values of pooling_params.PoolingType
@@ -214,7 +215,7 @@ class CacheConfig:
 
     @property
     def kv_kind(self) -> str:
-        """What the KV cache stores: auto (the model's dtype), fp16, bf16 or int8."""
+        """What the KV cache stores: auto (the model's dtype), fp16, bf16, int8 or fp8."""
         return KV_CACHE_DTYPES[self.kv_cache_dtype]
 
     def resolve_num_blocks(self, bytes_per_block: int) -> int:
@@ -353,9 +354,12 @@ class EngineConfig:
                  "the torch kernels compute on dequantized weights: quantization must be 'none'")
         _require(self.pooling in POOLING_TYPES, f"pooling must be one of {POOLING_TYPES}, got {self.pooling!r}")
         check_quantization(self.weight_quantization, self.dtype)
-        _require(not self.uses_torch or self.cache.kv_kind in ("auto", TORCH_KV_KINDS.get(self.dtype)),
+        _require(not self.uses_torch or self.cache.kv_kind in ("auto", "fp8", TORCH_KV_KINDS.get(self.dtype)),
                  f"kv_cache_dtype {self.cache.kv_cache_dtype!r} needs the numpy or numba kernels: the torch "
-                 f"kernels keep K/V in the model's dtype ({self.dtype}; kv_cache_dtype auto)")
+                 f"kernels keep K/V in the model's dtype ({self.dtype}; kv_cache_dtype auto) or in fp8")
+        _require(self.uses_torch or self.cache.kv_kind not in TORCH_ONLY_KV_KINDS,
+                 f"kv_cache_dtype {self.cache.kv_cache_dtype!r} needs the torch kernels (kernels='torch' or "
+                 f"device='cuda'): the numpy and numba kernels store auto, fp16, bf16 or int8")
         _require(self.scheduler.num_scheduler_steps == 1 or self.speculative is None,
                  "num_scheduler_steps > 1 and speculative decoding both fill the slots after a decode: use one")
 
@@ -368,6 +372,13 @@ class EngineConfig:
     @property
     def uses_torch(self) -> bool:
         return self.kernel_backend == "torch"
+
+    @property
+    def kv_kind(self) -> str:
+        """What the KV cache stores on this backend: the torch kernels store auto (their own dtype,
+        also when kv_cache_dtype names it) or fp8; the numpy-memory backends any kind of kv_dtype.py."""
+        kind = self.cache.kv_kind
+        return kind if not self.uses_torch or kind in TORCH_ONLY_KV_KINDS else "auto"
 
     @property
     def load_dtype(self) -> str:

@@ -56,6 +56,22 @@ def test_padded_decode_batches_give_the_numpy_paths_tokens(tiny_model, device, m
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_padded_decode_batches_over_fp8_kv_give_the_torch_operations_tokens(tiny_model, device, monkeypatch):
+    """kv_cache_dtype fp8: the graphs' padded decodes and eager prefills through the Triton kernels
+    give every token the torch operations give (a plain engine without Triton, one step at a time)."""
+    prompts = make_prompts(7, seed=12, min_len=1, max_len=60)
+    requests = [(p, greedy(max_tokens=3 + 2 * i)) for i, p in enumerate(prompts)]
+    engine = graph_engine(tiny_model, device, monkeypatch, max_num_seqs=8, kv_cache_dtype="fp8")
+    assert engine.runner.kv_cache[0][0].dtype == torch.float8_e4m3fn
+    monkeypatch.undo()   # the plain engine: no graphs
+    plain = engine_on(tiny_model, dtype="float32", kernels="torch", kv_cache_dtype="fp8", device=device)
+    plain.model.kernels.triton = False
+    assert plain.runner.graphs is None
+    expected = [r.outputs[0].token_ids for r in run_to_completion(plain, requests)]
+    assert [r.outputs[0].token_ids for r in run_to_completion(engine, requests)] == expected
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_padding_rows_write_only_the_scratch_block(tiny_model, device, monkeypatch):
     """Three decodes padded to four: the fourth row's K/V lands in the block after the block
     manager's pool, and no block a request could own changes but the three decodes' own slots."""

@@ -58,8 +58,7 @@ class LLMEngine:
         kernels = get_kernels(backend, config.device, config.dtype, config.int_dot)
         # The model the runner runs; public for tools that measure or spy on its forward pass.
         self.model = model = DecoderModel(loaded.config, loaded.weights, self.max_model_len, kernels)
-        # What K/V are stored as: on torch, a kv_cache_dtype config.py lets through is the model's own dtype.
-        self.kv_kind = kv_kind = "auto" if config.uses_torch else config.cache.kv_kind
+        self.kv_kind = kv_kind = config.kv_kind   # what K/V are stored as on this backend
         mc = loaded.config
         self.kv_bytes_per_token = kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_kind,
                                                      DTYPE_BYTES[config.dtype])   # scales included

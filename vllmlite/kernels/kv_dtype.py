@@ -26,8 +26,15 @@ bytes, and copy-on-write and swaps copy the scales with their slots (`copy_slots
 Reading: the reference gathers a group's blocks and widens them (`gather_blocks`); the numba
 backend widens the blocks a step's tables name once per layer into float32 scratch and runs its
 unchanged kernels over it with the tables renumbered (`widen_step`, compiled in numba/kv_widen.py).
-The torch backend keeps `auto` only (config.py refuses the others there, naming kv_cache_dtype,
-except the half dtype it computes in, which is what auto stores).
+The torch backend stores `auto` (config.py refuses the packed kinds there, naming kv_cache_dtype,
+except the half dtype it computes in, which is what auto stores) and `fp8`, which only it stores:
+
+  fp8   float8 e4m3 (torch.float8_e4m3fn: 4 exponent bits, 3 mantissa bits, finite to +-448), one
+        byte an element and no scale (vLLM's default scale of 1.0): x is clipped to +-448 and
+        rounded to nearest even; the kernels widen it to the compute dtype as they read (torch's
+        TorchKernels.write_kv and paged_attention, the Triton kernels). Half of bf16's bytes, so
+        twice the blocks in the same memory and half the bytes a decode reads. Per token like the
+        others: prefix caching, chunking and preemption store the same bytes.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ import numpy as np
 from vllmlite.kernels.attention_metadata import AttentionMetadata
 
 STORAGE = {"fp16": np.float16, "bf16": np.uint16, "int8": np.int8}
+BACKEND_KINDS = {"fp8": 1}   # kinds stored as the backend's own arrays (not PackedKV), with their itemsize
+FP8_MAX = 448.0   # e4m3's largest finite value: fp8 clips to it
 SCALE_BYTES = 4   # one float32 scale per (token, KV head, group), int8 only
 INT8_MAX = 127
 INT8_GROUP = 32   # elements of head_dim sharing one int8 scale
@@ -49,7 +58,8 @@ def int8_groups(head_dim: int) -> int:
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kind: str, model_itemsize: int) -> int:
     """Bytes of K and V (scales included) one token holds across all layers."""
-    per_head = head_dim * (model_itemsize if kind == "auto" else np.dtype(STORAGE[kind]).itemsize)
+    itemsize = model_itemsize if kind == "auto" else BACKEND_KINDS.get(kind) or np.dtype(STORAGE[kind]).itemsize
+    per_head = head_dim * itemsize
     per_head += SCALE_BYTES * int8_groups(head_dim) if kind == "int8" else 0
     return 2 * num_layers * num_kv_heads * per_head
 
@@ -83,8 +93,11 @@ class PackedKV:
 
 
 def make_kv(kind: str, shape: tuple[int, int, int], zeros, dtype):
-    """One layer's K (or V) cache: zeros(shape, dtype) for auto (the backend's own array), else a PackedKV."""
-    return zeros(shape, dtype) if kind == "auto" else PackedKV(kind, shape)
+    """One layer's K (or V) cache: the backend's own array, zeros(shape, dtype) for auto and
+    zeros(shape, kind) for a kind of BACKEND_KINDS (the backend names its dtype), else a PackedKV."""
+    if kind == "auto" or kind in BACKEND_KINDS:
+        return zeros(shape, dtype if kind == "auto" else kind)
+    return PackedKV(kind, shape)
 
 
 def encode(kind: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

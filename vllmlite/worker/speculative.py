@@ -230,5 +230,4 @@ def make_proposer(spec: SpeculativeConfig, target: LoadedModel, config: EngineCo
                              f"target's ({target.config.vocab_size})")
         weights, draft_config = draft.weights, draft.config
     model = DecoderModel(draft_config, weights, max_model_len, kernels)
-    kv_kind = "auto" if config.uses_torch else config.cache.kv_kind   # as the target's K/V (LLMEngine)
-    return DraftModelProposer(model, num_blocks, config.cache.block_size, config.seed, kv_kind)
+    return DraftModelProposer(model, num_blocks, config.cache.block_size, config.seed, config.kv_kind)

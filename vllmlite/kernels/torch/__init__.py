@@ -17,6 +17,7 @@ import math
 import numpy as np
 import torch
 
+from vllmlite.kernels import kv_dtype
 from vllmlite.kernels.attention_metadata import (
     MAX_BATCHED_QUERY_LEN,
     AttentionGroup,
@@ -41,6 +42,8 @@ def paged_attention_kernel():
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
 HALF = (torch.bfloat16, torch.float16)
+FP8 = torch.float8_e4m3fn   # kv_cache_dtype fp8 (kv_dtype.py): K/V stored in it, widened as they are read
+KV_DTYPES = {"fp8": FP8}    # the kv_dtype.BACKEND_KINDS this backend stores, by name
 
 
 class TorchKernels:
@@ -72,15 +75,19 @@ class TorchKernels:
         dtype = (dtype or self.dtype) if tensor.is_floating_point() else torch.int64
         return tensor.to(device=self.device, dtype=dtype)
 
+    def _dtype(self, dtype) -> torch.dtype:
+        """A torch dtype, a KV_DTYPES name (fp8), or None for the compute dtype."""
+        return KV_DTYPES.get(dtype, dtype) if dtype is not None else self.dtype
+
     def zeros(self, shape: tuple[int, ...], dtype=None) -> torch.Tensor:
-        return torch.zeros(shape, dtype=dtype or self.dtype, device=self.device)
+        return torch.zeros(shape, dtype=self._dtype(dtype), device=self.device)
 
     def empty(self, shape: tuple[int, ...], dtype=None) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype or self.dtype, device=self.device)
+        return torch.empty(shape, dtype=self._dtype(dtype), device=self.device)
 
     def host_zeros(self, shape: tuple[int, ...], dtype=None) -> torch.Tensor:
         """A host buffer for swapped-out blocks (pinned on CUDA, so copies overlap)."""
-        return torch.zeros(shape, dtype=dtype or self.dtype, pin_memory=self.device.type == "cuda")
+        return torch.zeros(shape, dtype=self._dtype(dtype), pin_memory=self.device.type == "cuda")
 
     @staticmethod
     def to_numpy(x: torch.Tensor) -> np.ndarray:
@@ -97,7 +104,9 @@ class TorchKernels:
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, src_slots: np.ndarray,
                    dst_slots: np.ndarray) -> None:
-        """dst[dst_slots] = src[src_slots], across devices (swap) or within one (copy-on-write)."""
+        """dst[dst_slots] = src[src_slots], across devices (swap) or within one (copy-on-write); fp8
+        caches as their bytes (indexing kernels of every device take uint8)."""
+        src, dst = _raw(src), _raw(dst)
         rows = src[torch.from_numpy(src_slots).to(src.device)]
         dst[torch.from_numpy(dst_slots).to(dst.device)] = rows.to(dst.device, non_blocking=True)
 
@@ -200,11 +209,16 @@ class TorchKernels:
 
     def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
+        """k_cache[slot_mapping] = k, v_cache[slot_mapping] = v; into an fp8 cache clipped to +-FP8_MAX
+        and rounded to nearest even (kv_dtype.py)."""
         if self._triton(k):
             fused_ops().write_kv(k_cache, v_cache, k, v, slot_mapping)
             return
-        k_cache[slot_mapping] = k
-        v_cache[slot_mapping] = v
+        for cache, x in ((k_cache, k), (v_cache, v)):
+            if cache.dtype == FP8:
+                _raw(cache)[slot_mapping] = _raw(to_fp8(x))
+            else:
+                cache[slot_mapping] = x
 
     def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         meta: AttentionMetadata, out: torch.Tensor, *, scale: float | None = None,
@@ -271,8 +285,8 @@ class TorchKernels:
         # [B, max_q, kv, group, d] -> [B, kv, group * max_q, d]: each KV head serves its query heads.
         qg = q[rows].reshape(num_seqs, max_q, num_kv_heads, group_size, head_dim)
         qg = qg.permute(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group_size * max_q, head_dim)
-        keys = k_blocks[block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
-        values = v_blocks[block_ids].reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
+        keys = _widen(k_blocks, block_ids, q.dtype).reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
+        values = _widen(v_blocks, block_ids, q.dtype).reshape(num_seqs, ctx_len, num_kv_heads, head_dim)
         scores = qg @ keys.permute(0, 2, 3, 1)                      # [B, kv, group * max_q, ctx]
         compute = torch.float32 if scores.dtype in HALF else scores.dtype
         scores = scores.to(compute).reshape(num_seqs, num_kv_heads, group_size, max_q, ctx_len)
@@ -286,3 +300,21 @@ class TorchKernels:
         ctx = ctx.reshape(num_seqs, num_kv_heads, group_size, max_q, head_dim).permute(0, 3, 1, 2, 4)
         ctx = ctx.reshape(num_seqs, max_q, num_heads, head_dim)     # [B, max_q, heads, d]
         out[out_rows] = ctx[valid]
+
+
+def to_fp8(x: torch.Tensor) -> torch.Tensor:
+    """x as kv_cache_dtype fp8 stores it: clipped to +-FP8_MAX (a cast alone may make NaN of what lies
+    past it), then rounded to nearest even."""
+    return x.float().clamp(-kv_dtype.FP8_MAX, kv_dtype.FP8_MAX).to(FP8)
+
+
+def _raw(cache: torch.Tensor) -> torch.Tensor:
+    """An fp8 cache as its bytes (uint8, the same storage), any other as it is."""
+    return cache.view(torch.uint8) if cache.dtype == FP8 else cache
+
+
+def _widen(blocks: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """blocks[block_ids] in `dtype` (an fp8 cache's gathered bytes widened, exactly)."""
+    if blocks.dtype != FP8:
+        return blocks[block_ids]
+    return _raw(blocks)[block_ids].view(FP8).to(dtype)

@@ -88,8 +88,9 @@ def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block
             kv_mask = valid[:, None]
         else:
             kv_mask = valid[:, None] & d_valid[None, :]
-        k = tl.load(k_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_offset, mask=kv_mask, other=0.0)   # issued beside K: one wait, not two
+        # Issued together (one wait, not two); an fp8 cache widened to q's dtype (a no-op otherwise).
+        k = tl.load(k_cache_ptr + kv_offset, mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_cache_ptr + kv_offset, mask=kv_mask, other=0.0).to(q.dtype)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale   # [Q, BLOCK_N]
         if SOFTCAP:   # softcap * tanh(scores / softcap), tanh(x) = 1 - 2 / (exp(2x) + 1): no libdevice
             scores = softcap * (1.0 - 2.0 / (tl.exp(2.0 * scores / softcap) + 1.0))
@@ -184,7 +185,8 @@ def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     """out[row] = attention of q[row] over its sequence's paged context, for every row of `tiles`
     ([num_tiles, 4] int64 on the device, see make_tiles), written in place.
 
-    q, out [num_tokens, heads, head_dim], any strides; caches [slots, kv_heads, head_dim] contiguous;
+    q, out [num_tokens, heads, head_dim], any strides; caches [slots, kv_heads, head_dim] contiguous,
+    in q's dtype or float8 e4m3 (kv_cache_dtype fp8, widened to q's dtype as it is read);
     block_tables [num_seqs, max_blocks] int; num_splits > 1 cuts each tile's context into that many
     ranges (whole block_n tiles, sized in the kernel from the tile's own context) combined afterwards.
     block_n, num_warps, num_stages: the kernel's tuning (bench/gpu_attention.py sweeps them).

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vllmlite.kernels import kv_dtype
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, stride_x, stride_xc, stride_r, stride_rc, stride_o,
@@ -106,9 +108,30 @@ def gelu_tanh_and_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
 
 
 @triton.jit
+def _round_mantissa_to_3_bits(x):
+    """float32 x rounded to 3 mantissa bits, to nearest even (on the bits: the sign rides along)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_value(x, FP8_MAX: tl.constexpr):
+    """float32 x clipped to +-FP8_MAX and rounded to the nearest float8 e4m3 value (ties to even), in
+    float32: as TorchKernels.to_fp8 stores it. Rounded here rather than by the cast, which then only
+    changes the format: Triton's interpreter (3.x) rounds without carrying into the exponent
+    (1.95 became 1.0), so the CPU tests would not check what the GPU computes. Below 2^-6 e4m3 is
+    subnormal, multiples of 2^-9: those are rounded in 2^-6's binade, which has that spacing."""
+    x = tl.clamp(x, -FP8_MAX, FP8_MAX)
+    magnitude = tl.abs(x)
+    subnormal = _round_mantissa_to_3_bits(magnitude + 0.015625) - 0.015625
+    subnormal = tl.where(x < 0, -subnormal, subnormal)
+    return tl.where(magnitude < 0.015625, subnormal, _round_mantissa_to_3_bits(x))
+
+
+@triton.jit
 def _write_kv_kernel(k_cache_ptr, v_cache_ptr, k_ptr, v_ptr, slots_ptr, stride_k_tok, stride_k_head, stride_k_d,
                      stride_v_tok, stride_v_head, stride_v_d, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, FP8_MAX: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     mask = i < KV_HEADS * HEAD_DIM
@@ -116,15 +139,20 @@ def _write_kv_kernel(k_cache_ptr, v_cache_ptr, k_ptr, v_ptr, slots_ptr, stride_k
     slot = tl.load(slots_ptr + token)
     k = tl.load(k_ptr + token * stride_k_tok + head * stride_k_head + d * stride_k_d, mask=mask)
     v = tl.load(v_ptr + token * stride_v_tok + head * stride_v_head + d * stride_v_d, mask=mask)
-    tl.store(k_cache_ptr + slot * KV_HEADS * HEAD_DIM + i, k, mask=mask)
-    tl.store(v_cache_ptr + slot * KV_HEADS * HEAD_DIM + i, v, mask=mask)
+    if FP8_MAX:   # an fp8 cache: the values it will hold, so that the cast below is exact
+        k = _e4m3_value(k.to(tl.float32), FP8_MAX)
+        v = _e4m3_value(v.to(tl.float32), FP8_MAX)
+    tl.store(k_cache_ptr + slot * KV_HEADS * HEAD_DIM + i, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + slot * KV_HEADS * HEAD_DIM + i, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """k_cache[slot_mapping] = k and the same for v: k, v [tokens, kv_heads, head_dim], any strides;
-    caches [slots, kv_heads, head_dim] contiguous."""
+    caches [slots, kv_heads, head_dim] contiguous, in k's dtype or float8 e4m3 (kv_cache_dtype fp8:
+    clipped to +-FP8_MAX, rounded to nearest even)."""
     tokens, kv_heads, head_dim = k.shape
     if tokens:
+        fp8_max = kv_dtype.FP8_MAX if k_cache.dtype == torch.float8_e4m3fn else 0.0
         _write_kv_kernel[(tokens,)](k_cache, v_cache, k, v, slot_mapping, *k.stride(), *v.stride(), KV_HEADS=kv_heads, HEAD_DIM=head_dim,
-                                    BLOCK=triton.next_power_of_2(kv_heads * head_dim))
+                                    BLOCK=triton.next_power_of_2(kv_heads * head_dim), FP8_MAX=fp8_max)
