@@ -64,7 +64,8 @@ def test_padded_decode_batches_over_fp8_kv_give_the_torch_operations_tokens(tiny
     engine = graph_engine(tiny_model, device, monkeypatch, max_num_seqs=8, kv_cache_dtype="fp8")
     assert engine.runner.kv_cache[0][0].dtype == torch.float8_e4m3fn
     monkeypatch.undo()   # the plain engine: no graphs
-    plain = engine_on(tiny_model, dtype="float32", kernels="torch", kv_cache_dtype="fp8", device=device)
+    plain = engine_on(tiny_model, dtype="float32", kernels="torch", kv_cache_dtype="fp8", device=device,
+                      enforce_eager=True)
     plain.model.kernels.triton = False
     assert plain.runner.graphs is None
     expected = [r.outputs[0].token_ids for r in run_to_completion(plain, requests)]

@@ -131,7 +131,7 @@ def _e4m3_value(x, FP8_MAX: tl.constexpr):
 @triton.jit
 def _write_kv_kernel(k_cache_ptr, v_cache_ptr, k_ptr, v_ptr, slots_ptr, stride_k_tok, stride_k_head, stride_k_d,
                      stride_v_tok, stride_v_head, stride_v_d, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK: tl.constexpr, FP8_MAX: tl.constexpr):
+                     BLOCK: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     mask = i < KV_HEADS * HEAD_DIM
@@ -139,7 +139,7 @@ def _write_kv_kernel(k_cache_ptr, v_cache_ptr, k_ptr, v_ptr, slots_ptr, stride_k
     slot = tl.load(slots_ptr + token)
     k = tl.load(k_ptr + token * stride_k_tok + head * stride_k_head + d * stride_k_d, mask=mask)
     v = tl.load(v_ptr + token * stride_v_tok + head * stride_v_head + d * stride_v_d, mask=mask)
-    if FP8_MAX:   # an fp8 cache: the values it will hold, so that the cast below is exact
+    if FP8:   # an fp8 cache: the values it will hold, so that the cast below is exact
         k = _e4m3_value(k.to(tl.float32), FP8_MAX)
         v = _e4m3_value(v.to(tl.float32), FP8_MAX)
     tl.store(k_cache_ptr + slot * KV_HEADS * HEAD_DIM + i, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
@@ -153,6 +153,6 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     clipped to +-FP8_MAX, rounded to nearest even)."""
     tokens, kv_heads, head_dim = k.shape
     if tokens:
-        fp8_max = kv_dtype.FP8_MAX if k_cache.dtype == torch.float8_e4m3fn else 0.0
         _write_kv_kernel[(tokens,)](k_cache, v_cache, k, v, slot_mapping, *k.stride(), *v.stride(), KV_HEADS=kv_heads, HEAD_DIM=head_dim,
-                                    BLOCK=triton.next_power_of_2(kv_heads * head_dim), FP8_MAX=fp8_max)
+                                    BLOCK=triton.next_power_of_2(kv_heads * head_dim),
+                                    FP8=k_cache.dtype == torch.float8_e4m3fn, FP8_MAX=kv_dtype.FP8_MAX)
