@@ -120,8 +120,7 @@ class AsyncLLMEngine:
         return self.engine.request_limits
 
     def summary(self) -> EngineSummary:
-        return EngineSummary(str(self.engine.model_source), self.engine.config.dtype, self.max_model_len,
-                             self.engine.memory_report())
+        return self.engine.summary()
 
     @property
     def is_dead(self) -> bool:
