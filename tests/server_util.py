@@ -103,6 +103,15 @@ def running_server(loaded: LoadedModel, **overrides) -> Iterator[ThreadServer]:
         live.stop()
 
 
+def is_running(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped (Linux's /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
