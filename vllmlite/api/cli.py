@@ -167,7 +167,8 @@ class ServerArgs(EngineArgs):
     def uses_engine_process(self) -> bool:
         """--engine-process, else on a GPU only: there a step's ~150 kernel launches each wait for the GIL,
         which the event loop holds for a burst's intake (the first step of a burst of 256 took 0.64 s
-        instead of 0.05 on the H200); the CPU kernels release it for most of a step, in few calls."""
+        instead of 0.05 on the H200). The CPU kernels release it for most of a step, in a few long calls: a
+        CPU burst served the same either way (bench.gpu --device cpu), and a second process costs memory."""
         return self.device == "cuda" if self.engine_process is None else self.engine_process
 
     @property
