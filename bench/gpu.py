@@ -3,6 +3,8 @@ continuous batching on the same weights, in the same run.
 
     python -m bench.gpu                                   # all shapes, 256 requests (an H200: minutes)
     python -m bench.gpu --shapes qwen3-0.6b --num-requests 64 --skip-hf    # a quick look
+    python -m bench.gpu --device cpu --shapes tiny --num-requests 32 --output-len 32 --out /tmp/smoke.json
+                                                          # a CPU smoke of the offline and HTTP rows only
 
 For each model shape (Llama-architecture random weights at the sizes of Qwen3-0.6B, Llama-3.2-1B
 and Llama-3.1-8B; one set of weights, made by transformers and copied into ours):
@@ -16,7 +18,10 @@ and Llama-3.1-8B; one set of weights, made by transformers and copied into ours)
             `generate` with its static cache
   http      the offline workload as one burst of HTTP requests to the OpenAI server on the GPU, next to
             the offline run (the default GGUF cannot travel to the GPU machine, over its 64 MiB limit,
-            so the served model is the shape's random one)
+            so the served model is the shape's random one); its engine runs in an engine process of its
+            own (the server's default on cuda), which builds the same weights itself (`shape_model`; its
+            KV cache is sized around this process's copy, still on the GPU), or with --no-engine-process
+            on a thread of the server's process
 `--kv-cache-dtype fp8` runs ours on float8 K/V (half of bf16's bytes), and the offline run and the
 decode steps at batch 1 and 256 once more on bf16 K/V beside it.
 Raw results: results/bench_gpu.json (machine, command, every number). Run one shape per process
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import time
+from functools import partial
 from pathlib import Path
 
 import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
@@ -39,10 +45,11 @@ import torch
 
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
 from vllmlite.config import ModelConfig
+from vllmlite.engine.engine_process import ModelLoader
 from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.engine_args import EngineArgs
 from vllmlite.kernels.attention_metadata import build_metadata
-from vllmlite.models.loader import LayerWeights, LoadedModel, ModelWeights
+from vllmlite.models.loader import LayerWeights, LoadedModel, ModelWeights, random_weights
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.tokenizer import ByteTokenizer
 
@@ -50,7 +57,9 @@ SHAPES = {  # hidden, intermediate, layers, heads, kv heads, head_dim, vocab, ti
     "qwen3-0.6b": (1024, 3072, 28, 16, 8, 128, 151936, True),
     "llama-3.2-1b": (2048, 8192, 16, 32, 8, 64, 128256, True),
     "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128, 128256, False),
+    "tiny": (64, 128, 2, 4, 2, 16, 512, False),   # the CPU smoke's (--device cpu), not in the default run
 }
+DEFAULT_SHAPES = ("qwen3-0.6b", "llama-3.2-1b", "llama-3.1-8b")
 BLOCK_SIZE = 16
 
 
@@ -86,6 +95,24 @@ class WideByteTokenizer(ByteTokenizer):
         return bytes([32 + token_id % 95])
 
 
+def model_config(shape: str) -> ModelConfig:
+    hidden, inter, layers, heads, kv, head_dim, vocab, tied = SHAPES[shape]
+    return ModelConfig(architecture="llama", vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                       num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
+                       max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=500000.0,
+                       tie_word_embeddings=tied)
+
+
+def shape_model(shape: str, device: str) -> LoadedModel:
+    """The shape's random model as the runs serve it: on cuda transformers' weights in our layout (the
+    same every time: seeded), on the CPU seeded numpy weights. A loader an engine process calls by name."""
+    if device == "cuda":
+        return our_model(hf_model(shape))
+    config = model_config(shape)
+    return LoadedModel(config, random_weights(config, np.dtype("float32"), 0), WideByteTokenizer(config.vocab_size),
+                       "random")
+
+
 def our_model(hf) -> LoadedModel:
     """The same weights in vllmlite's layout (fused QKV and gate/up), on the GPU already."""
     c, m = hf.config, hf.model
@@ -114,17 +141,31 @@ def workload(num_requests: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(0, vocab, int(rng.integers(100, 1025))).tolist() for _ in range(num_requests)]
 
 
+def engine_knobs(device: str, max_num_seqs: int, max_len: int, num_scheduler_steps: int = 1,
+                 kv_cache_dtype: str = "auto") -> dict:
+    """The engine's knobs in every run, offline and served (on the CPU the KV cache takes its default size)."""
+    knobs = dict(model="random", device=device, max_num_seqs=max_num_seqs, max_model_len=max_len,
+                 max_num_batched_tokens=8192, num_scheduler_steps=num_scheduler_steps, kv_cache_dtype=kv_cache_dtype)
+    if device == "cuda":
+        return knobs | dict(dtype="bfloat16", gpu_memory_utilization=0.85)
+    return knobs | dict(dtype="float32")
+
+
 def make_engine(loaded: LoadedModel, max_num_seqs: int, max_len: int, num_scheduler_steps: int = 1,
-                kv_cache_dtype: str = "auto") -> LLMEngine:
-    args = EngineArgs(model="random", device="cuda", dtype="bfloat16", max_num_seqs=max_num_seqs,
-                      max_model_len=max_len, max_num_batched_tokens=8192, gpu_memory_utilization=0.85,
-                      num_scheduler_steps=num_scheduler_steps, kv_cache_dtype=kv_cache_dtype)
+                device: str = "cuda", kv_cache_dtype: str = "auto") -> LLMEngine:
+    args = EngineArgs(**engine_knobs(device, max_num_seqs, max_len, num_scheduler_steps, kv_cache_dtype))
     return LLMEngine(args.create_engine_config(), loaded)
+
+
+def synchronize(engine: LLMEngine) -> None:
+    """Wait for the device's queued work (on the CPU there is none)."""
+    if engine.config.device == "cuda":
+        torch.cuda.synchronize()
 
 
 def run_ours(engine: LLMEngine, prompts: list[list[int]], output_len: int, tag: str = "run") -> dict:
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True, detokenize=False)
-    torch.cuda.synchronize()
+    synchronize(engine)
     start = time.perf_counter()
     for i, prompt in enumerate(prompts):
         engine.add_request(f"{tag}-{i}", prompt, params)
@@ -134,7 +175,7 @@ def run_ours(engine: LLMEngine, prompts: list[list[int]], output_len: int, tag: 
             if output.finished:
                 generated += len(output.outputs[0].token_ids)
         steps += 1
-    torch.cuda.synchronize()
+    synchronize(engine)
     seconds = time.perf_counter() - start
     return {"output_tokens": generated, "seconds": seconds, "output_tok_s": generated / seconds, "steps": steps}
 
@@ -152,12 +193,13 @@ def run_hf(hf, prompts: list[list[int]], output_len: int) -> dict:
     return {"output_tokens": generated, "seconds": seconds, "output_tok_s": generated / seconds}
 
 
-def http_burst(loaded: LoadedModel, prompts: list[list[int]], output_len: int, device: str = "cuda",
+def http_burst(model: LoadedModel | ModelLoader, prompts: list[list[int]], output_len: int, device: str = "cuda",
                num_scheduler_steps: int = 1, kv_cache_dtype: str = "auto") -> dict:
-    """The offline workload as a burst of HTTP requests: the OpenAI server (its app, engine thread and
-    uvicorn, in this process, as `python -m vllmlite.api.server` runs them) on an engine built as
-    make_engine's, every request sent at once from a client in another process (/v1/completions
-    with the prompt's token ids, greedy, ignore_eos, not streamed)."""
+    """The offline workload as a burst of HTTP requests: the OpenAI server (its app and uvicorn in this
+    process, as `python -m vllmlite.api.server` runs them) on an engine built as make_engine's, every
+    request sent at once from a client in another process (/v1/completions with the prompt's token ids,
+    greedy, ignore_eos, not streamed). `model` is the model itself, served by an engine thread in this
+    process, or a loader (ModelLoader), which an engine process of its own calls to build it."""
     import multiprocessing
     import threading
 
@@ -165,12 +207,11 @@ def http_burst(loaded: LoadedModel, prompts: list[list[int]], output_len: int, d
 
     from vllmlite.api.app import build_app
     from vllmlite.api.cli import ServerArgs
-    from vllmlite.engine.factory import make_async_engine
-    args = ServerArgs(model="random", device=device, dtype="bfloat16" if device == "cuda" else "float32",
-                      max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=1024 + output_len + 16,
-                      gpu_memory_utilization=0.85, max_queue=4 * len(prompts), num_scheduler_steps=num_scheduler_steps,
-                      kv_cache_dtype=kv_cache_dtype)
-    engine = make_async_engine(args, loaded)
+    from vllmlite.engine.factory import make_async_engine, make_process_engine
+    args = ServerArgs(**engine_knobs(device, 256, 1024 + output_len + 16, num_scheduler_steps, kv_cache_dtype),
+                      max_queue=4 * len(prompts))
+    in_process = isinstance(model, LoadedModel)
+    engine = make_async_engine(args, model) if in_process else make_process_engine(args, model)
     server = uvicorn.Server(uvicorn.Config(build_app(engine, args), host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -186,7 +227,7 @@ def http_burst(loaded: LoadedModel, prompts: list[list[int]], output_len: int, d
     server.should_exit = True
     thread.join(timeout=60)
     engine.shutdown(timeout=10)
-    return result
+    return {**result, "engine_process": not in_process}
 
 
 def burst_client(url: str, prompts: list[list[int]], output_len: int, results) -> None:
@@ -353,15 +394,17 @@ def single_stream_hf(hf, vocab: int, output_len: int) -> dict:
 
 def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
     """Fill `row` with the shape's measurements, calling save() after each (a run cut short keeps
-    what it measured)."""
-    hf = hf_model(shape)
-    loaded = our_model(hf)
+    what it measured). On the CPU (a smoke): the offline and HTTP rows only."""
+    cuda = args.device == "cuda"
+    hf = hf_model(shape) if cuda else None
+    loaded = our_model(hf) if cuda else shape_model(shape, "cpu")
     prompts = workload(args.num_requests, loaded.config.vocab_size)
-    row.update({"shape": shape, "num_requests": len(prompts), "prompt_tokens": sum(map(len, prompts)),
-                "output_len": args.output_len, "kv_cache_dtype": args.kv_cache_dtype})
+    row.update({"shape": shape, "device": args.device, "num_requests": len(prompts),
+                "prompt_tokens": sum(map(len, prompts)), "output_len": args.output_len,
+                "kv_cache_dtype": args.kv_cache_dtype})
     row["num_scheduler_steps"] = steps = args.num_scheduler_steps
     max_len = 1024 + args.output_len + 16
-    if args.kv_cache_dtype != "auto" and not args.skip_auto_kv:   # the same run with the model's dtype's K/V
+    if cuda and args.kv_cache_dtype != "auto" and not args.skip_auto_kv:   # the same run with the model's dtype's K/V
         engine = make_engine(loaded, max_num_seqs=256, max_len=max_len, num_scheduler_steps=steps)
         run_ours(engine, prompts[:4], 4, "warm")
         row["ours_auto_kv"] = run_ours(engine, prompts, args.output_len)
@@ -369,9 +412,8 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
         save()
         print(f"{shape}: ours with auto (bf16) K/V {row['ours_auto_kv']['output_tok_s']:.0f} out tok/s", flush=True)
         del engine
-        gc.collect()
-        torch.cuda.empty_cache()
-    if steps > 1 and not args.skip_one_pass:   # the same run one pass a step, beside
+        free_device_memory()
+    if cuda and steps > 1 and not args.skip_one_pass:   # the same run one pass a step, beside
         engine = make_engine(loaded, max_num_seqs=256, max_len=max_len, kv_cache_dtype=args.kv_cache_dtype)
         run_ours(engine, prompts[:4], 4, "warm")
         row["ours_one_pass_a_step"] = run_ours(engine, prompts, args.output_len)
@@ -379,30 +421,29 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
         save()
         print(f"{shape}: ours, one pass a step, {row['ours_one_pass_a_step']['output_tok_s']:.0f} out tok/s", flush=True)
         del engine
-        gc.collect()
-        torch.cuda.empty_cache()
-    engine = make_engine(loaded, max_num_seqs=256, max_len=max_len, num_scheduler_steps=steps,
+        free_device_memory()
+    engine = make_engine(loaded, max_num_seqs=256, max_len=max_len, num_scheduler_steps=steps, device=args.device,
                          kv_cache_dtype=args.kv_cache_dtype)
     run_ours(engine, prompts[:4], 4, "warm")  # Triton compiles its kernel for these shapes
     row["ours"] = run_ours(engine, prompts, args.output_len)
     save()
     print(f"{shape}: ours {row['ours']['output_tok_s']:.0f} out tok/s", flush=True)
-    row["decode"] = [decode_step(engine, b, 512) for b in (1, 32, 256)]
-    row["single"] = single_stream(engine, loaded.config.vocab_size, args.output_len, bandwidth)
-    save()
+    if cuda:
+        row["decode"] = [decode_step(engine, b, 512) for b in (1, 32, 256)]
+        row["single"] = single_stream(engine, loaded.config.vocab_size, args.output_len, bandwidth)
+        save()
     del engine
-    gc.collect()   # the engine's CUDA graphs and KV cache go before transformers needs the memory
-    torch.cuda.empty_cache()
+    free_device_memory()   # the engine's CUDA graphs and KV cache go before the next one needs the memory
     if not args.skip_http:
-        row["http"] = http_burst(loaded, prompts, args.output_len, num_scheduler_steps=steps,
+        served = partial(shape_model, shape, args.device) if args.engine_process else loaded
+        row["http"] = http_burst(served, prompts, args.output_len, args.device, num_scheduler_steps=steps,
                                  kv_cache_dtype=args.kv_cache_dtype)
         if "error" not in row["http"]:
             row["http"]["fraction_of_offline"] = row["http"]["output_tok_s"] / row["ours"]["output_tok_s"]
         save()
         print(f"{shape}: HTTP burst {row['http']}", flush=True)
-        gc.collect()
-        torch.cuda.empty_cache()
-    if not args.skip_hf:   # one stream first, on a model generate_batch has not touched yet
+        free_device_memory()
+    if cuda and not args.skip_hf:   # one stream first, on a model generate_batch has not touched yet
         try:
             row["single_transformers_static"] = single_stream_hf(hf, loaded.config.vocab_size, args.output_len)
             print(f"{shape}: transformers static-cache one stream "
@@ -410,7 +451,7 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
         except Exception as error:
             row["single_transformers_error"] = repr(error)[:2000]
         save()
-    if not (args.skip_hf or args.skip_hf_batch):
+    if cuda and not (args.skip_hf or args.skip_hf_batch):
         try:
             row["transformers"] = run_hf(hf, prompts, args.output_len)
         except Exception as error:  # recorded, not fatal: our own rows still count
@@ -421,8 +462,14 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
             print(f"{shape}: transformers {row['transformers']['output_tok_s']:.0f} out tok/s", flush=True)
         save()
     del hf, loaded
-    torch.cuda.empty_cache()
+    free_device_memory()
     return row
+
+
+def free_device_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def profile(shape: str, batch: int, out_dir: Path) -> None:
@@ -460,7 +507,9 @@ def profile(shape: str, batch: int, out_dir: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help=f"of {', '.join(SHAPES)}")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cpu: a smoke of the offline and HTTP rows only (try --shapes tiny)")
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--num-scheduler-steps", type=int, default=8,
@@ -477,32 +526,44 @@ def main() -> None:
                              "and two decode steps are also made with auto K/V, beside")
     parser.add_argument("--skip-auto-kv", action="store_true",
                         help="with --kv-cache-dtype fp8, leave out the runs with auto K/V")
+    parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                        help="serve the HTTP burst from an engine process of its own, as the server does on "
+                             "cuda by default (no: from an engine thread in the server's process)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "bench_gpu.json")
     parser.add_argument("--profile", type=Path, help="only profile decode steps (batch 256), writing here")
     args = parser.parse_args()
     if args.profile:
         profile(args.shapes.split(",")[0], 256, args.profile)
         return
-    bandwidth = copy_bandwidth()
+    cuda = args.device == "cuda"
+    bandwidth = copy_bandwidth() if cuda else 0.0
     report = {"what": __doc__.split("\n")[0], "command": module_command("bench.gpu"), "machine": machine_info(),
-              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
               "copy_bandwidth_gb_s": bandwidth / 1e9, "rows": []}
     for shape in args.shapes.split(","):
         row: dict = {}
         report["rows"].append(row)
         bench_shape(shape, args, bandwidth, row, lambda: write_json(args.out, report))
-    rows = report["rows"]
-    for row in rows:
-        hf = row.get("transformers", {}).get("output_tok_s")
-        print(f"{row['shape']:>14}: ours {row['ours']['output_tok_s']:8.0f} tok/s"
-              + (f", transformers {hf:8.0f}, x{row['ratio_vs_transformers']:.1f}" if hf else "")
-              + "; decode step/GEMM-graph " + " ".join(f"b{d['batch']} {d['step_ms']:.2f}/{d['gemm_graph_ms']:.2f} ms"
-                                                    for d in row["decode"])
-              + f"; single {row['single']['tok_s']:.0f} tok/s = {row['single']['fraction_of_bound']:.0%} of bound"
-              + (f" (transformers static {row['single_transformers_static']['tok_s']:.0f})"
-                 if "single_transformers_static" in row else "")
-              + (f"; HTTP {row['http']['fraction_of_offline']:.0%} of offline" if "fraction_of_offline" in
-                 row.get("http", {}) else ""))
+    for row in report["rows"]:
+        print(summary_line(row))
+
+
+def summary_line(row: dict) -> str:
+    hf = row.get("transformers", {}).get("output_tok_s")
+    line = f"{row['shape']:>14}: ours {row['ours']['output_tok_s']:8.0f} tok/s"
+    if hf:
+        line += f", transformers {hf:8.0f}, x{row['ratio_vs_transformers']:.1f}"
+    if "decode" in row:
+        line += "; decode step/GEMM-graph " + " ".join(f"b{d['batch']} {d['step_ms']:.2f}/{d['gemm_graph_ms']:.2f} ms"
+                                                       for d in row["decode"])
+    if "single" in row:
+        line += f"; single {row['single']['tok_s']:.0f} tok/s = {row['single']['fraction_of_bound']:.0%} of bound"
+    if "single_transformers_static" in row:
+        line += f" (transformers static {row['single_transformers_static']['tok_s']:.0f})"
+    if "fraction_of_offline" in row.get("http", {}):
+        where = "an engine process" if row["http"].get("engine_process") else "an engine thread"
+        line += f"; HTTP {row['http']['fraction_of_offline']:.0%} of offline ({where})"
+    return line
 
 
 if __name__ == "__main__":

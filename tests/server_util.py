@@ -24,8 +24,8 @@ from prometheus_client.samples import Sample
 from vllmlite.api.app import build_app
 from vllmlite.api.cli import ServerArgs
 from vllmlite.api.server import uvicorn_config
-from vllmlite.engine.async_engine import AsyncLLMEngine
-from vllmlite.engine.factory import make_async_engine
+from vllmlite.engine.client import EngineClient
+from vllmlite.engine.factory import make_async_engine, make_process_engine
 from vllmlite.models.loader import LoadedModel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, interval: f
 class ThreadServer:
     """uvicorn serving the app in a background thread; the engine stays reachable for checks."""
 
-    engine: AsyncLLMEngine
+    engine: EngineClient  # an AsyncLLMEngine, or a ProcessEngine with engine_process=True
     config: ServerArgs
     server: uvicorn.Server
     sock: socket.socket
@@ -87,9 +87,10 @@ def server_config(**overrides) -> ServerArgs:
 
 @contextlib.contextmanager
 def running_server(loaded: LoadedModel, **overrides) -> Iterator[ThreadServer]:
-    """A live server over the random model with `overrides` of ServerArgs; stopped on exit."""
+    """A live server over the random model with `overrides` of ServerArgs; stopped on exit. With
+    engine_process=True the engine process loads the random model itself (`loaded` is not sent)."""
     config = server_config(**overrides)
-    engine = make_async_engine(config, loaded)
+    engine = make_process_engine(config) if config.uses_engine_process else make_async_engine(config, loaded)
     app = build_app(engine, config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -101,6 +102,23 @@ def running_server(loaded: LoadedModel, **overrides) -> Iterator[ThreadServer]:
         yield live
     finally:
         live.stop()
+
+
+def is_running(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped (Linux's /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def engine_processes(pid: int) -> list[int]:
+    """The engine processes (multiprocessing's spawned children, not its resource tracker) of process `pid`."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(child) for child in (task / "children").read_text().split()]
+    return [child for child in children if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text()]
 
 
 def free_port() -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from server_util import metric_value, parse_prometheus
 
-from vllmlite.engine.metrics import EngineMetrics, token_buckets
+from vllmlite.engine.metrics import EngineMetrics, OutputProgress, token_buckets
 from vllmlite.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from vllmlite.stats import EngineStats, SchedulerStats
 
@@ -92,6 +92,20 @@ def test_outputs_become_token_counts_and_latencies():
     assert metric_value(text, "vllmlite:time_per_output_token_seconds_count") == 2
     assert metric_value(text, "vllmlite:request_generation_tokens_sum") == 3
     assert metric_value(text, "vllmlite:request_prompt_tokens_count") == 2
+
+
+def test_an_output_sent_as_its_progress_counts_as_the_output_would():
+    """An engine process sends an unread output (a response not streamed) as its OutputProgress: the
+    page must read the same as when the outputs themselves are recorded."""
+    steps = [([output("a", [1], num_prompt=7)], 100.5), ([output("a", [2, 3], num_prompt=7)], 100.7),
+             ([output("a", [4], "stop", num_prompt=7, num_tokens=4)], 101.0)]
+    whole, progress = EngineMetrics("m"), EngineMetrics("m")
+    for outputs, now in steps:
+        whole.record_outputs(outputs, now)
+        progress.record_outputs([o if o.finished else OutputProgress.of(o) for o in outputs], now)
+    assert OutputProgress.of(steps[1][0][0]) == OutputProgress("a", 100.0, 7, 2)
+    assert progress.render() == whole.render()
+    assert metric_value(progress.render(), "vllmlite:inter_token_latency_seconds_count") == 2
 
 
 def test_samples_of_one_token_each_give_no_time_per_output_token():

@@ -109,6 +109,10 @@ class ServerArgs(EngineArgs):
     allowed_headers: tuple[str, ...] = knob(("*",), "CORS: allowed request headers, a JSON list",
                                             parse=parse_json_list)
     allow_credentials: bool = knob(False, "CORS: let browsers send cookies and credentials")
+    engine_process: bool | None = knob(None, "run the engine in a process of its own, so this server's work "
+                                             "(HTTP, JSON, tokenizing) never shares a GIL with the engine's steps "
+                                             "(default: on with --device cuda, off on the CPU; the Ray replicas "
+                                             "are processes of their own already)")
     num_replicas: int = knob(1, "engine replicas: above 1, each is a Ray Serve deployment (pip install "
                                 "vllmlite[ray]) behind this server's routes (docs/ray.md)")
     ray_address: str | None = knob(None, "Ray cluster to run the replicas on (default: start a local Ray)")
@@ -158,6 +162,14 @@ class ServerArgs(EngineArgs):
         if self.allowed_origins is not None:
             return self.allowed_origins
         return ("*",) if self.api_key else ()
+
+    @property
+    def uses_engine_process(self) -> bool:
+        """--engine-process, else on a GPU only: there a step's ~150 kernel launches each wait for the GIL,
+        which the event loop holds for a burst's intake (the first step of a burst of 256 took 0.64 s
+        instead of 0.05 on the H200). The CPU kernels release it for most of a step, in a few long calls: a
+        CPU burst served the same either way (bench.gpu --device cpu), and a second process costs memory."""
+        return self.device == "cuda" if self.engine_process is None else self.engine_process
 
     @property
     def uses_ray(self) -> bool:

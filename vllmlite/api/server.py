@@ -1,8 +1,9 @@
 """The server process: the CLI `main()`, uvicorn, and the lifecycle (SIGINT/SIGTERM drain the engine,
 then exit 0). Run it: `python -m vllmlite.api.server --help`.
 
-Owns choosing the engine (local, or Ray replicas for --num-replicas > 1 or --ray-address), the
-start-up log and the signal handling. The app and its routes are app.py's.
+Owns choosing the engine (in this process, in a process of its own with --engine-process, or Ray
+replicas for --num-replicas > 1 or --ray-address), the start-up log and the signal handling. The app
+and its routes are app.py's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from vllmlite.api.app import build_app
 from vllmlite.api.cli import ServerArgs, parse_config
 from vllmlite.api.http_protocol import REFUSAL_SLOTS, guarded_protocol
 from vllmlite.engine.client import EngineClient
-from vllmlite.engine.factory import make_async_engine
+from vllmlite.engine.factory import make_async_engine, make_process_engine
 
 logger = logging.getLogger("vllmlite.api.server")
 FD_HEADROOM = 256  # files besides connections: the listening socket, model files, pipes, the engine's
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         app = build_app(engine, config)
         add_replica_routes(app, engine)
     else:
-        engine = make_async_engine(config)
+        engine = make_process_engine(config) if config.uses_engine_process else make_async_engine(config)
         _log_startup(engine, config)
         app = build_app(engine, config)
     freeze_startup_heap()

@@ -120,8 +120,7 @@ class AsyncLLMEngine:
         return self.engine.request_limits
 
     def summary(self) -> EngineSummary:
-        return EngineSummary(str(self.engine.model_source), self.engine.config.dtype, self.max_model_len,
-                             self.engine.memory_report())
+        return self.engine.summary()
 
     @property
     def is_dead(self) -> bool:
@@ -321,7 +320,7 @@ class AsyncLLMEngine:
         stream = self._streams.pop(command.request_id, None)
         if stream is None:
             return
-        self.engine.abort_request(command.request_id, _abort_reason(command.error))
+        self.engine.abort_request(command.request_id, abort_reason(command.error))
         stream.put(command.error or RequestAbortedError("the request was aborted"))
         if self.metrics is not None:
             self.metrics.record_abort(command.request_id)
@@ -370,7 +369,7 @@ class AsyncLLMEngine:
             command.result.set_exception(dead)
 
 
-def _abort_reason(error: BaseException | None) -> str:
+def abort_reason(error: BaseException | None) -> str:
     """Why a request was aborted, for its trace."""
     if error is None:
         return ABORT_DISCONNECTED

@@ -1,8 +1,10 @@
 """EngineClient: what the API asks of an engine, declared once (vLLM's `EngineClient`). The local
-AsyncLLMEngine (async_engine.py) and the Ray ingress's RemoteEngine (api/ray/serving.py) implement it.
+AsyncLLMEngine (async_engine.py), the ProcessEngine in front of an engine process (process_client.py)
+and the Ray ingress's RemoteEngine (api/ray/serving.py) implement it.
 
 Owns the interface and its vocabulary: the named reads of `inspect` (INSPECT_READS), the metrics view,
-the start-up summary, and the prefix-cache key a client in front of several engines routes by.
+the start-up summary, the facts a client in front of an engine elsewhere needs once (EngineFacts),
+and the prefix-cache key a client in front of several engines routes by.
 Knows nothing of either implementation, nor of HTTP.
 """
 
@@ -49,6 +51,17 @@ class EngineSummary:
     max_model_len: int
     memory: dict[str, int]  # bytes or counts: weights, kv_cache, draft_kv_cache, host_swap, kv_blocks, block_size,
     # kv_bytes_per_token
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What a client in front of an engine elsewhere (an engine process, a Ray replica) needs from it
+    once, at start-up, to tokenize and check requests without a model: picklable."""
+
+    tokenizer: Tokenizer
+    limits: RequestLimits
+    hidden_size: int
+    summary: EngineSummary
 
 
 class MetricsView(Protocol):

@@ -1,5 +1,5 @@
 """The errors an engine client raises to its caller: the engine is dead, full, draining, or a request
-was aborted or timed out.
+was aborted or timed out; or an engine process could not start.
 
 Owns their names and meaning only; the API maps each to an HTTP status (api/errors.py). Knows nothing
 of the engine loop or of HTTP.
@@ -26,3 +26,7 @@ class RequestAbortedError(RuntimeError):
 
 class RequestTimeoutError(RuntimeError):
     """The request ran past the engine's request timeout and was aborted."""
+
+
+class EngineStartError(RuntimeError):
+    """The engine process failed (or died) before its engine was ready; the message says why."""

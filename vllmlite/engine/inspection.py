@@ -3,7 +3,8 @@
 
 Owns turning the engine's snapshots (EngineStats, RequestTraceSnapshot, EngineDebugSnapshot) into
 those payloads. Every snapshot is taken through `run`, which AsyncLLMEngine points at its engine
-thread between two steps, so nothing is read while a step changes it. Knows nothing of HTTP: a Ray
+thread between two steps, so nothing is read while a step changes it (ProcessEngine at its engine
+process: the snapshot functions are module-level, so they cross a pipe by name). Knows nothing of HTTP: a Ray
 replica answers the ingress with these same payloads, and the ingress merges them
 (api/ray/replica_debug.py).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
+from functools import partial
 from typing import Any, TypeVar
 
 from vllmlite.core.tracing import RequestTraceSnapshot
@@ -45,15 +47,15 @@ class EngineInspector:
         return await self._reads[read](*args)
 
     async def stats(self) -> dict[str, Any]:
-        engine_stats, latency = await self._run(lambda e: (e.get_stats(), e.tracer.latency()))
+        engine_stats, latency = await self._run(stats_snapshot)
         return stats_payload(self.model_name, engine_stats, latency, self._totals())
 
     async def requests(self) -> dict[str, Any]:
-        traces = await self._run(lambda e: e.tracer.snapshots())
+        traces = await self._run(trace_snapshots)
         return {"requests": [trace_summary(t) for t in traces]}
 
     async def request(self, request_id: str) -> dict[str, Any] | None:
-        trace = await self._run(lambda e: e.tracer.snapshot(request_id))
+        trace = await self._run(partial(trace_snapshot, request_id=request_id))
         return None if trace is None else trace_detail(trace)
 
     async def engine(self) -> dict[str, Any]:
@@ -69,6 +71,18 @@ class EngineInspector:
 
     def _totals(self) -> RequestTotals:
         return self._metrics.request_totals() if self._metrics is not None else RequestTotals()
+
+
+def stats_snapshot(engine: LLMEngine) -> tuple[EngineStats, LatencySummary]:
+    return engine.get_stats(), engine.tracer.latency()
+
+
+def trace_snapshots(engine: LLMEngine) -> list[RequestTraceSnapshot]:
+    return engine.tracer.snapshots()
+
+
+def trace_snapshot(engine: LLMEngine, request_id: str) -> RequestTraceSnapshot | None:
+    return engine.tracer.snapshot(request_id)
 
 
 def stats_payload(model_name: str, stats: EngineStats, latency: LatencySummary, totals: RequestTotals) -> dict:

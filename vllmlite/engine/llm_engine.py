@@ -20,6 +20,7 @@ from vllmlite.core.chunking import ChunkingPolicy
 from vllmlite.core.request import FinishReason, Request, internal_error
 from vllmlite.core.scheduler import Scheduler
 from vllmlite.core.tracing import make_tracer
+from vllmlite.engine.client import EngineSummary
 from vllmlite.engine.output_processor import OutputProcessor, StopStringHit
 from vllmlite.engine.processor import InputProcessor, NewRequest, Prompt
 from vllmlite.engine.request_limits import RequestLimits
@@ -116,6 +117,10 @@ class LLMEngine:
         budget = gpu_kv_budget(self.model, cache.gpu_memory_utilization, sched.max_num_batched_tokens,
                                sched.max_num_seqs)
         return max(1, budget // bytes_per_block - 1)   # one block for the CUDA graphs' padding rows
+
+    def summary(self) -> EngineSummary:
+        """What the server logs at start-up: the model, its dtype and context, and its memory."""
+        return EngineSummary(str(self.model_source), self.config.dtype, self.max_model_len, self.memory_report())
 
     def memory_report(self) -> dict[str, int]:
         """Bytes held by weights, the device KV cache and the host swap arena; the KV cache's bytes per

@@ -11,12 +11,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
-from vllmlite.outputs import EmbeddingRequestOutput
+from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllmlite.stats import EngineStats, RequestTotals
 
 DEFAULT_PREFIX = "vllmlite"
@@ -56,6 +57,24 @@ class _RequestTimes:
     arrival_time: float
     first_token_time: float | None = None
     last_token_time: float | None = None
+
+
+class OutputProgress(NamedTuple):
+    """What the metrics read of an unfinished output: an engine process sends this instead of the
+    output itself when nobody reads it (a response not streamed waits for the finished one), so its
+    tokens and latencies still count without the output's ids and text crossing the pipe."""
+
+    request_id: str
+    arrival_time: float | None
+    num_prompt_tokens: int
+    num_new_tokens: int   # over all its samples
+
+    @classmethod
+    def of(cls, output: RequestOutput | EmbeddingRequestOutput) -> OutputProgress:
+        arrival = output.metrics.arrival_time if output.metrics is not None else None
+        num_new = 0 if isinstance(output, EmbeddingRequestOutput) else \
+            sum([len(c.delta_token_ids) for c in output.outputs])
+        return cls(output.request_id, arrival, len(output.prompt_token_ids), num_new)
 
 
 class _MirroredCounter:
@@ -190,39 +209,38 @@ class EngineMetrics:
                     mirror = self._spec_per_pos_mirrors[position] = _MirroredCounter(child)
                 mirror.follow(count)
 
-    def record_outputs(self, outputs: Iterable, now: float) -> None:
-        """Token counts and latencies from one step's RequestOutputs (taken at time `now`)."""
+    def record_outputs(self, outputs: Iterable[RequestOutput | EmbeddingRequestOutput | OutputProgress],
+                       now: float) -> None:
+        """Token counts and latencies from one step's RequestOutputs (taken at time `now`); an output
+        nobody was sent may come as its OutputProgress."""
         with self._lock:
             num_generated = sum([self._record_output(output, now) for output in outputs])
             if num_generated:  # the step's tokens counted once: the counter reads the same after the call
                 self.generation_tokens.inc(num_generated)
                 self.totals.generation_tokens += num_generated
 
-    def _record_output(self, output, now: float) -> int:
+    def _record_output(self, output: RequestOutput | EmbeddingRequestOutput | OutputProgress, now: float) -> int:
         """Record one output's latencies; return its new tokens (the caller counts them)."""
-        times = self._requests.get(output.request_id)
+        progress = output if isinstance(output, OutputProgress) else OutputProgress.of(output)
+        times = self._requests.get(progress.request_id)
         if times is None:
-            arrival = output.metrics.arrival_time if output.metrics is not None else now
-            times = self._requests[output.request_id] = _RequestTimes(arrival)
-        if isinstance(output, EmbeddingRequestOutput):
+            arrival = progress.arrival_time if progress.arrival_time is not None else now
+            times = self._requests[progress.request_id] = _RequestTimes(arrival)
+        if isinstance(output, EmbeddingRequestOutput) and output.error is None:
             # One output, when finished: its prompt tokens count, it has no first or later tokens.
-            num_new = 0
-            if output.error is None:
-                self._count_prompt(len(output.prompt_token_ids))
-        else:
-            num_new = sum([len(c.delta_token_ids) for c in output.outputs])
-        if num_new:
+            self._count_prompt(progress.num_prompt_tokens)
+        if progress.num_new_tokens:
             if times.last_token_time is None:
-                self._count_prompt(len(output.prompt_token_ids))
+                self._count_prompt(progress.num_prompt_tokens)
                 self.ttft.observe(now - times.arrival_time)
                 times.first_token_time = now
             else:
                 self.itl.observe(now - times.last_token_time)
             times.last_token_time = now
-        if output.finished:
+        if not isinstance(output, OutputProgress) and output.finished:
             del self._requests[output.request_id]
             self._record_finished(output, times, now)
-        return num_new
+        return progress.num_new_tokens
 
     def _count_prompt(self, num_tokens: int) -> None:
         self.prompt_tokens.inc(num_tokens)

@@ -12,7 +12,7 @@ from conftest import skip_unless_ci
 
 from vllmlite.api.cli import ServerArgs
 from vllmlite.api.ray.routing import preference_order, routing_key
-from vllmlite.engine.client import EngineSummary
+from vllmlite.engine.client import EngineFacts, EngineSummary
 from vllmlite.engine.exceptions import EngineDeadError, QueueFullError
 from vllmlite.engine.request_limits import RequestLimits
 from vllmlite.engine.request_stream import GenerateRequest
@@ -66,10 +66,9 @@ def _finished(request: GenerateRequest) -> list:
 
 
 def _engine(scripts):
-    from vllmlite.api.ray.replica import ReplicaFacts
     from vllmlite.api.ray.serving import RemoteEngine
     summary = EngineSummary("random", "float64", 4096, {})
-    facts = ReplicaFacts(tokenizer=None, limits=RequestLimits(259, 4096, 8, 512, 16), hidden_size=64, summary=summary)
+    facts = EngineFacts(tokenizer=None, limits=RequestLimits(259, 4096, 8, 512, 16), hidden_size=64, summary=summary)
     handles = [_FakeHandle(script) for script in scripts]
     return RemoteEngine(handles, facts, ServerArgs(model="random"), owns_ray=False, owns_replicas=False), handles
 

@@ -19,24 +19,12 @@ from typing import Any
 from ray import serve
 
 from vllmlite.api.cli import ServerArgs
-from vllmlite.engine.client import EngineSummary
+from vllmlite.engine.client import EngineFacts
 from vllmlite.engine.factory import make_async_engine
-from vllmlite.engine.request_limits import RequestLimits
 from vllmlite.engine.request_stream import GenerateRequest, StreamItem
-from vllmlite.tokenizer import Tokenizer
 
 # Health and metrics calls count against Serve's limit too; generation is bounded by the engine's queue.
 MAX_ONGOING_REQUESTS = 4096
-
-
-@dataclass(frozen=True)
-class ReplicaFacts:
-    """What the ingress needs from a replica once, at start-up."""
-
-    tokenizer: Tokenizer
-    limits: RequestLimits
-    hidden_size: int
-    summary: EngineSummary
 
 
 @dataclass(frozen=True)
@@ -57,9 +45,9 @@ class EngineReplica:
         self.engine = make_async_engine(ServerArgs(**server_args))
         self.engine.start()
 
-    def facts(self) -> ReplicaFacts:
+    def facts(self) -> EngineFacts:
         engine = self.engine
-        return ReplicaFacts(engine.tokenizer, engine.request_limits, engine.hidden_size, engine.summary())
+        return EngineFacts(engine.tokenizer, engine.request_limits, engine.hidden_size, engine.summary())
 
     def health(self) -> ReplicaHealth:
         return ReplicaHealth(os.getpid(), self.engine.health_error, self.engine.is_draining,

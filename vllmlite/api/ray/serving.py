@@ -27,11 +27,11 @@ from starlette.responses import JSONResponse
 
 from vllmlite.api.cli import ServerArgs
 from vllmlite.api.ops.debug import no_trace
-from vllmlite.api.ray.replica import ReplicaFacts, ReplicaHealth, replica_app
+from vllmlite.api.ray.replica import ReplicaHealth, replica_app
 from vllmlite.api.ray.replica_debug import ReplicaAnswers, merge_answers
 from vllmlite.api.ray.replica_metrics import merge_replica_metrics
 from vllmlite.api.ray.routing import NoReplicaError, Router, request_cost, routing_key
-from vllmlite.engine.client import EngineSummary
+from vllmlite.engine.client import EngineFacts, EngineSummary
 from vllmlite.engine.exceptions import EngineDeadError, EngineDrainingError
 from vllmlite.engine.request_limits import RequestLimits
 from vllmlite.engine.request_stream import GenerateRequest, RequestStream
@@ -86,7 +86,7 @@ class ReplicaMetrics:
 class RemoteEngine:
     """The EngineClient the API uses, served by Ray Serve replicas."""
 
-    def __init__(self, handles: list[serve.handle.DeploymentHandle], facts: ReplicaFacts, config: ServerArgs,
+    def __init__(self, handles: list[serve.handle.DeploymentHandle], facts: EngineFacts, config: ServerArgs,
                  owns_ray: bool, owns_replicas: bool) -> None:
         self.replicas = [ReplicaState(i, handle) for i, handle in enumerate(handles)]
         self.facts = facts
@@ -380,7 +380,7 @@ def launch_replicas(config: ServerArgs) -> RemoteEngine:
         num_cpus = max(0.1, min(1.0, ray.available_resources().get("CPU", 1.0) / config.num_replicas))
         handles = serve.run_many([serve.RunTarget(replica_app(server_args, i, num_cpus), name=name, route_prefix=None)
                                   for i, name in enumerate(names)])
-    facts: ReplicaFacts = handles[0].facts.remote().result()
+    facts: EngineFacts = handles[0].facts.remote().result()
     logger.info("Ray and Serve up in %.1f s, %d replicas in %.1f s more", ray_ready - started, len(handles),
                 time.monotonic() - ray_ready)
     return RemoteEngine(handles, facts, config, owns_ray, owns_replicas=not attach)
