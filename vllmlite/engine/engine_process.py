@@ -258,15 +258,17 @@ class EngineProcess:
         update_in.close()
         try:
             first = update_out.recv()
+            if isinstance(first, EngineFailed):
+                process.join(STOP_TIMEOUT)
+                raise EngineStartError(f"the engine process failed to start: {first.message}")
         except EOFError:
+            _close(command_in, update_out)
             raise EngineStartError(f"the engine process {_exit_reason(process)} before its engine was ready "
                                    "(its log above says why)") from None
-        except BaseException:  # interrupted while waiting: take the child down too
+        except BaseException:  # its own failure, or interrupted while waiting: take the child down too
             process.kill()
+            _close(command_in, update_out)
             raise
-        if isinstance(first, EngineFailed):
-            process.join(STOP_TIMEOUT)
-            raise EngineStartError(f"the engine process failed to start: {first.message}")
         return cls(process, command_in, update_out, first.facts, config)
 
     @property
@@ -293,6 +295,11 @@ class EngineProcess:
                 self.process.kill()
                 self.process.join(STOP_TIMEOUT)
         atexit.unregister(self.stop)
+
+
+def _close(*connections: Connection) -> None:
+    for connection in connections:
+        connection.close()
 
 
 def _exit_reason(process: multiprocessing.process.BaseProcess) -> str:
