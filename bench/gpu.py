@@ -163,8 +163,10 @@ def synchronize(engine: LLMEngine) -> None:
         torch.cuda.synchronize()
 
 
-def run_ours(engine: LLMEngine, prompts: list[list[int]], output_len: int, tag: str = "run") -> dict:
-    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True, detokenize=False)
+def run_ours(engine: LLMEngine, prompts: list[list[int]], output_len: int, tag: str = "run",
+             detokenize: bool = False) -> dict:
+    """The workload offline; token ids only (as transformers' generate_batch gives them) unless `detokenize`."""
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True, detokenize=detokenize)
     synchronize(engine)
     start = time.perf_counter()
     for i, prompt in enumerate(prompts):
@@ -428,6 +430,12 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
     row["ours"] = run_ours(engine, prompts, args.output_len)
     save()
     print(f"{shape}: ours {row['ours']['output_tok_s']:.0f} out tok/s", flush=True)
+    if args.offline_text:   # the same run with the text the server must produce (detokenized)
+        row["ours_with_text"] = run_ours(engine, prompts, args.output_len, "text", detokenize=True)
+        row["ours_repeat"] = run_ours(engine, prompts, args.output_len, "repeat")   # brackets it: warm-up or text?
+        save()
+        print(f"{shape}: ours with text {row['ours_with_text']['output_tok_s']:.0f} out tok/s, "
+              f"then token ids again {row['ours_repeat']['output_tok_s']:.0f}", flush=True)
     if cuda:
         row["decode"] = [decode_step(engine, b, 512) for b in (1, 32, 256)]
         row["single"] = single_stream(engine, loaded.config.vocab_size, args.output_len, bandwidth)
@@ -440,6 +448,9 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
                                  kv_cache_dtype=args.kv_cache_dtype)
         if "error" not in row["http"]:
             row["http"]["fraction_of_offline"] = row["http"]["output_tok_s"] / row["ours"]["output_tok_s"]
+            if "ours_with_text" in row:
+                row["http"]["fraction_of_offline_with_text"] = \
+                    row["http"]["output_tok_s"] / row["ours_with_text"]["output_tok_s"]
         save()
         print(f"{shape}: HTTP burst {row['http']}", flush=True)
         free_device_memory()
@@ -521,6 +532,9 @@ def main() -> None:
     parser.add_argument("--skip-hf-batch", action="store_true",
                         help="leave out transformers' generate_batch only (its one stream still runs)")
     parser.add_argument("--skip-http", action="store_true", help="leave out the HTTP server's burst")
+    parser.add_argument("--offline-text", action="store_true",
+                        help="also run the offline workload detokenized, as the server must (the offline "
+                             "rate is token ids only, as transformers' generate_batch gives)")
     parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
                         help="our engines' K/V storage (auto: bf16, the model's dtype); with fp8 the offline run "
                              "and two decode steps are also made with auto K/V, beside")
