@@ -196,7 +196,7 @@ def run_hf(hf, prompts: list[list[int]], output_len: int) -> dict:
 
 
 def http_burst(model: LoadedModel | ModelLoader, prompts: list[list[int]], output_len: int, device: str = "cuda",
-               num_scheduler_steps: int = 1, kv_cache_dtype: str = "auto") -> dict:
+               num_scheduler_steps: int = 1, kv_cache_dtype: str = "auto", bursts: int = 1) -> dict:
     """The offline workload as a burst of HTTP requests: the OpenAI server (its app and uvicorn in this
     process, as `python -m vllmlite.api.server` runs them) on an engine built as make_engine's, every
     request sent at once from a client in another process (/v1/completions with the prompt's token ids,
@@ -222,7 +222,8 @@ def http_burst(model: LoadedModel | ModelLoader, prompts: list[list[int]], outpu
     port = server.servers[0].sockets[0].getsockname()[1]
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    client = context.Process(target=burst_client, args=(f"http://127.0.0.1:{port}", prompts, output_len, results))
+    client = context.Process(target=burst_client, args=(f"http://127.0.0.1:{port}", prompts, output_len, results,
+                                                        bursts))
     client.start()
     result = results.get(timeout=600)
     client.join()
@@ -232,8 +233,9 @@ def http_burst(model: LoadedModel | ModelLoader, prompts: list[list[int]], outpu
     return {**result, "engine_process": not in_process}
 
 
-def burst_client(url: str, prompts: list[list[int]], output_len: int, results) -> None:
-    """Send every prompt at once (after one warm request); put (tokens, seconds, tok/s) on `results`."""
+def burst_client(url: str, prompts: list[list[int]], output_len: int, results, bursts: int = 1) -> None:
+    """Send every prompt at once (after one warm request), `bursts` times one after the other; put the
+    first burst's (tokens, seconds, tok/s) on `results`, with the later ones' under "repeats"."""
     import asyncio
     from urllib.parse import urlsplit
 
@@ -246,12 +248,16 @@ def burst_client(url: str, prompts: list[list[int]], output_len: int, results) -
             raise RuntimeError(f"HTTP {status}: {body!r:.500}")
         return body["usage"]["completion_tokens"]
 
-    async def run() -> dict:
-        await one(prompts[0], 4)
+    async def burst() -> dict:
         start = time.perf_counter()
         counts = await asyncio.gather(*(one(p, output_len) for p in prompts))
         seconds = time.perf_counter() - start
         return {"output_tokens": sum(counts), "seconds": seconds, "output_tok_s": sum(counts) / seconds}
+
+    async def run() -> dict:
+        await one(prompts[0], 4)
+        first = await burst()
+        return first | ({"repeats": [await burst() for _ in range(bursts - 1)]} if bursts > 1 else {})
     try:
         results.put(asyncio.run(run()))
     except Exception as error:   # reported, so the server side never waits on a dead client
@@ -430,12 +436,14 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
     row["ours"] = run_ours(engine, prompts, args.output_len)
     save()
     print(f"{shape}: ours {row['ours']['output_tok_s']:.0f} out tok/s", flush=True)
+    if args.repeat:   # the same run again, warm: what a server that has run a while sees
+        row["ours_repeat"] = run_ours(engine, prompts, args.output_len, "repeat")
+        save()
+        print(f"{shape}: ours again {row['ours_repeat']['output_tok_s']:.0f} out tok/s", flush=True)
     if args.offline_text:   # the same run with the text the server must produce (detokenized)
         row["ours_with_text"] = run_ours(engine, prompts, args.output_len, "text", detokenize=True)
-        row["ours_repeat"] = run_ours(engine, prompts, args.output_len, "repeat")   # brackets it: warm-up or text?
         save()
-        print(f"{shape}: ours with text {row['ours_with_text']['output_tok_s']:.0f} out tok/s, "
-              f"then token ids again {row['ours_repeat']['output_tok_s']:.0f}", flush=True)
+        print(f"{shape}: ours with text {row['ours_with_text']['output_tok_s']:.0f} out tok/s", flush=True)
     if cuda:
         row["decode"] = [decode_step(engine, b, 512) for b in (1, 32, 256)]
         row["single"] = single_stream(engine, loaded.config.vocab_size, args.output_len, bandwidth)
@@ -445,12 +453,15 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
     if not args.skip_http:
         served = partial(shape_model, shape, args.device) if args.engine_process else loaded
         row["http"] = http_burst(served, prompts, args.output_len, args.device, num_scheduler_steps=steps,
-                                 kv_cache_dtype=args.kv_cache_dtype)
+                                 kv_cache_dtype=args.kv_cache_dtype, bursts=2 if args.repeat else 1)
         if "error" not in row["http"]:
             row["http"]["fraction_of_offline"] = row["http"]["output_tok_s"] / row["ours"]["output_tok_s"]
             if "ours_with_text" in row:
                 row["http"]["fraction_of_offline_with_text"] = \
                     row["http"]["output_tok_s"] / row["ours_with_text"]["output_tok_s"]
+            if "repeats" in row["http"]:   # warm against warm
+                row["http"]["fraction_of_offline_warm"] = \
+                    row["http"]["repeats"][-1]["output_tok_s"] / row["ours_repeat"]["output_tok_s"]
         save()
         print(f"{shape}: HTTP burst {row['http']}", flush=True)
         free_device_memory()
@@ -532,6 +543,9 @@ def main() -> None:
     parser.add_argument("--skip-hf-batch", action="store_true",
                         help="leave out transformers' generate_batch only (its one stream still runs)")
     parser.add_argument("--skip-http", action="store_true", help="leave out the HTTP server's burst")
+    parser.add_argument("--repeat", action="store_true",
+                        help="run the offline workload and the HTTP burst twice each, and compare the second "
+                             "(warm) runs too: the first of each pays one-time costs (kernel specializations)")
     parser.add_argument("--offline-text", action="store_true",
                         help="also run the offline workload detokenized, as the server must (the offline "
                              "rate is token ids only, as transformers' generate_batch gives)")
@@ -577,6 +591,8 @@ def summary_line(row: dict) -> str:
     if "fraction_of_offline" in row.get("http", {}):
         where = "an engine process" if row["http"].get("engine_process") else "an engine thread"
         line += f"; HTTP {row['http']['fraction_of_offline']:.0%} of offline ({where})"
+        if "fraction_of_offline_warm" in row["http"]:
+            line += f", warm {row['http']['fraction_of_offline_warm']:.0%}"
     return line
 
 
