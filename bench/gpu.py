@@ -386,7 +386,8 @@ def single_stream_hf(hf, vocab: int, output_len: int) -> dict:
     """transformers' own `generate` for the same one request, with its static cache, for at most 64
     tokens. transformers compiles the forward pass for a static cache by default, for the cache's
     length: the warm-up call generates as many tokens as the timed one, so the timed call reuses
-    what it compiled (a shorter warm-up made the timed call compile again: 1-2 tok/s measured)."""
+    what it compiled. (Timed after generate_batch with a shorter warm-up, earlier runs measured 1-10
+    tok/s; run 16, warmed so and before generate_batch, 264-292.)"""
     output_len = min(output_len, 64)
     hf.set_attn_implementation("sdpa")    # generate_batch may have left it on the paged one, which needs its cache
     ids = torch.tensor([single_prompt(vocab)], device="cuda")
