@@ -64,6 +64,36 @@ class EngineFacts:
     summary: EngineSummary
 
 
+class RemoteFactsViews:
+    """EngineClient's read-only views for a client in front of an engine elsewhere (ProcessEngine,
+    the Ray ingress's RemoteEngine), answered from the EngineFacts it sent once (`self.facts`)."""
+
+    facts: EngineFacts
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.facts.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.facts.limits.max_model_len
+
+    @property
+    def hidden_size(self) -> int:
+        return self.facts.hidden_size
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        return self.facts.limits
+
+    def summary(self) -> EngineSummary:
+        """The engine's (every Ray replica runs the same model and knobs: replica 0's)."""
+        return self.facts.summary
+
+    def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
+        return self.facts.limits.check(token_ids, params)
+
+
 class MetricsView(Protocol):
     """The engine's metrics as the server shows them: the /metrics page and the periodic log line."""
 

@@ -28,27 +28,23 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
 from vllmlite.engine.async_engine import INSPECT_TIMEOUT, abort_reason
-from vllmlite.engine.client import EngineSummary
+from vllmlite.engine.client import RemoteFactsViews
 from vllmlite.engine.command_outbox import CommandOutbox, PendingAdd
 from vllmlite.engine.engine_process import AbortRequest, EngineFailed, EngineProcess, EngineUpdate, ReadEngine, Shutdown
 from vllmlite.engine.exceptions import EngineDeadError, EngineDrainingError, QueueFullError, RequestAbortedError
 from vllmlite.engine.inspection import EngineInspector, RunOnEngine
 from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.engine.metrics import EngineMetrics
-from vllmlite.engine.request_limits import RequestLimits
 from vllmlite.engine.request_stream import GenerateRequest, RequestStream, StreamItem, put_many
-from vllmlite.pooling_params import PoolingParams
-from vllmlite.sampling_params import SamplingParams
 from vllmlite.stats import EngineStats
 from vllmlite.structured_output_params import StructuredOutputsParams
-from vllmlite.tokenizer import Tokenizer
 from vllmlite.worker.structured_output import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class ProcessEngine:
+class ProcessEngine(RemoteFactsViews):
     """The engine in a process of its own, behind the same interface and errors as AsyncLLMEngine.
 
     `max_queue`, `request_timeout`, `heartbeat_timeout` and `model_name` mean what they mean there.
@@ -92,26 +88,7 @@ class ProcessEngine:
         self._reader = threading.Thread(target=self._read, name="vllmlite-engine-reader", daemon=True)
         self._reader.start()
 
-    # --- read-only views, safe from any thread --------------------------------------------------
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.facts.tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self.facts.limits.max_model_len
-
-    @property
-    def hidden_size(self) -> int:
-        return self.facts.hidden_size
-
-    @property
-    def request_limits(self) -> RequestLimits:
-        return self.facts.limits
-
-    def summary(self) -> EngineSummary:
-        return self.facts.summary
+    # --- read-only views, safe from any thread (the facts' own: RemoteFactsViews) ----------------
 
     @property
     def pid(self) -> int | None:
@@ -150,9 +127,6 @@ class ProcessEngine:
         """The engine's stats as of the last update the process sent."""
         with self._cond:
             return self._stats
-
-    def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
-        return self.facts.limits.check(token_ids, params)
 
     def check_grammar(self, structured_outputs: StructuredOutputsParams) -> None:
         """The constraint compiled here, against the same tokenizer and vocabulary, and walked a few

@@ -31,14 +31,11 @@ from vllmlite.api.ray.replica import ReplicaHealth, replica_app
 from vllmlite.api.ray.replica_debug import ReplicaAnswers, merge_answers
 from vllmlite.api.ray.replica_metrics import merge_replica_metrics
 from vllmlite.api.ray.routing import NoReplicaError, Router, request_cost, routing_key
-from vllmlite.engine.client import EngineFacts, EngineSummary
+from vllmlite.engine.client import EngineFacts, RemoteFactsViews
 from vllmlite.engine.exceptions import EngineDeadError, EngineDrainingError
-from vllmlite.engine.request_limits import RequestLimits
 from vllmlite.engine.request_stream import GenerateRequest, RequestStream
-from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.structured_output_params import StructuredOutputsParams
-from vllmlite.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 POLL_INTERVAL = 0.5   # seconds between health and metrics polls of each replica
@@ -83,7 +80,7 @@ class ReplicaMetrics:
         return f"replicas: {healthy}/{len(loads)} healthy, in-flight requests {loads}", any(loads)
 
 
-class RemoteEngine:
+class RemoteEngine(RemoteFactsViews):
     """The EngineClient the API uses, served by Ray Serve replicas."""
 
     def __init__(self, handles: list[serve.handle.DeploymentHandle], facts: EngineFacts, config: ServerArgs,
@@ -104,30 +101,7 @@ class RemoteEngine:
         self._poller: asyncio.Task | None = None
         self._stopped = False
 
-    # --- what the API reads -----------------------------------------------------------------------
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.facts.tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self.facts.limits.max_model_len
-
-    @property
-    def hidden_size(self) -> int:
-        return self.facts.hidden_size
-
-    @property
-    def request_limits(self) -> RequestLimits:
-        return self.facts.limits
-
-    def summary(self) -> EngineSummary:
-        """Replica 0's engine, as every replica runs the same model and knobs."""
-        return self.facts.summary
-
-    def check_request(self, token_ids: list[int], params: SamplingParams | PoolingParams) -> int:
-        return self.facts.limits.check(token_ids, params)
+    # --- what the API reads (tokenizer, limits, summary, check_request: RemoteFactsViews) ----------
 
     def check_grammar(self, structured_outputs: StructuredOutputsParams) -> None:
         """Only llguidance's own validation (the ingress compiles nothing against the vocabulary): a
