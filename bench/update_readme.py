@@ -345,7 +345,8 @@ def gpu_section(report: dict) -> list[str]:
         http_cell = "-"
         if "fraction_of_offline" in http:
             http_cell = (f"{http['output_tok_s']:.0f} ({http['fraction_of_offline']:.0%}"
-                         + (f"; warm {http['fraction_of_offline_warm']:.0%}" if "fraction_of_offline_warm" in http else "")
+                         + (f"; repeated {http['fraction_of_offline_repeat']:.0%}" if "fraction_of_offline_repeat" in http
+                            else "")
                          + (", engine process)" if http.get("engine_process") else ", engine thread)"))
         steps = floor_cell = "-"
         if row.get("decode"):
@@ -367,8 +368,8 @@ def gpu_section(report: dict) -> list[str]:
     http = {process: [row["http"]["fraction_of_offline"] for row in report["rows"]
                       if "fraction_of_offline" in row.get("http", {}) and bool(row["http"].get("engine_process")) == process]
             for process in (False, True)}
-    warm = [row["http"]["fraction_of_offline_warm"] for row in report["rows"]
-            if "fraction_of_offline_warm" in row.get("http", {})]
+    repeated = [row["http"]["fraction_of_offline_repeat"] for row in report["rows"]
+                if "fraction_of_offline_repeat" in row.get("http", {})]
     one_pass = [f"{row['shape']} {row['ours_one_pass_a_step']['output_tok_s']:,.0f} tok/s offline, "
                 f"{row['single_one_pass_a_step']['tok_s']:.0f} tok/s one stream"
                 for row in report["rows"] if "ours_one_pass_a_step" in row]
@@ -385,10 +386,10 @@ def gpu_section(report: dict) -> list[str]:
               f"{min(http[False]):.0%}-{max(http[False]):.0%} of the offline rate with the engine on a thread of "
               "its process: the burst's intake convoyed with the engine's launches, since each Triton launch gives "
               "up the GIL and waits to get it back (results/gpu_runs/run5-10_printed.txt). With the engine in a "
-              f"process of its own (the default on cuda) it keeps {min(http[True]):.0%}-{max(http[True]):.0%}; "
-              "a single run's share moves by about ten points, because each process's first run pays one-time "
-              "costs (the offline rate rose 10-18% on a second run)"
-              + (f", and warm against warm it was {min(warm):.0%}" if warm else "")
+              f"process of its own (the default on cuda) it keeps {min(http[True]):.0%}-{max(http[True]):.0%}, "
+              "and a single run's share moves by about ten points between runs, mostly with the offline rate"
+              + (f"; a second burst against a second offline run, both on prompts already in the prefix cache, "
+                 f"kept {min(repeated):.0%}" if repeated else "")
               + " (results/gpu_runs/run16-18_printed.txt)."]
     return lines
 
