@@ -105,7 +105,7 @@ class TorchKernels:
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, src_slots: np.ndarray,
                    dst_slots: np.ndarray) -> None:
         """dst[dst_slots] = src[src_slots], across devices (swap) or within one (copy-on-write); fp8
-        caches as their bytes (indexing kernels of every device take uint8)."""
+        caches as their bytes (uint8, which every device's indexing kernels take)."""
         src, dst = _raw(src), _raw(dst)
         rows = src[torch.from_numpy(src_slots).to(src.device)]
         dst[torch.from_numpy(dst_slots).to(dst.device)] = rows.to(dst.device, non_blocking=True)
