@@ -78,11 +78,7 @@ class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine, metrics: EngineMetrics | None = None,
                  max_queue: int | None = None, request_timeout: float | None = None,
                  heartbeat_timeout: float | None = None, model_name: str | None = None) -> None:
-        if max_queue is not None and max_queue < 1:
-            raise ValueError(f"max_queue must be >= 1, got {max_queue}")
-        for name, seconds in (("request_timeout", request_timeout), ("heartbeat_timeout", heartbeat_timeout)):
-            if seconds is not None and seconds <= 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {seconds}")
+        check_bounds(max_queue, request_timeout, heartbeat_timeout)
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
@@ -138,13 +134,7 @@ class AsyncLLMEngine:
             return f"the engine loop has failed: {self.dead_error}"
         if self._thread is not None and not self._thread.is_alive() and not self._stop_requested:
             return "the engine thread has stopped"
-        started = self._step_started
-        if started is not None and self.heartbeat_timeout is not None:
-            elapsed = time.monotonic() - started
-            if elapsed > self.heartbeat_timeout:
-                return (f"the engine loop is unresponsive: a step has run for {elapsed:.0f} s "
-                        f"(heartbeat timeout {self.heartbeat_timeout:g} s)")
-        return None
+        return heartbeat_error(self._step_started, self.heartbeat_timeout, "a step has run for {:.0f} s")
 
     @property
     def num_unfinished_requests(self) -> int:
@@ -367,6 +357,26 @@ class AsyncLLMEngine:
         self._streams.clear()
         for command in inspects:
             command.result.set_exception(dead)
+
+
+def check_bounds(max_queue: int | None, request_timeout: float | None, heartbeat_timeout: float | None) -> None:
+    """An engine client's admission and liveness bounds: a ValueError naming the one out of range."""
+    if max_queue is not None and max_queue < 1:
+        raise ValueError(f"max_queue must be >= 1, got {max_queue}")
+    for name, seconds in (("request_timeout", request_timeout), ("heartbeat_timeout", heartbeat_timeout)):
+        if seconds is not None and seconds <= 0:
+            raise ValueError(f"{name} must be > 0 seconds, got {seconds}")
+
+
+def heartbeat_error(since: float | None, timeout: float | None, silence: str) -> str | None:
+    """Why the engine is unhealthy once what began at `since` (monotonic seconds; None: nothing is
+    running) has lasted past `timeout`, else None. `silence` formats the elapsed seconds."""
+    if since is None or timeout is None:
+        return None
+    elapsed = time.monotonic() - since
+    if elapsed <= timeout:
+        return None
+    return f"the engine loop is unresponsive: {silence.format(elapsed)} (heartbeat timeout {timeout:g} s)"
 
 
 def abort_reason(error: BaseException | None) -> str:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
-from vllmlite.engine.async_engine import INSPECT_TIMEOUT, abort_reason
+from vllmlite.engine.async_engine import INSPECT_TIMEOUT, abort_reason, check_bounds, heartbeat_error
 from vllmlite.engine.client import RemoteFactsViews
 from vllmlite.engine.command_outbox import CommandOutbox, PendingAdd
 from vllmlite.engine.engine_process import AbortRequest, EngineFailed, EngineProcess, EngineUpdate, ReadEngine, Shutdown
@@ -55,11 +55,7 @@ class ProcessEngine(RemoteFactsViews):
     def __init__(self, process: EngineProcess, metrics: EngineMetrics | None = None,
                  max_queue: int | None = None, request_timeout: float | None = None,
                  heartbeat_timeout: float | None = None, model_name: str | None = None) -> None:
-        if max_queue is not None and max_queue < 1:
-            raise ValueError(f"max_queue must be >= 1, got {max_queue}")
-        for name, seconds in (("request_timeout", request_timeout), ("heartbeat_timeout", heartbeat_timeout)):
-            if seconds is not None and seconds <= 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {seconds}")
+        check_bounds(max_queue, request_timeout, heartbeat_timeout)
         self.process = process
         self.facts = process.facts
         self.metrics = metrics
@@ -109,13 +105,10 @@ class ProcessEngine(RemoteFactsViews):
         for longer than the heartbeat timeout), or None while it can."""
         if self.dead_reason is not None:
             return self.dead_reason
-        started = self._owed_since
-        if started is not None and self.heartbeat_timeout is not None and not self._stopping:
-            elapsed = time.monotonic() - started
-            if elapsed > self.heartbeat_timeout:
-                return (f"the engine loop is unresponsive: the engine process has not answered for {elapsed:.0f} s "
-                        f"(heartbeat timeout {self.heartbeat_timeout:g} s)")
-        return None
+        if self._stopping:
+            return None
+        return heartbeat_error(self._owed_since, self.heartbeat_timeout,
+                               "the engine process has not answered for {:.0f} s")
 
     @property
     def num_unfinished_requests(self) -> int:
