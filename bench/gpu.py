@@ -24,6 +24,8 @@ and Llama-3.1-8B; one set of weights, made by transformers and copied into ours)
             on a thread of the server's process
 `--kv-cache-dtype fp8` runs ours on float8 K/V (half of bf16's bytes), and the offline run and the
 decode steps at batch 1 and 256 once more on bf16 K/V beside it.
+`--timeline DIR` records every engine step of the offline run and of the burst (in the engine process
+too) and sums them up in the row: where a burst's time goes against the offline run's.
 Raw results: results/bench_gpu.json (machine, command, every number). Run one shape per process
 (`--shapes qwen3-0.6b`, ...): transformers' `generate_batch` keeps its cache after it returns, and
 the next shape's engine finds the GPU full.
@@ -33,7 +35,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -101,6 +105,50 @@ def model_config(shape: str) -> ModelConfig:
                        num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
                        max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=500000.0,
                        tie_word_embeddings=tied)
+
+
+def record_steps(path: Path | None) -> Callable[[], None]:
+    """From now on, every LLMEngine.step() of this process appends a JSON line to `path`: its start
+    (time.perf_counter: the system's monotonic clock, the same in every process), its seconds, its
+    outputs and the requests running and waiting after it. Returns the undo. None: records nothing."""
+    if path is None:
+        return lambda: None
+    original = LLMEngine.step
+
+    def step(engine: LLMEngine) -> list:
+        start = time.perf_counter()
+        outputs = original(engine)
+        line = {"start": start, "seconds": time.perf_counter() - start, "outputs": len(outputs),
+                "running": len(engine.scheduler.running), "waiting": len(engine.scheduler.waiting)}
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+        return outputs
+
+    LLMEngine.step = step
+
+    def undo() -> None:
+        LLMEngine.step = original
+    return undo
+
+
+def step_summary(path: Path, start: float, end: float) -> dict:
+    """What the steps recorded in `path` between `start` and `end` (perf_counter seconds) did: how many,
+    their seconds in all, the time outside them (the engine's loop, its pipes, waiting for work), and
+    when the first began and the last ended, from `start`."""
+    steps = [s for s in map(json.loads, path.read_text().splitlines()) if start <= s["start"] <= end]
+    if not steps:
+        return {"steps": 0}
+    busy = sum(s["seconds"] for s in steps)
+    last_end = steps[-1]["start"] + steps[-1]["seconds"]
+    return {"steps": len(steps), "busy_s": busy, "outside_steps_s": last_end - steps[0]["start"] - busy,
+            "first_step_s": steps[0]["start"] - start, "last_step_end_s": last_end - start,
+            "span_s": end - start}
+
+
+def shape_model_recording(shape: str, device: str, path: Path) -> LoadedModel:
+    """shape_model's, in an engine process that records its steps to `path` (record_steps)."""
+    record_steps(path)
+    return shape_model(shape, device)
 
 
 def shape_model(shape: str, device: str) -> LoadedModel:
@@ -265,7 +313,8 @@ def burst_client(url: str, bursts: list[list[list[int]]], output_len: int, resul
         start = time.perf_counter()
         counts = await asyncio.gather(*(one(p, output_len) for p in prompts))
         seconds = time.perf_counter() - start
-        return {"output_tokens": sum(counts), "seconds": seconds, "output_tok_s": sum(counts) / seconds}
+        return {"output_tokens": sum(counts), "seconds": seconds, "output_tok_s": sum(counts) / seconds,
+                "start": start, "end": start + seconds}   # perf_counter: the same clock as the server's
 
     async def run() -> dict:
         await one(warm_prompt, 4)
@@ -449,9 +498,16 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
     engine = make_engine(loaded, max_num_seqs=256, max_len=max_len, num_scheduler_steps=steps, device=args.device,
                          kv_cache_dtype=args.kv_cache_dtype)
     run_ours(engine, warm, 4, "warm")
+    offline_log = args.timeline / f"offline_{shape}.jsonl" if args.timeline else None
+    undo = record_steps(offline_log)
+    start = time.perf_counter()
     row["ours"] = run_ours(engine, prompts, args.output_len)
+    undo()
+    if offline_log:
+        row["ours"]["timeline"] = step_summary(offline_log, start, time.perf_counter())
     save()
-    print(f"{shape}: ours {row['ours']['output_tok_s']:.0f} out tok/s", flush=True)
+    print(f"{shape}: ours {row['ours']['output_tok_s']:.0f} out tok/s"
+          + (f", steps {row['ours']['timeline']}" if "timeline" in row["ours"] else ""), flush=True)
     if args.repeat:   # again, on fresh prompts of the same lengths: the process's one-time costs paid
         row["ours_repeat"] = run_ours(engine, fresh_prompts(prompts, vocab, 1), args.output_len, "repeat")
         save()
@@ -468,9 +524,18 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
     del engine
     free_device_memory()   # the engine's CUDA graphs and KV cache go before the next one needs the memory
     if not args.skip_http:
-        served = partial(shape_model, shape, args.device) if args.engine_process else loaded
+        http_log = args.timeline / f"http_{shape}.jsonl" if args.timeline else None
+        if args.engine_process:
+            served = partial(shape_model_recording, shape, args.device, http_log) if http_log else \
+                partial(shape_model, shape, args.device)
+            undo = lambda: None  # noqa: E731
+        else:
+            served, undo = loaded, record_steps(http_log)
         row["http"] = http_burst(served, prompts, args.output_len, args.device, num_scheduler_steps=steps,
                                  kv_cache_dtype=args.kv_cache_dtype, bursts=2 if args.repeat else 1)
+        undo()
+        if http_log and "start" in row["http"]:
+            row["http"]["timeline"] = step_summary(http_log, row["http"]["start"], row["http"]["end"])
         if "error" not in row["http"]:
             row["http"]["fraction_of_offline"] = row["http"]["output_tok_s"] / row["ours"]["output_tok_s"]
             if "ours_with_text" in row:
@@ -563,6 +628,10 @@ def main() -> None:
     parser.add_argument("--repeat", action="store_true",
                         help="run the offline workload and the HTTP burst twice each (the second time on fresh "
                              "prompts of the same lengths) and compare the second runs too")
+    parser.add_argument("--timeline", type=Path,
+                        help="a folder: every engine step of the offline run and of the HTTP burst (in the engine "
+                             "process or thread) as JSON lines there, summed up in the row (steps, their seconds, "
+                             "the time outside them, when the first began)")
     parser.add_argument("--offline-text", action="store_true",
                         help="also run the offline workload detokenized, as the server must (the offline "
                              "rate is token ids only, as transformers' generate_batch gives)")
@@ -577,6 +646,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "bench_gpu.json")
     parser.add_argument("--profile", type=Path, help="only profile decode steps (batch 256), writing here")
     args = parser.parse_args()
+    if args.timeline:
+        args.timeline.mkdir(parents=True, exist_ok=True)
     if args.profile:
         profile(args.shapes.split(",")[0], 256, args.profile)
         return
