@@ -197,14 +197,8 @@ class AsyncLLMEngine:
         """
         stream = RequestStream(request.request_id, asyncio.get_running_loop(), self.abort, self.request_timeout)
         with self._cond:
-            unhealthy = self.health_error  # dead, or hung: a queued request would only wait
-            if unhealthy is not None:
-                raise EngineDeadError(unhealthy)
-            if self.is_draining or self._stop_requested:
-                raise EngineDrainingError("the server is shutting down and accepts no new requests")
-            if self.max_queue is not None and self._num_not_running() >= self.max_queue:
-                raise QueueFullError(f"the server is overloaded: {self.max_queue} requests are already "
-                                     "waiting; retry later")
+            check_admission(self.health_error, self.is_draining or self._stop_requested, self.max_queue,
+                            self._num_not_running())
             self._commands.append(_Add(request, stream))
             self._cond.notify_all()
         return stream
@@ -366,6 +360,18 @@ def check_bounds(max_queue: int | None, request_timeout: float | None, heartbeat
     for name, seconds in (("request_timeout", request_timeout), ("heartbeat_timeout", heartbeat_timeout)):
         if seconds is not None and seconds <= 0:
             raise ValueError(f"{name} must be > 0 seconds, got {seconds}")
+
+
+def check_admission(health_error: str | None, closed: bool, max_queue: int | None, num_not_running: int) -> None:
+    """Raise unless an engine client may queue one more request: EngineDeadError while it is unhealthy
+    (dead, or hung: a queued request would only wait), EngineDrainingError once it is closed to new
+    requests, QueueFullError with `max_queue` requests already not running."""
+    if health_error is not None:
+        raise EngineDeadError(health_error)
+    if closed:
+        raise EngineDrainingError("the server is shutting down and accepts no new requests")
+    if max_queue is not None and num_not_running >= max_queue:
+        raise QueueFullError(f"the server is overloaded: {max_queue} requests are already waiting; retry later")
 
 
 def heartbeat_error(since: float | None, timeout: float | None, silence: str) -> str | None:

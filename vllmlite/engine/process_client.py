@@ -27,11 +27,17 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
-from vllmlite.engine.async_engine import INSPECT_TIMEOUT, abort_reason, check_bounds, heartbeat_error
+from vllmlite.engine.async_engine import (
+    INSPECT_TIMEOUT,
+    abort_reason,
+    check_admission,
+    check_bounds,
+    heartbeat_error,
+)
 from vllmlite.engine.client import RemoteFactsViews
 from vllmlite.engine.command_outbox import CommandOutbox, PendingAdd
 from vllmlite.engine.engine_process import AbortRequest, EngineFailed, EngineProcess, EngineUpdate, ReadEngine, Shutdown
-from vllmlite.engine.exceptions import EngineDeadError, EngineDrainingError, QueueFullError, RequestAbortedError
+from vllmlite.engine.exceptions import EngineDeadError, RequestAbortedError
 from vllmlite.engine.inspection import EngineInspector, RunOnEngine
 from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.engine.metrics import EngineMetrics
@@ -176,14 +182,8 @@ class ProcessEngine(RemoteFactsViews):
         self._outbox.loop = loop = asyncio.get_running_loop()
         stream = RequestStream(request.request_id, loop, self.abort, self.request_timeout)
         with self._cond:
-            unhealthy = self.health_error
-            if unhealthy is not None:
-                raise EngineDeadError(unhealthy)
-            if self.is_draining or self._stopping:
-                raise EngineDrainingError("the server is shutting down and accepts no new requests")
-            if self.max_queue is not None and self._num_not_running() >= self.max_queue:
-                raise QueueFullError(f"the server is overloaded: {self.max_queue} requests are already "
-                                     "waiting; retry later")
+            check_admission(self.health_error, self.is_draining or self._stopping, self.max_queue,
+                            self._num_not_running())
             if request.request_id in self._streams:
                 raise ValueError(f"request id {request.request_id!r} is already in use")
             self._streams[request.request_id] = stream
