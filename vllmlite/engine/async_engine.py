@@ -2,7 +2,8 @@
 The local EngineClient (client.py).
 
 Owns the engine thread, the command queue (add/abort/inspect) drained before each step, admission
-(queue bound, draining) and liveness (a fault of the loop marks the engine dead). The streams
+(queue bound, draining; the rules are admission.py's) and liveness (a fault of the loop marks the
+engine dead). The streams
 themselves are request_stream.py's. Knows nothing of HTTP: it raises engine.exceptions' typed errors,
 which the API layer maps to statuses. Only the engine thread touches the LLMEngine's mutable state.
 """
@@ -18,13 +19,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from vllmlite.engine.admission import abort_reason, check_admission, check_bounds, heartbeat_error
 from vllmlite.engine.client import EngineSummary
 from vllmlite.engine.exceptions import (
     EngineDeadError,
-    EngineDrainingError,
-    QueueFullError,
     RequestAbortedError,
-    RequestTimeoutError,
 )
 from vllmlite.engine.inspection import EngineInspector
 from vllmlite.engine.llm_engine import LLMEngine
@@ -41,7 +40,6 @@ from vllmlite.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 INSPECT_TIMEOUT = 10.0  # seconds `inspect` waits for the engine thread to answer
-ABORT_DISCONNECTED = "client disconnected"  # why a stream's reader stopped listening, in its trace
 
 
 @dataclass
@@ -351,49 +349,6 @@ class AsyncLLMEngine:
         self._streams.clear()
         for command in inspects:
             command.result.set_exception(dead)
-
-
-def check_bounds(max_queue: int | None, request_timeout: float | None, heartbeat_timeout: float | None) -> None:
-    """An engine client's admission and liveness bounds: a ValueError naming the one out of range."""
-    if max_queue is not None and max_queue < 1:
-        raise ValueError(f"max_queue must be >= 1, got {max_queue}")
-    for name, seconds in (("request_timeout", request_timeout), ("heartbeat_timeout", heartbeat_timeout)):
-        if seconds is not None and seconds <= 0:
-            raise ValueError(f"{name} must be > 0 seconds, got {seconds}")
-
-
-def check_admission(health_error: str | None, closed: bool, max_queue: int | None, num_not_running: int) -> None:
-    """Raise unless an engine client may queue one more request: EngineDeadError while it is unhealthy
-    (dead, or hung: a queued request would only wait), EngineDrainingError once it is closed to new
-    requests, QueueFullError with `max_queue` requests already not running."""
-    if health_error is not None:
-        raise EngineDeadError(health_error)
-    if closed:
-        raise EngineDrainingError("the server is shutting down and accepts no new requests")
-    if max_queue is not None and num_not_running >= max_queue:
-        raise QueueFullError(f"the server is overloaded: {max_queue} requests are already waiting; retry later")
-
-
-def heartbeat_error(since: float | None, timeout: float | None, silence: str) -> str | None:
-    """Why the engine is unhealthy once what began at `since` (monotonic seconds; None: nothing is
-    running) has lasted past `timeout`, else None. `silence` formats the elapsed seconds."""
-    if since is None or timeout is None:
-        return None
-    elapsed = time.monotonic() - since
-    if elapsed <= timeout:
-        return None
-    return f"the engine loop is unresponsive: {silence.format(elapsed)} (heartbeat timeout {timeout:g} s)"
-
-
-def abort_reason(error: BaseException | None) -> str:
-    """Why a request was aborted, for its trace."""
-    if error is None:
-        return ABORT_DISCONNECTED
-    if isinstance(error, RequestTimeoutError):
-        return "timeout"
-    if isinstance(error, RequestAbortedError):
-        return "server shutdown"
-    return str(error)
 
 
 def _apply_inspect(command: _Inspect, engine: LLMEngine) -> None:

@@ -27,13 +27,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
-from vllmlite.engine.async_engine import (
-    INSPECT_TIMEOUT,
-    abort_reason,
-    check_admission,
-    check_bounds,
-    heartbeat_error,
-)
+from vllmlite.engine.admission import abort_reason, check_admission, check_bounds, heartbeat_error
+from vllmlite.engine.async_engine import INSPECT_TIMEOUT
 from vllmlite.engine.client import RemoteFactsViews
 from vllmlite.engine.command_outbox import CommandOutbox, PendingAdd
 from vllmlite.engine.engine_process import AbortRequest, EngineFailed, EngineProcess, EngineUpdate, ReadEngine, Shutdown
