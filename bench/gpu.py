@@ -133,16 +133,18 @@ def record_steps(path: Path | None) -> Callable[[], None]:
 
 def step_summary(path: Path, start: float, end: float) -> dict:
     """What the steps recorded in `path` between `start` and `end` (perf_counter seconds) did: how many,
-    their seconds in all, the time outside them (the engine's loop, its pipes, waiting for work), and
-    when the first began and the last ended, from `start`."""
+    their seconds in all, the time outside them (the engine's loop, its pipes, waiting for work), when
+    the first began and the last ended, and when the first step ran with the most requests in the
+    engine (running or waiting: a burst's intake done, unless some finished before), from `start`."""
     steps = [s for s in map(json.loads, path.read_text().splitlines()) if start <= s["start"] <= end]
     if not steps:
         return {"steps": 0}
     busy = sum(s["seconds"] for s in steps)
     last_end = steps[-1]["start"] + steps[-1]["seconds"]
+    peak = max(steps, key=lambda s: s["running"] + s["waiting"])   # the first of the largest
     return {"steps": len(steps), "busy_s": busy, "outside_steps_s": last_end - steps[0]["start"] - busy,
-            "first_step_s": steps[0]["start"] - start, "last_step_end_s": last_end - start,
-            "span_s": end - start}
+            "first_step_s": steps[0]["start"] - start, "all_in_s": peak["start"] - start,
+            "last_step_end_s": last_end - start, "span_s": end - start}
 
 
 def shape_model_recording(shape: str, device: str, path: Path) -> LoadedModel:

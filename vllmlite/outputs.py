@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass
@@ -92,3 +93,22 @@ class EmbeddingRequestOutput:
     num_cached_tokens: int = 0               # prompt tokens served from the prefix cache (last pooling)
     error: str | None = None
     metrics: RequestMetrics | None = None
+
+
+class OutputProgress(NamedTuple):
+    """What the metrics read of an unfinished output. A request whose caller reads only its finished
+    output (a response not streamed) gets this from each step before that (LLMEngine.add_request's
+    `final_only`), not a RequestOutput: its tokens and latencies still count, without the output's
+    cumulative ids and text being built every step, or crossing an engine process's pipe."""
+
+    request_id: str
+    arrival_time: float | None
+    num_prompt_tokens: int
+    num_new_tokens: int   # over all its samples
+
+    @classmethod
+    def of(cls, output: RequestOutput | EmbeddingRequestOutput) -> OutputProgress:
+        arrival = output.metrics.arrival_time if output.metrics is not None else None
+        num_new = 0 if isinstance(output, EmbeddingRequestOutput) else \
+            sum([len(c.delta_token_ids) for c in output.outputs])
+        return cls(output.request_id, arrival, len(output.prompt_token_ids), num_new)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from server_util import metric_value, parse_prometheus
 
-from vllmlite.engine.metrics import EngineMetrics, OutputProgress, token_buckets
-from vllmlite.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from vllmlite.engine.metrics import EngineMetrics, token_buckets
+from vllmlite.outputs import CompletionOutput, OutputProgress, RequestMetrics, RequestOutput
 from vllmlite.stats import EngineStats, SchedulerStats
 
 EXPECTED_TYPES = {

@@ -29,10 +29,9 @@ from vllmlite.config import EngineConfig
 from vllmlite.engine.client import EngineFacts
 from vllmlite.engine.exceptions import EngineStartError
 from vllmlite.engine.llm_engine import LLMEngine
-from vllmlite.engine.metrics import OutputProgress
 from vllmlite.engine.request_stream import GenerateRequest
 from vllmlite.models.loader import LoadedModel
-from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
+from vllmlite.outputs import EmbeddingRequestOutput, OutputProgress, RequestOutput
 from vllmlite.stats import EngineStats
 
 logger = logging.getLogger(__name__)
@@ -49,7 +48,7 @@ ModelLoader = Callable[[], LoadedModel]
 @dataclass
 class AddRequest:
     request: GenerateRequest
-    final_only: bool  # its reader takes only the finished output: send the others as OutputProgress
+    final_only: bool  # its reader takes only the finished output (LLMEngine.add_request's final_only)
 
 
 @dataclass
@@ -134,7 +133,7 @@ class EngineLoop:
         self.engine = engine
         self._commands = commands
         self._updates = updates
-        self._final_only: dict[str, bool] = {}  # the unfinished requests: does their reader want the last output only?
+        self._unfinished: set[str] = set()  # the requests added and not yet finished or aborted
         self._num_batches = 0
         self._num_added = 0
 
@@ -174,7 +173,8 @@ class EngineLoop:
         if isinstance(command, AddRequest):
             self._add(command, update)
         elif isinstance(command, AbortRequest):
-            if self._final_only.pop(command.request_id, None) is not None:
+            if command.request_id in self._unfinished:
+                self._unfinished.discard(command.request_id)
                 self.engine.abort_request(command.request_id, command.reason)
                 update.aborted.append(command.request_id)
         else:
@@ -189,25 +189,24 @@ class EngineLoop:
         try:
             self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
                                     arrival_time=request.arrival_time, priority=request.priority,
-                                    cache_salt=request.cache_salt, client_id=request.client_id)
+                                    cache_salt=request.cache_salt, client_id=request.client_id,
+                                    final_only=command.final_only)
         except Exception as error:  # this request's fault alone (a ValueError: the client's): the engine took nothing
             if not isinstance(error, ValueError):
                 logger.exception("request %s failed while being queued", request.request_id)
             update.rejected.append((request.request_id, _transferable(error)))
             return
-        self._final_only[request.request_id] = command.final_only
+        self._unfinished.add(request.request_id)
 
     def _step(self, update: EngineUpdate) -> None:
-        """One engine step; an output whose reader wants only the last one goes as its OutputProgress."""
+        """One engine step (a final-only request's outputs before its last are OutputProgress)."""
         for output in self.engine.step():
+            if isinstance(output, OutputProgress):
+                update.progress.append(output)
+                continue
             if output.finished:
-                final_only = self._final_only.pop(output.request_id, False)
-            else:
-                final_only = self._final_only.get(output.request_id, False)
-            if final_only and not output.finished:
-                update.progress.append(OutputProgress.of(output))
-            else:
-                update.outputs.append(output)
+                self._unfinished.discard(output.request_id)
+            update.outputs.append(output)
 
 
 def _send(connection: Connection, message: Any) -> bool:

@@ -28,7 +28,7 @@ from vllmlite.kernels import get_kernels
 from vllmlite.kernels.kv_dtype import kv_bytes_per_token
 from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import LoadedModel, load_model
-from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
+from vllmlite.outputs import EmbeddingRequestOutput, OutputProgress, RequestOutput
 from vllmlite.pooling_params import PoolingParams, PoolingType
 from vllmlite.sampling_params import SamplingParams
 from vllmlite.stats import EngineDebugSnapshot, EngineStats, KVOccupancy
@@ -136,9 +136,13 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | PoolingParams, *,
                     arrival_time: float | None = None, priority: int = 0,
-                    cache_salt: str | None = None, client_id: str | None = None) -> None:
+                    cache_salt: str | None = None, client_id: str | None = None, final_only: bool = False) -> None:
         """Validate and queue a request: one that generates (SamplingParams) or an embedding request
         (PoolingParams). Raises ValueError (a client error) before allocating anything.
+
+        `final_only`: the caller reads only the finished output (a response not streamed). Until
+        then each step returns the request's OutputProgress (its new tokens, for the metrics), not a
+        RequestOutput, and without stop strings its text is decoded once, when it finishes.
 
         The engine keeps its own validated copy of `params` (as vLLM clones them): fields assigned
         since construction are checked here, and assigning fields later never reaches this request.
@@ -148,18 +152,18 @@ class LLMEngine:
         try:
             new = self.input_processor.process(request_id, prompt, params, arrival_time=arrival_time,
                                                priority=priority, cache_salt=cache_salt, client_id=client_id)
-            self._register(new)
+            self._register(new, final_only)
         except BaseException:
             self.abort_request(request_id)  # whatever part of it was registered before the failure
             raise
 
-    def _register(self, new: NewRequest) -> None:
+    def _register(self, new: NewRequest, final_only: bool) -> None:
         """Hand a processed request to the output processor and the tracer, then to the scheduler
         (a constrained one to the input processor first, until its grammar has compiled)."""
         if new.is_pooling:
             self.output_processor.add_embedding_request(new.request_id, new.prompt_text, new.samples[0])
         else:
-            self.output_processor.add_request(new.request_id, new.prompt_text, new.params, new.samples)
+            self.output_processor.add_request(new.request_id, new.prompt_text, new.params, new.samples, final_only)
         self.tracer.arrived(new.request_id, new.samples, new.prompt_text)
         if new.needs_grammar:
             self.input_processor.compile_grammar(new)
@@ -238,8 +242,9 @@ class LLMEngine:
 
     # --- step -----------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
-        """Run one scheduling step and forward pass; return an output for every request that changed.
+    def step(self) -> list[RequestOutput | EmbeddingRequestOutput | OutputProgress]:
+        """Run one scheduling step and forward pass; return an output for every request that changed
+        (an unfinished final-only request's is its OutputProgress).
 
         A fault in one request's part of a stage (scheduling it, running it, applying its result,
         detokenizing it) ends that request in error and no other. Whatever else raises is a fault
@@ -264,7 +269,7 @@ class LLMEngine:
             self.scheduler.add_request(first, forks)
         return compiled.failed
 
-    def _process_outputs(self, touched: list[Request]) -> list[RequestOutput | EmbeddingRequestOutput]:
+    def _process_outputs(self, touched: list[Request]) -> list[RequestOutput | EmbeddingRequestOutput | OutputProgress]:
         """Detokenize what this step changed, end the requests a stop string (or a detokenizer fault)
         ends, and make the outputs."""
         for finish in self.output_processor.detokenize(touched):

@@ -11,13 +11,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
-from vllmlite.outputs import EmbeddingRequestOutput, RequestOutput
+from vllmlite.outputs import EmbeddingRequestOutput, OutputProgress, RequestOutput
 from vllmlite.stats import EngineStats, RequestTotals
 
 DEFAULT_PREFIX = "vllmlite"
@@ -57,24 +56,6 @@ class _RequestTimes:
     arrival_time: float
     first_token_time: float | None = None
     last_token_time: float | None = None
-
-
-class OutputProgress(NamedTuple):
-    """What the metrics read of an unfinished output: an engine process sends this instead of the
-    output itself when nobody reads it (a response not streamed waits for the finished one), so its
-    tokens and latencies still count without the output's ids and text crossing the pipe."""
-
-    request_id: str
-    arrival_time: float | None
-    num_prompt_tokens: int
-    num_new_tokens: int   # over all its samples
-
-    @classmethod
-    def of(cls, output: RequestOutput | EmbeddingRequestOutput) -> OutputProgress:
-        arrival = output.metrics.arrival_time if output.metrics is not None else None
-        num_new = 0 if isinstance(output, EmbeddingRequestOutput) else \
-            sum([len(c.delta_token_ids) for c in output.outputs])
-        return cls(output.request_id, arrival, len(output.prompt_token_ids), num_new)
 
 
 class _MirroredCounter:

@@ -2,7 +2,9 @@
 
 Owns the n/best_of groups (one user request, its samples), incremental detokenization, stop strings
 and the RequestOutput/CompletionOutput of each group, logprobs included; and the one
-EmbeddingRequestOutput of each finished embedding request. It does not finish requests:
+EmbeddingRequestOutput of each finished embedding request. A final-only group (its caller reads the
+finished output alone: a response not streamed) gets a small OutputProgress from each step before
+that, and, without stop strings, its text decoded once, when it finishes. It does not finish requests:
 a stop string found in the text (or a detokenization that raised) is handed back, and the engine core
 finishes the request through the scheduler.
 Knows nothing of the scheduler, the runner or blocks.
@@ -24,6 +26,7 @@ from vllmlite.outputs import (
     EmbeddingOutput,
     EmbeddingRequestOutput,
     Logprob,
+    OutputProgress,
     PositionLogprobs,
     RequestMetrics,
     RequestOutput,
@@ -55,6 +58,7 @@ class OutputFailure(NamedTuple):
 class _Sample:
     request: Request
     detokenizer: IncrementalDetokenizer | None   # None: detokenize=False, token ids only
+    deferred: bool = False       # decode the text once, when the request finishes (final-only, no stop strings)
     num_detokenized: int = 0     # output tokens fed to the detokenizer
     num_reported: int = 0        # output tokens already in a returned CompletionOutput
     reported_text: str = ""      # text already in a returned CompletionOutput
@@ -68,6 +72,7 @@ class _Group:
     request_id: str
     prompt: str | None
     params: SamplingParams
+    final_only: bool = False   # its caller reads the finished output alone: OutputProgress before that
     samples: list[_Sample] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs] = field(default_factory=list)  # of prompt tokens 1.., vLLM's shape
 
@@ -116,14 +121,16 @@ class OutputProcessor:
         return params
 
     def add_request(self, request_id: str, prompt: str | None, params: SamplingParams,
-                    samples: list[Request]) -> None:
-        """Track a user request and its samples; `params` are the ones the user gave (cloned)."""
-        group = _Group(request_id, prompt, params)
+                    samples: list[Request], final_only: bool = False) -> None:
+        """Track a user request and its samples; `params` are the ones the user gave (cloned).
+        `final_only`: see LLMEngine.add_request."""
+        group = _Group(request_id, prompt, params, final_only)
+        deferred = final_only and not params.stop   # stop strings are looked for in each step's text
         for request in samples:
             detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
                                                  params.skip_special_tokens, params.stop or (),
                                                  params.include_stop_str_in_output) if params.detokenize else None
-            group.samples.append(_Sample(request, detokenizer))
+            group.samples.append(_Sample(request, detokenizer, deferred))
         self._groups[request_id] = group
 
     def add_embedding_request(self, request_id: str, prompt: str | None, request: Request) -> None:
@@ -173,8 +180,9 @@ class OutputProcessor:
             self._changed[group_id] = group
         return hits
 
-    def make_outputs(self) -> list[RequestOutput]:
-        """An output for every group touched since the last call; finished groups are dropped."""
+    def make_outputs(self) -> list[RequestOutput | EmbeddingRequestOutput | OutputProgress]:
+        """An output for every group touched since the last call (an unfinished final-only group's is
+        its OutputProgress); finished groups are dropped."""
         changed, self._changed = self._changed, {}
         outputs = []
         for group_id, group in changed.items():
@@ -183,6 +191,9 @@ class OutputProcessor:
                 del self._groups[group_id]
             elif group.ranks_samples:
                 continue  # best_of reports once, when every candidate is done
+            elif group.final_only:
+                outputs.append(_progress(group))
+                continue
             outputs.append(self._group_output(group, is_finished))
         finished, self._finished_embeddings = self._finished_embeddings, {}
         outputs.extend(self._embedding_output(*self._embeddings.pop(i)) for i in finished)
@@ -207,6 +218,8 @@ class OutputProcessor:
         request = sample.request
         if sample.detokenizer is None:
             return None  # token ids only: the text stays "" (stop strings need text, so there are none)
+        if sample.deferred and not request.is_finished:
+            return None  # all of it in one decode at the end (the detokenizer gives the same text)
         first = sample.num_detokenized
         new_ids = request.output_token_ids[first:]
         sample.num_detokenized = request.num_output_tokens
@@ -273,6 +286,17 @@ class OutputProcessor:
         return CompletionOutput(request.sample_index, text, list(output_token_ids), cumulative_logprob, logprobs,
                                 finish_reason, request.stop_reason, text[len(previous_text):],
                                 output_token_ids[start:], delta_logprobs)
+
+
+def _progress(group: _Group) -> OutputProgress:
+    """An unfinished final-only group's OutputProgress: the tokens its samples gained since the last."""
+    num_new = 0
+    for sample in group.samples:
+        num_tokens = sample.request.num_output_tokens
+        num_new += max(num_tokens - sample.num_reported, 0)   # a stop string may have dropped some
+        sample.num_reported = num_tokens
+    first = group.samples[0].request
+    return OutputProgress(group.request_id, first.arrival_time, first.num_prompt_tokens, num_new)
 
 
 def _request_metrics(requests: list[Request], finished: bool) -> RequestMetrics:
