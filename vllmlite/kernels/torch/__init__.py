@@ -39,6 +39,11 @@ def paged_attention_kernel():
     not names of the submodules: importing a submodule binds its name on this package.)"""
     return importlib.import_module("vllmlite.kernels.torch.triton_attention")
 
+
+def gemv_kernel():
+    """The one-row product's Triton kernel (triton_gemv.gemv), imported on first use."""
+    return importlib.import_module("vllmlite.kernels.torch.triton_gemv").gemv
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
 HALF = (torch.bfloat16, torch.float16)
@@ -124,8 +129,12 @@ class TorchKernels:
 
     # ---- the operations (see Kernels) ----------------------------------------------------------
     def linear(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
-        """out = x @ weight.T (nn.Linear); for feature-major operands as weight @ x.T into out.T."""
+        """out = x @ weight.T (nn.Linear); for feature-major operands as weight @ x.T into out.T. One
+        half-precision row on a GPU (a lone decode) takes the Triton GEMV (triton_gemv.py says why)."""
         if out.is_contiguous():
+            if x.shape[0] == 1 and x.is_cuda and x.dtype in HALF and self.triton and x.is_contiguous():
+                gemv_kernel()(x, weight, out)
+                return
             torch.mm(x, weight.T, out=out)
         else:
             torch.mm(weight, x.T, out=out.T)
