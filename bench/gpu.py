@@ -271,11 +271,13 @@ def http_burst(model: LoadedModel | ModelLoader, prompts: list[list[int]], outpu
     from vllmlite.api.app import build_app
     from vllmlite.api.cli import ServerArgs
     from vllmlite.engine.factory import make_async_engine, make_process_engine
+    from vllmlite.utils.heap import freeze_startup_heap
     args = ServerArgs(**engine_knobs(device, 256, 1024 + output_len + 16, num_scheduler_steps, kv_cache_dtype),
                       max_queue=4 * len(prompts))
     in_process = isinstance(model, LoadedModel)
     engine = make_async_engine(args, model) if in_process else make_process_engine(args, model)
     server = uvicorn.Server(uvicorn.Config(build_app(engine, args), host="127.0.0.1", port=0, log_level="warning"))
+    freeze_startup_heap()   # as the server's main does: a full collection then skips torch, transformers, the model
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from bench.gpu import copy_bandwidth, cuda_time, decode_inputs, decode_step, hf_model, make_engine, our_model
 
-GEMM_NAMES = ("nvjet", "gemm", "cutlass", "splitkreduce", "xmma", "cublas")
+GEMM_NAMES = ("nvjet", "gemm", "gemv", "cutlass", "splitkreduce", "xmma", "cublas")   # cuBLAS and our GEMV
 CONTEXT = 256
 FLOOR_KERNELS = 512
 

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from vllmlite.beam_search import BeamSearch, BeamSearchOutput, step_sampling_params
 from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.engine_args import ENGINE_ARG_NAMES, EngineArgs
-from vllmlite.outputs import EmbeddingRequestOutput, PositionLogprobs, RequestOutput
+from vllmlite.outputs import EmbeddingRequestOutput, OutputProgress, PositionLogprobs, RequestOutput
 from vllmlite.pooling_params import PoolingParams
 from vllmlite.sampling_params import BeamSearchParams, SamplingParams
 from vllmlite.tokenizer import Tokenizer
@@ -107,7 +107,7 @@ class LLM:
         for prompt, p in zip(prompts, params):
             request_id = str(self._next_id)
             self._next_id += 1
-            self.engine.add_request(request_id, _prompt_value(prompt), p)
+            self.engine.add_request(request_id, _prompt_value(prompt), p, final_only=True)  # _run reads the last alone
             ids.append(request_id)
         return ids
 
@@ -151,7 +151,7 @@ class LLM:
         progress = _Progress(len(request_ids), use_tqdm if callable(use_tqdm) else tqdm) if use_tqdm else None
         while self.engine.has_unfinished_requests():
             for output in self.engine.step():
-                if output.finished:
+                if not isinstance(output, OutputProgress) and output.finished:
                     finished[output.request_id] = output
                     if progress is not None:
                         progress.update(output)

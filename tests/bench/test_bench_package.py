@@ -27,7 +27,8 @@ MODULES = ["bench.bench", "bench.measure", "bench.report", "bench.static_batchin
            "bench.serve.metrics", "bench.serve.targets", "bench.serve.merge", "bench.serve.plot",
            "bench.soak", "bench.soak_client", "bench.slow_readers", "bench.grammar_bench",
            "bench.grammar_backends", "bench.grammar_adapters", "bench.trace_overhead", "bench.route_sim",
-           "bench.chunking", "bench.prefill_attention", "bench.gpu", "bench.gpu_attention", "bench.gpu_steps", "bench.step_overhead",
+           "bench.chunking", "bench.prefill_attention", "bench.gpu", "bench.gpu_attention", "bench.gpu_steps", "bench.gpu_gemv",
+           "bench.gpu_launch_floor", "bench.step_overhead",
            "bench.moe", "bench.moe_step", "bench.attention_options", "bench.int_dot"]
 
 

@@ -6,6 +6,7 @@ nor the parent's death leaves the process behind."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
@@ -39,6 +40,24 @@ def killed_while_loading() -> LoadedModel:
 def slow_read(engine, seconds: float) -> int:
     time.sleep(seconds)
     return engine.num_unfinished_requests
+
+
+def frozen_objects(engine) -> int:
+    return gc.get_freeze_count()
+
+
+def test_the_engine_process_freezes_its_startup_heap():
+    """The engine process's torch, model and block pool stay out of the collector's full collections,
+    which would otherwise stall a step (utils/heap.py)."""
+    engine = make_process_engine(server_config(num_blocks=64), loader=partial(named_random_model, "frozen"))
+
+    async def read() -> int:
+        engine.start()
+        return await engine.run_between_steps(frozen_objects)
+    try:
+        assert asyncio.run(read()) > 10_000
+    finally:
+        engine.shutdown(timeout=0)
 
 
 def test_a_bad_model_path_fails_the_start_with_the_engine_processs_message():

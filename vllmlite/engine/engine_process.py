@@ -33,6 +33,7 @@ from vllmlite.engine.request_stream import GenerateRequest
 from vllmlite.models.loader import LoadedModel
 from vllmlite.outputs import EmbeddingRequestOutput, OutputProgress, RequestOutput
 from vllmlite.stats import EngineStats
+from vllmlite.utils.heap import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [engine process]: %(message)s"
@@ -116,6 +117,7 @@ def run_engine_process(config: EngineConfig, loader: ModelLoader | None, command
         _send(updates, EngineFailed(f"{type(error).__name__}: {error}"))
         return
     facts = EngineFacts(engine.tokenizer, engine.request_limits, engine.model_config.hidden_size, engine.summary())
+    freeze_startup_heap()   # torch, the model, the block pool: a full collection would walk them, mid-step
     if not _send(updates, EngineStarted(facts)):
         return
     try:

@@ -44,6 +44,7 @@ def gemv_kernel():
     """The one-row product's Triton kernel (triton_gemv.gemv), imported on first use."""
     return importlib.import_module("vllmlite.kernels.torch.triton_gemv").gemv
 
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
 HALF = (torch.bfloat16, torch.float16)
