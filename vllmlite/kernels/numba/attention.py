@@ -12,10 +12,11 @@ import numba
 import numpy as np
 from numba import prange
 
-from vllmlite.kernels import blas, kv_dtype
+from vllmlite.kernels import blas
 from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionMetadata, check_attention_options
+from vllmlite.kernels.numba.fast_exp import exp_shifted
 from vllmlite.kernels.numba.jit import parallel, serial
-from vllmlite.kernels.numba.kv_widen import widen_step
+from vllmlite.kernels.numba.kv_read import block_scratch, cache_arrays, load_block
 from vllmlite.kernels.prefill_attention import prepare_chunk
 
 
@@ -33,38 +34,42 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
     inlined in the prange body) so that it does.
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = k_cache.shape[1]
+    (k_data, k_scales), (v_data, v_scales) = k_cache, v_cache
+    num_kv_heads = k_data.shape[1]
     group = num_heads // num_kv_heads
     num_rows = num_queries * group              # per KV head; row i: query i // group, head h * group + i % group
-    qt = np.empty((num_kv_heads, num_rows, head_dim), dtype=k_cache.dtype)   # scaled queries
+    qt = np.empty((num_kv_heads, num_rows, head_dim), dtype=q.dtype)   # scaled queries
     for h in range(num_kv_heads):
         for i in range(num_rows):
             for d in range(head_dim):
                 qt[h, i, d] = q[row0 + i // group, h * group + i % group, d] * scale
-    acc = np.zeros((num_kv_heads, num_rows, head_dim), dtype=k_cache.dtype)  # sum of p * v
-    total = np.zeros((num_kv_heads, num_rows), dtype=k_cache.dtype)          # sum of p
-    best = np.full((num_kv_heads, num_rows), -np.inf, dtype=k_cache.dtype)   # running max score
-    probs = np.empty((num_kv_heads, num_rows, block_size), dtype=k_cache.dtype)  # this block's
+    acc = np.zeros((num_kv_heads, num_rows, head_dim), dtype=q.dtype)  # sum of p * v
+    total = np.zeros((num_kv_heads, num_rows), dtype=q.dtype)          # sum of p
+    best = np.full((num_kv_heads, num_rows), -np.inf, dtype=q.dtype)   # running max score
+    probs = np.empty((num_kv_heads, num_rows, block_size), dtype=q.dtype)  # this block's
+    powers = np.empty(block_size, np.int32)                            # exp_shifted's scratch
+    scratch = block_scratch(q, block_size, num_kv_heads)
     last_pos = pos0 + num_queries - 1
     first_block = 0 if window is None else max(0, pos0 - window + 1) // block_size
     for b in range(first_block, last_pos // block_size + 1):
         base = block_table[b] * block_size                              # the block's first slot
         first_pos = b * block_size
         num_keys = min(block_size, last_pos - first_pos + 1)
+        keys = load_block(k_data, k_scales, base, num_keys, scratch)
         # Key t of the block is seen by the rows of queries at or after its position (causal) and
         # before its position + window; the other rows get -inf, so exp gives them 0.
         for t in range(num_keys):
             first_row = min(max(0, first_pos + t - pos0) * group, num_rows)
             end_row = num_rows if window is None else min(max(0, first_pos + t + window - pos0) * group, num_rows)
             for h in range(num_kv_heads):
-                key = k_cache[base + t, h]
+                key = keys[t, h]
                 for i in range(first_row):
                     probs[h, i, t] = -np.inf
                 for i in range(end_row, num_rows):
                     probs[h, i, t] = -np.inf
                 for i in range(first_row, end_row):
-                    dot = qt[h, i, 0] * key[0]
-                    for d in range(1, head_dim):
+                    dot = q.dtype.type(0)
+                    for d in range(head_dim):
                         dot += qt[h, i, d] * key[d]
                     probs[h, i, t] = dot
         if softcap is not None:   # a pass of its own over the scores just made
@@ -85,20 +90,20 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
                     continue
                 rescale = math.exp(best[h, i] - top)                    # 0 on the first block
                 best[h, i] = top
+                exp_shifted(probs[h, i], top, num_keys, powers)
                 row_total = total[h, i] * rescale
                 for t in range(num_keys):
-                    p = math.exp(probs[h, i, t] - top)
-                    probs[h, i, t] = p
-                    row_total += p
+                    row_total += probs[h, i, t]
                 total[h, i] = row_total
                 if rescale != 1:                                        # the max moved
                     for d in range(head_dim):
                         acc[h, i, d] *= rescale
+        values = load_block(v_data, v_scales, base, num_keys, scratch)
         for t in range(num_keys):
             first_row = min(max(0, first_pos + t - pos0) * group, num_rows)
             end_row = num_rows if window is None else min(max(0, first_pos + t + window - pos0) * group, num_rows)
             for h in range(num_kv_heads):
-                value = v_cache[base + t, h]
+                value = values[t, h]
                 for i in range(first_row, end_row):
                     p = probs[h, i, t]
                     for d in range(head_dim):
@@ -123,47 +128,57 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
     place through `block_table`: acc[h] = sum of p * v, best[h] = the largest score, total[h] =
     sum of p, with p = exp(score - best[h]), for `_paged_attention` to combine across parts. All
     scores of the part are kept (heads x DECODE_PART floats), so the softmax takes two plain passes
-    and each K and V vector is read once for the `group` query heads sharing it."""
+    (exp_shifted's vectors) and each K and V vector is read once, a block at a time (load_block
+    widens a packed one), for the `group` query heads sharing it."""
     num_heads, head_dim = q.shape
-    group = num_heads // k_cache.shape[1]
+    (k_data, k_scales), (v_data, v_scales) = k_cache, v_cache
+    num_kv_heads = k_data.shape[1]
+    group = num_heads // num_kv_heads
     num_keys = last - first
-    qs = np.empty((num_heads, head_dim), dtype=k_cache.dtype)
+    qs = np.empty((num_heads, head_dim), dtype=q.dtype)
     for h in range(num_heads):
         for d in range(head_dim):
             qs[h, d] = q[h, d] * scale
-    scores = np.empty((num_heads, num_keys), dtype=k_cache.dtype)
-    for t in range(num_keys):
-        pos = first + t
-        slot = block_table[pos // block_size] * block_size + pos % block_size
-        for h in range(num_heads):
-            key = k_cache[slot, h // group]
-            dot = qs[h, 0] * key[0]
-            for d in range(1, head_dim):
-                dot += qs[h, d] * key[d]
-            scores[h, t] = dot
+    scores = np.empty((num_heads, num_keys), dtype=q.dtype)
+    scratch = block_scratch(q, block_size, num_kv_heads)
+    for pos in range(first, last):   # the keys, a block (or the part of one in first .. last - 1) at a time
+        if pos == first or pos % block_size == 0:
+            keys = load_block(k_data, k_scales, block_table[pos // block_size] * block_size + pos % block_size,
+                              min(block_size - pos % block_size, last - pos), scratch)
+            run = pos
+        for kv in range(num_kv_heads):
+            key = keys[pos - run, kv]
+            for h in range(kv * group, (kv + 1) * group):
+                dot = q.dtype.type(0)
+                for d in range(head_dim):   # from 0: a trip count of head_dim - 1 halved the speed
+                    dot += qs[h, d] * key[d]
+                scores[h, pos - first] = dot
     if softcap is not None:
         for h in range(num_heads):
             for t in range(num_keys):
                 scores[h, t] = softcap * math.tanh(scores[h, t] / softcap)
+    powers = np.empty(num_keys, np.int32)   # exp_shifted's scratch
     for h in range(num_heads):
         top = scores[h, 0]
         for t in range(1, num_keys):
             top = max(top, scores[h, t])
-        row_total = k_cache.dtype.type(0)
-        for t in range(num_keys):
-            p = math.exp(scores[h, t] - top)
-            scores[h, t] = p
-            row_total += p
+        exp_shifted(scores[h], top, num_keys, powers)
+        row_total = scores[h, 0]
+        for t in range(1, num_keys):
+            row_total += scores[h, t]
         best[h], total[h] = top, row_total
         acc[h, :] = 0
-    for t in range(num_keys):
-        pos = first + t
-        slot = block_table[pos // block_size] * block_size + pos % block_size
-        for h in range(num_heads):
-            value = v_cache[slot, h // group]
-            p = scores[h, t]
-            for d in range(head_dim):
-                acc[h, d] += p * value[d]
+    for pos in range(first, last):
+        if pos == first or pos % block_size == 0:
+            values = load_block(v_data, v_scales, block_table[pos // block_size] * block_size + pos % block_size,
+                                min(block_size - pos % block_size, last - pos), scratch)
+            run = pos
+        for kv in range(num_kv_heads):
+            value = values[pos - run, kv]
+            for h in range(kv * group, (kv + 1) * group):
+                p = scores[h, pos - first]
+                for d in range(head_dim):
+                    acc[h, d] += p * value[d]
 
 
 @serial
@@ -218,14 +233,14 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
     """Work items (`_decode_parts`) spread over threads: a decode (one query) is one item per
     DECODE_PART keys it sees (the last `window` of its context), combined afterwards; a sequence
     with 2 .. `max_queries` queries is one item (`_attend_tile`). Sequences with more queries are
-    left to the caller.
+    left to the caller. k_cache and v_cache: (data, scales) as kv_read.cache_arrays gives them.
 
     window and softcap are None or a number: compiled apart, so that without them (numba prunes
     the branches on a None argument) the loops are the plain causal ones."""
     num_items = item_seq.shape[0]
-    acc = np.empty((num_items, q.shape[1], q.shape[2]), dtype=k_cache.dtype)
-    best = np.empty((num_items, q.shape[1]), dtype=k_cache.dtype)
-    total = np.empty((num_items, q.shape[1]), dtype=k_cache.dtype)
+    acc = np.empty((num_items, q.shape[1], q.shape[2]), dtype=q.dtype)
+    best = np.empty((num_items, q.shape[1]), dtype=q.dtype)
+    total = np.empty((num_items, q.shape[1]), dtype=q.dtype)
     for item in prange(num_items):
         s = item_seq[item]
         num_queries = query_start[s + 1] - query_start[s]
@@ -259,16 +274,14 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     Options as reference.paged_attention's; a window bounds every query's keys, so a decode with
     one costs O(window) and blocks wholly before it are never read."""
     check_attention_options(scale, sliding_window, softcap)
-    if isinstance(k_cache, kv_dtype.PackedKV):   # the step's blocks widened to q's dtype, tables renumbered
-        k_cache, v_cache, meta = widen_step(k_cache, v_cache, meta, q.dtype)
     dtype = q.dtype.type
     window = None if sliding_window is None else int(sliding_window)
     parts = meta.kernel_cache.get(f"decode_parts {window}")
     if parts is None:   # the same for every layer of the step with this window
         parts = meta.kernel_cache[f"decode_parts {window}"] = _decode_parts(meta.query_start, meta.seq_lens, window)
-    _paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables, meta.block_size,
-                     MAX_BATCHED_QUERY_LEN, dtype(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), window,
-                     None if softcap is None else dtype(softcap), *parts, out)
+    _paged_attention(q, cache_arrays(k_cache), cache_arrays(v_cache), meta.query_start, meta.seq_lens,
+                     meta.block_tables, meta.block_size, MAX_BATCHED_QUERY_LEN,
+                     dtype(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), window, None if softcap is None else dtype(softcap), *parts, out)
     if len(meta.long_seqs):
         _attend_long_chunks(q, k_cache, v_cache, meta, out,
                             dict(scale=scale, sliding_window=sliding_window, softcap=softcap))
