@@ -122,6 +122,54 @@ DECODE_PART = 256
 
 
 @serial
+def _block_scores(qs, keys, kv, group, scores, t0):  # pragma: no cover - compiled
+    """scores[h, t0 + j] = qs[h] . keys[j, kv] for KV head kv's query heads h: four keys to a loop
+    over head_dim, so each query element loaded serves four products (a third less time than one)."""
+    num_keys, head_dim = keys.shape[0], qs.shape[1]
+    j = 0
+    while j < num_keys:
+        if j + 4 <= num_keys:
+            k0, k1, k2, k3 = keys[j, kv], keys[j + 1, kv], keys[j + 2, kv], keys[j + 3, kv]
+            for h in range(kv * group, (kv + 1) * group):
+                d0 = d1 = d2 = d3 = qs.dtype.type(0)
+                for d in range(head_dim):   # from 0: a trip count of head_dim - 1 halved the speed
+                    d0 += qs[h, d] * k0[d]
+                    d1 += qs[h, d] * k1[d]
+                    d2 += qs[h, d] * k2[d]
+                    d3 += qs[h, d] * k3[d]
+                scores[h, t0 + j], scores[h, t0 + j + 1], scores[h, t0 + j + 2], scores[h, t0 + j + 3] = d0, d1, d2, d3
+            j += 4
+        else:
+            for h in range(kv * group, (kv + 1) * group):
+                dot = qs.dtype.type(0)
+                for d in range(head_dim):
+                    dot += qs[h, d] * keys[j, kv, d]
+                scores[h, t0 + j] = dot
+            j += 1
+
+
+@serial
+def _block_values(scores, values, kv, group, acc, t0):  # pragma: no cover - compiled
+    """acc[h] += scores[h, t0 + j] * values[j, kv] for KV head kv's query heads h, four values to a
+    pass over acc[h] (a quarter of its loads and stores)."""
+    num_keys, head_dim = values.shape[0], acc.shape[1]
+    j = 0
+    while j < num_keys:
+        if j + 4 <= num_keys:
+            v0, v1, v2, v3 = values[j, kv], values[j + 1, kv], values[j + 2, kv], values[j + 3, kv]
+            for h in range(kv * group, (kv + 1) * group):
+                p0, p1, p2, p3 = scores[h, t0 + j], scores[h, t0 + j + 1], scores[h, t0 + j + 2], scores[h, t0 + j + 3]
+                for d in range(head_dim):
+                    acc[h, d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d]
+            j += 4
+        else:
+            for h in range(kv * group, (kv + 1) * group):
+                for d in range(head_dim):
+                    acc[h, d] += scores[h, t0 + j] * values[j, kv, d]
+            j += 1
+
+
+@serial
 def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scale, softcap, acc, best,
                  total):  # pragma: no cover - compiled
     """One query q [heads, head_dim] (a decode) over keys first .. last - 1 of its sequence, read in
@@ -141,18 +189,14 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
             qs[h, d] = q[h, d] * scale
     scores = np.empty((num_heads, num_keys), dtype=q.dtype)
     scratch = block_scratch(q, block_size, num_kv_heads)
-    for pos in range(first, last):   # the keys, a block (or the part of one in first .. last - 1) at a time
-        if pos == first or pos % block_size == 0:
-            keys = load_block(k_data, k_scales, block_table[pos // block_size] * block_size + pos % block_size,
-                              min(block_size - pos % block_size, last - pos), scratch)
-            run = pos
+    pos = first
+    while pos < last:   # the keys, a block (or the part of one in first .. last - 1) at a time
+        num = min(block_size - pos % block_size, last - pos)
+        keys = load_block(k_data, k_scales, block_table[pos // block_size] * block_size + pos % block_size, num,
+                          scratch)
         for kv in range(num_kv_heads):
-            key = keys[pos - run, kv]
-            for h in range(kv * group, (kv + 1) * group):
-                dot = q.dtype.type(0)
-                for d in range(head_dim):   # from 0: a trip count of head_dim - 1 halved the speed
-                    dot += qs[h, d] * key[d]
-                scores[h, pos - first] = dot
+            _block_scores(qs, keys, kv, group, scores, pos - first)
+        pos += num
     if softcap is not None:
         for h in range(num_heads):
             for t in range(num_keys):
@@ -168,17 +212,14 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
             row_total += scores[h, t]
         best[h], total[h] = top, row_total
         acc[h, :] = 0
-    for pos in range(first, last):
-        if pos == first or pos % block_size == 0:
-            values = load_block(v_data, v_scales, block_table[pos // block_size] * block_size + pos % block_size,
-                                min(block_size - pos % block_size, last - pos), scratch)
-            run = pos
+    pos = first
+    while pos < last:
+        num = min(block_size - pos % block_size, last - pos)
+        values = load_block(v_data, v_scales, block_table[pos // block_size] * block_size + pos % block_size, num,
+                            scratch)
         for kv in range(num_kv_heads):
-            value = values[pos - run, kv]
-            for h in range(kv * group, (kv + 1) * group):
-                p = scores[h, pos - first]
-                for d in range(head_dim):
-                    acc[h, d] += p * value[d]
+            _block_values(scores, values, kv, group, acc, pos - first)
+        pos += num
 
 
 @serial
