@@ -162,3 +162,23 @@ def test_compiled_block_reading_is_the_reference_widening_bit_for_bit(kind, dtyp
         assert got.dtype == dtype and got.shape == (num, 3, head_dim)
         np.testing.assert_array_equal(got, expected)   # NaN where NaN, -0 as -0 is not checked by equality
         np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("head_dim", [HEAD_DIM, 64])   # one scale a head, and two groups of 32
+def test_compiled_int8_write_is_the_reference_encoding_bit_for_bit(dtype, head_dim):
+    """numba's write_kv into an int8 cache stores kv_dtype.encode's bytes and scales exactly, ties of
+    rint (x / scale exactly k + 1/2) and zero groups included, and touches only the given slots."""
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((2, 7, 3, head_dim)) * rng.uniform(0.01, 100, (2, 7, 3, 1))).astype(dtype)
+    x[0, 2, 1] = 0                                   # a zero head: scale 0, data 0
+    x[1, 3, 0, :] = np.arange(head_dim) % 5 - 2.5    # levels at exact halves of the scale
+    x[1, 3, 0, 0] = 127 * 0.5                        # scale 0.5: x / scale = 2 * x, .5 steps tie
+    slots = np.array([9, 0, 4, 13, 2, 7, 11])
+    caches = {name: [packed_garbage("int8", 16, 3, np.random.default_rng(1), head_dim) for _ in "kv"]
+              for name in ("numpy", "numba")}
+    for name, (k_cache, v_cache) in caches.items():
+        get_kernels(name).write_kv(k_cache, v_cache, x[0], x[1], slots)
+    for expected, got in zip(caches["numpy"], caches["numba"]):
+        np.testing.assert_array_equal(got.data, expected.data)
+        np.testing.assert_array_equal(got.scales, expected.scales)

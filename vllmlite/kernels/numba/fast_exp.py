@@ -1,5 +1,5 @@
 """exp over a row of floats in loops LLVM vectorizes (numba's math.exp is a scalar libm call per
-value): for the softmax of the attention kernels. Knows nothing of what the values are.
+value): for the softmax of the attention kernels and SiLU's sigmoid. Knows nothing of what the values are.
 
 float32: Cephes' expf (2^n times a degree-7 polynomial of the remainder, within 1-2 ulp of the
 true exp); 2^n is built from its bits in an int32 scratch row and applied in a second pass.
@@ -7,7 +7,7 @@ Arguments below -87 (where float32's exp leaves the normal range) give 0, as do 
 rows take math.exp, so float64 results stay as exact as before.
 
 Numba's disk cache keys a kernel on its own file only: after editing this one, delete the cached
-kernels that call it (vllmlite/kernels/numba/__pycache__/attention.*.nb*).
+kernels that call it (vllmlite/kernels/numba/__pycache__/attention.*.nb* and elementwise.*.nb*).
 """
 
 from __future__ import annotations
