@@ -322,7 +322,8 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
         parts = meta.kernel_cache[f"decode_parts {window}"] = _decode_parts(meta.query_start, meta.seq_lens, window)
     _paged_attention(q, cache_arrays(k_cache), cache_arrays(v_cache), meta.query_start, meta.seq_lens,
                      meta.block_tables, meta.block_size, MAX_BATCHED_QUERY_LEN,
-                     dtype(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), window, None if softcap is None else dtype(softcap), *parts, out)
+                     dtype(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), window,
+                     None if softcap is None else dtype(softcap), *parts, out)
     if len(meta.long_seqs):
         _attend_long_chunks(q, k_cache, v_cache, meta, out,
                             dict(scale=scale, sliding_window=sliding_window, softcap=softcap))

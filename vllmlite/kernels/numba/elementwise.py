@@ -60,18 +60,20 @@ def _rope(x, positions, cos, sin):  # pragma: no cover - compiled
 @serial
 def _silu_and_mul_rows(gate_up_t, out_t, first, last):  # pragma: no cover - compiled
     """g * sigmoid(g) * up, the sigmoid from e = exp(-|g|) <= 1 (no overflow): 1 / (1 + e) for g >= 0,
-    e / (1 + e) below; e in exp_shifted's vectors (a scalar exp per value took most of the time)."""
+    e / (1 + e) below; e for all the rows first .. last - 1 in one exp_shifted call, whose loops
+    vectorize over that many values (over one row's few tokens they ran scalar)."""
     inter, num_tokens = out_t.shape
     dtype = out_t.dtype.type
-    e = np.empty(num_tokens, out_t.dtype)      # [num_tokens] exp(-|g|) of row j
-    powers = np.empty(num_tokens, np.int32)
+    num = (last - first) * num_tokens
+    e = np.empty(num, out_t.dtype)      # [rows * num_tokens] exp(-|g|), row by row
     for j in range(first, last):
         for i in range(num_tokens):
-            e[i] = -abs(gate_up_t[j, i])
-        exp_shifted(e, dtype(0), num_tokens, powers)
+            e[(j - first) * num_tokens + i] = -abs(gate_up_t[j, i])
+    exp_shifted(e, dtype(0), num, np.empty(num, np.int32))
+    for j in range(first, last):
         for i in range(num_tokens):
-            g = gate_up_t[j, i]
-            out_t[j, i] = g * ((dtype(1) if g >= 0 else e[i]) / (dtype(1) + e[i])) * gate_up_t[j + inter, i]
+            g, ei = gate_up_t[j, i], e[(j - first) * num_tokens + i]
+            out_t[j, i] = g * ((dtype(1) if g >= 0 else ei) / (dtype(1) + ei)) * gate_up_t[j + inter, i]
 
 
 @parallel
