@@ -119,6 +119,17 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
 # attended in parallel and combined (flash-decoding), so a lone long sequence uses every core. The
 # parts depend only on the sequence's own length (and window), never on the batch around it.
 DECODE_PART = 256
+# A decode's last part takes in up to this many keys past its DECODE_PART instead of being a part
+# of its own: at 513 keys (a 512-token context and the new token) a third part of one key cost its
+# scratch and a work item per sequence and layer.
+DECODE_PART_SLACK = 64
+
+
+@serial
+def _num_parts(num_keys):  # pragma: no cover - compiled
+    """Parts of a decode over num_keys keys: DECODE_PART each, the last up to DECODE_PART +
+    DECODE_PART_SLACK. 1 .. 320 keys -> 1, 321 .. 576 -> 2, 577 .. 832 -> 3."""
+    return max(1, (num_keys - 1 - DECODE_PART_SLACK) // DECODE_PART + 1)
 
 
 @serial
@@ -175,7 +186,7 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
     """One query q [heads, head_dim] (a decode) over keys first .. last - 1 of its sequence, read in
     place through `block_table`: acc[h] = sum of p * v, best[h] = the largest score, total[h] =
     sum of p, with p = exp(score - best[h]), for `_paged_attention` to combine across parts. All
-    scores of the part are kept (heads x DECODE_PART floats), so the softmax takes two plain passes
+    scores of the part are kept (heads x up to DECODE_PART + DECODE_PART_SLACK floats), so the softmax takes two plain passes
     (exp_shifted's vectors) and each K and V vector is read once, a block at a time (load_block
     widens a packed one), for the `group` query heads sharing it."""
     num_heads, head_dim = q.shape
@@ -226,7 +237,7 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
 def _decode_parts(query_start, seq_lens, window):  # pragma: no cover - compiled
     """The work items of `_paged_attention`: sequence s owns items first_item[s] ..
     first_item[s + 1] - 1, and item i belongs to sequence item_seq[i]. A decode (one query) gets
-    one item per DECODE_PART keys it sees (its context, or its window), any other sequence one
+    `_num_parts` items over the keys it sees (its context, or its window), any other sequence one
     item. (Serial: inside a
     parallel function numba would run each of these array operations as a parallel region.)"""
     num_seqs = seq_lens.shape[0]
@@ -235,7 +246,7 @@ def _decode_parts(query_start, seq_lens, window):  # pragma: no cover - compiled
     for s in range(num_seqs):
         decode = query_start[s + 1] - query_start[s] == 1
         num_keys = seq_lens[s] if window is None else min(seq_lens[s], window)
-        first_item[s + 1] = first_item[s] + ((num_keys + DECODE_PART - 1) // DECODE_PART if decode else 1)
+        first_item[s + 1] = first_item[s] + (_num_parts(num_keys) if decode else 1)
     item_seq = np.empty(first_item[num_seqs], dtype=np.int64)
     for s in range(num_seqs):
         for i in range(first_item[s], first_item[s + 1]):
@@ -287,8 +298,9 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
         num_queries = query_start[s + 1] - query_start[s]
         if num_queries == 1:
             first = (0 if window is None else max(0, seq_lens[s] - window)) + (item - first_item[s]) * DECODE_PART
-            _attend_keys(q[query_start[s]], k_cache, v_cache, block_tables[s], block_size, first,
-                         min(seq_lens[s], first + DECODE_PART), scale, softcap, acc[item], best[item], total[item])
+            last = seq_lens[s] if item == first_item[s + 1] - 1 else first + DECODE_PART   # the last part: the rest
+            _attend_keys(q[query_start[s]], k_cache, v_cache, block_tables[s], block_size, first, last, scale,
+                         softcap, acc[item], best[item], total[item])
         elif num_queries <= max_queries:
             _attend_tile(q, k_cache, v_cache, block_tables[s], block_size, query_start[s], num_queries,
                          seq_lens[s] - num_queries, scale, window, softcap, out)
