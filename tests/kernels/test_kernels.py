@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType, quants
 from vllmlite.engine_args import EngineArgs
 from vllmlite.kernels import BACKENDS, blas, get_kernels, resolve_backend
 from vllmlite.kernels.attention_metadata import build_metadata
-from vllmlite.kernels.numba.attention import DECODE_PART
+from vllmlite.kernels.numba.attention import DECODE_PART, DECODE_PART_SLACK
 from vllmlite.kernels.quant import dequantize, from_gguf, quantize, tile
 
 REFERENCE = get_kernels("numpy")
@@ -218,8 +218,10 @@ def test_write_kv_from_strided_views(kernels, dtype):
 BATCH = [(1, 700), (200, 200), (1, 1), (37, 300), (1, 129), (16, 16), (4, 515), (130, 650)]
 
 
-# Decodes whose contexts end just before, at and after DECODE_PART keys and span several parts.
-DECODES = [(1, DECODE_PART - 1), (1, DECODE_PART), (1, DECODE_PART + 1), (1, 3 * DECODE_PART + 17)]
+# Decodes whose contexts end just before, at and after DECODE_PART keys and span several parts, and
+# on either side of the slack a last part takes in (one part up to DECODE_PART + DECODE_PART_SLACK).
+DECODES = [(1, DECODE_PART - 1), (1, DECODE_PART), (1, DECODE_PART + 1), (1, 3 * DECODE_PART + 17),
+           (1, DECODE_PART + DECODE_PART_SLACK), (1, DECODE_PART + DECODE_PART_SLACK + 1), (1, 2 * DECODE_PART + 1)]
 
 
 @pytest.mark.parametrize("group", [1, 3, 4])

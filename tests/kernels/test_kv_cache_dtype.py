@@ -136,15 +136,49 @@ def test_int8_scales_each_group_of_32_on_its_own():
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("head_dim", [HEAD_DIM, 64])   # int8: one scale a head, and two groups of 32
-def test_compiled_widening_is_the_reference_widening_bit_for_bit(kind, dtype, head_dim):
-    from vllmlite.kernels.numba.kv_widen import widen_step
+def test_compiled_block_reading_is_the_reference_widening_bit_for_bit(kind, dtype, head_dim):
+    """numba's load_block (what the attention kernels read) against kv_dtype.decode, slot runs of every
+    length and offset of a block; the values include fp16's subnormals, infinities, NaN and -0."""
+    from numba import njit
+
+    from vllmlite.kernels.numba.kv_read import block_scratch, cache_arrays, load_block
+
+    @njit
+    def read(data, scales, first, num, like):
+        return load_block(data, scales, first, num, block_scratch(like, 4, data.shape[1])).copy()
+
     rng = np.random.default_rng(4)
-    k_cache, v_cache = (packed_garbage(kind, 12 * 4, 3, rng, head_dim) for _ in "kv")
-    k_cache.data[5] = 0   # a zero token (its int8 scale is 0)
-    meta = build_metadata([1, 3], [9, 6], [[7, 2, 11], [3, 7]], 4)
-    expected = kv_dtype.widen_step(k_cache, v_cache, meta, dtype)
-    got = widen_step(k_cache, v_cache, build_metadata([1, 3], [9, 6], [[7, 2, 11], [3, 7]], 4), dtype)
-    for e, g in zip(expected[:2], got[:2]):
-        assert g.dtype == dtype and g.shape == (5 * 4, 3, head_dim)   # blocks 0 (padding), 2, 3, 7, 11
-        np.testing.assert_array_equal(g, e)
-    np.testing.assert_array_equal(got[2].block_tables, [[3, 1, 4], [2, 3, 0]])
+    cache = packed_garbage(kind, 12 * 4, 3, rng, head_dim)
+    cache.data[5] = 0   # a zero token (its int8 scale is 0)
+    if kind == "fp16":   # every exponent, subnormals, +-inf, NaN, -0
+        specials = np.array([0x0001, 0x03FF, 0x8001, 0x0400, 0x7BFF, 0x7C00, 0xFC00, 0x7E00, 0x8000, 0x3C00],
+                            np.uint16).view(np.float16)
+        cache.data[6:8] = rng.choice(np.concatenate([specials, cache.data[8:10].ravel()]), cache.data[6:8].shape)
+    data, scales = cache_arrays(cache)
+    like = np.zeros(head_dim, dtype)
+    for first, num in [(0, 4), (4, 4), (5, 3), (6, 2), (7, 1), (8, 4), (44, 4)]:
+        got = read(data, scales, first, num, like)
+        expected = cache.read(np.arange(first, first + num), dtype)
+        assert got.dtype == dtype and got.shape == (num, 3, head_dim)
+        np.testing.assert_array_equal(got, expected)   # NaN where NaN, -0 as -0 is not checked by equality
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("head_dim", [HEAD_DIM, 64])   # one scale a head, and two groups of 32
+def test_compiled_int8_write_is_the_reference_encoding_bit_for_bit(dtype, head_dim):
+    """numba's write_kv into an int8 cache stores kv_dtype.encode's bytes and scales exactly, ties of
+    rint (x / scale exactly k + 1/2) and zero groups included, and touches only the given slots."""
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((2, 7, 3, head_dim)) * rng.uniform(0.01, 100, (2, 7, 3, 1))).astype(dtype)
+    x[0, 2, 1] = 0                                   # a zero head: scale 0, data 0
+    x[1, 3, 0, :] = np.arange(head_dim) % 5 - 2.5    # levels at exact halves of the scale
+    x[1, 3, 0, 0] = 127 * 0.5                        # scale 0.5: x / scale = 2 * x, .5 steps tie
+    slots = np.array([9, 0, 4, 13, 2, 7, 11])
+    caches = {name: [packed_garbage("int8", 16, 3, np.random.default_rng(1), head_dim) for _ in "kv"]
+              for name in ("numpy", "numba")}
+    for name, (k_cache, v_cache) in caches.items():
+        get_kernels(name).write_kv(k_cache, v_cache, x[0], x[1], slots)
+    for expected, got in zip(caches["numpy"], caches["numba"]):
+        np.testing.assert_array_equal(got.data, expected.data)
+        np.testing.assert_array_equal(got.scales, expected.scales)

@@ -24,8 +24,8 @@ bytes, and copy-on-write and swaps copy the scales with their slots (`copy_slots
 256 (3.56x smaller), and the same ratio at 128; `kv_bytes_per_token` counts them.
 
 Reading: the reference gathers a group's blocks and widens them (`gather_blocks`); the numba
-backend widens the blocks a step's tables name once per layer into float32 scratch and runs its
-unchanged kernels over it with the tables renumbered (`widen_step`, compiled in numba/kv_widen.py).
+backend's attention kernels widen each block as they reach it, into scratch that stays in cache
+(numba/kv_read.py), so int8 reads about a quarter of float32's bytes.
 The torch backend stores `auto` (config.py refuses the packed kinds there, naming kv_cache_dtype,
 except the half dtype it computes in, which is what auto stores) and `fp8`, which only it stores:
 
@@ -40,8 +40,6 @@ except the half dtype it computes in, which is what auto stores) and `fp8`, whic
 from __future__ import annotations
 
 import numpy as np
-
-from vllmlite.kernels.attention_metadata import AttentionMetadata
 
 STORAGE = {"fp16": np.float16, "bf16": np.uint16, "int8": np.int8}
 BACKEND_KINDS = {"fp8": 1}   # kinds stored as the backend's own arrays (not PackedKV), with their itemsize
@@ -150,29 +148,3 @@ def gather_blocks(cache, block_ids: np.ndarray, block_size: int, dtype) -> np.nd
     scales = None if cache.scales is None else \
         cache.scales.reshape(-1, block_size, num_kv_heads, cache.scales.shape[-1])[block_ids]
     return decode(cache.kind, data, scales, dtype)
-
-
-def widen_step(k_cache: PackedKV, v_cache: PackedKV, meta: AttentionMetadata, dtype):
-    """(k, v, meta') for the step's compiled kernels: every block meta's tables name (padding and
-    blocks before a window included: they are never read, only widened) in `dtype` as plain
-    [blocks * block_size, kv_heads, head_dim] caches, and a metadata whose tables count those blocks
-    0, 1, ... The renumbered metadata is built once a step (meta.kernel_cache), the caches per layer."""
-    renumbered = renumbered_metadata(meta)
-    block_ids = renumbered.kernel_cache["kv_dtype block_ids"]
-    bs = meta.block_size
-    k, v = (gather_blocks(c, block_ids, bs, dtype).reshape(-1, *c.shape[1:]) for c in (k_cache, v_cache))
-    return k, v, renumbered
-
-
-def renumbered_metadata(meta: AttentionMetadata) -> AttentionMetadata:
-    """meta with its tables' blocks numbered 0, 1, ... in the order of their ids (the ids in its
-    kernel_cache["kv_dtype block_ids"]), built once a step (meta.kernel_cache)."""
-    renumbered = meta.kernel_cache.get("kv_dtype renumbered")
-    if renumbered is None:
-        block_ids, tables = np.unique(meta.block_tables, return_inverse=True)
-        renumbered = AttentionMetadata(meta.positions, meta.query_start, meta.seq_lens, meta.slot_mapping,
-                                       tables.reshape(meta.block_tables.shape).astype(meta.block_tables.dtype),
-                                       meta.block_size)
-        renumbered.kernel_cache["kv_dtype block_ids"] = block_ids.astype(np.int64)
-        meta.kernel_cache["kv_dtype renumbered"] = renumbered
-    return renumbered

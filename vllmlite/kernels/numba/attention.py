@@ -12,10 +12,11 @@ import numba
 import numpy as np
 from numba import prange
 
-from vllmlite.kernels import blas, kv_dtype
+from vllmlite.kernels import blas
 from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionMetadata, check_attention_options
+from vllmlite.kernels.numba.fast_exp import exp_shifted
 from vllmlite.kernels.numba.jit import parallel, serial
-from vllmlite.kernels.numba.kv_widen import widen_step
+from vllmlite.kernels.numba.kv_read import block_scratch, cache_arrays, load_block
 from vllmlite.kernels.prefill_attention import prepare_chunk
 
 
@@ -33,38 +34,42 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
     inlined in the prange body) so that it does.
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = k_cache.shape[1]
+    (k_data, k_scales), (v_data, v_scales) = k_cache, v_cache
+    num_kv_heads = k_data.shape[1]
     group = num_heads // num_kv_heads
     num_rows = num_queries * group              # per KV head; row i: query i // group, head h * group + i % group
-    qt = np.empty((num_kv_heads, num_rows, head_dim), dtype=k_cache.dtype)   # scaled queries
+    qt = np.empty((num_kv_heads, num_rows, head_dim), dtype=q.dtype)   # scaled queries
     for h in range(num_kv_heads):
         for i in range(num_rows):
             for d in range(head_dim):
                 qt[h, i, d] = q[row0 + i // group, h * group + i % group, d] * scale
-    acc = np.zeros((num_kv_heads, num_rows, head_dim), dtype=k_cache.dtype)  # sum of p * v
-    total = np.zeros((num_kv_heads, num_rows), dtype=k_cache.dtype)          # sum of p
-    best = np.full((num_kv_heads, num_rows), -np.inf, dtype=k_cache.dtype)   # running max score
-    probs = np.empty((num_kv_heads, num_rows, block_size), dtype=k_cache.dtype)  # this block's
+    acc = np.zeros((num_kv_heads, num_rows, head_dim), dtype=q.dtype)  # sum of p * v
+    total = np.zeros((num_kv_heads, num_rows), dtype=q.dtype)          # sum of p
+    best = np.full((num_kv_heads, num_rows), -np.inf, dtype=q.dtype)   # running max score
+    probs = np.empty((num_kv_heads, num_rows, block_size), dtype=q.dtype)  # this block's
+    powers = np.empty(block_size, np.int32)                            # exp_shifted's scratch
+    scratch = block_scratch(q, block_size, num_kv_heads)
     last_pos = pos0 + num_queries - 1
     first_block = 0 if window is None else max(0, pos0 - window + 1) // block_size
     for b in range(first_block, last_pos // block_size + 1):
         base = block_table[b] * block_size                              # the block's first slot
         first_pos = b * block_size
         num_keys = min(block_size, last_pos - first_pos + 1)
+        keys = load_block(k_data, k_scales, base, num_keys, scratch)
         # Key t of the block is seen by the rows of queries at or after its position (causal) and
         # before its position + window; the other rows get -inf, so exp gives them 0.
         for t in range(num_keys):
             first_row = min(max(0, first_pos + t - pos0) * group, num_rows)
             end_row = num_rows if window is None else min(max(0, first_pos + t + window - pos0) * group, num_rows)
             for h in range(num_kv_heads):
-                key = k_cache[base + t, h]
+                key = keys[t, h]
                 for i in range(first_row):
                     probs[h, i, t] = -np.inf
                 for i in range(end_row, num_rows):
                     probs[h, i, t] = -np.inf
                 for i in range(first_row, end_row):
-                    dot = qt[h, i, 0] * key[0]
-                    for d in range(1, head_dim):
+                    dot = q.dtype.type(0)
+                    for d in range(head_dim):
                         dot += qt[h, i, d] * key[d]
                     probs[h, i, t] = dot
         if softcap is not None:   # a pass of its own over the scores just made
@@ -85,20 +90,20 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
                     continue
                 rescale = math.exp(best[h, i] - top)                    # 0 on the first block
                 best[h, i] = top
+                exp_shifted(probs[h, i], top, num_keys, powers)
                 row_total = total[h, i] * rescale
                 for t in range(num_keys):
-                    p = math.exp(probs[h, i, t] - top)
-                    probs[h, i, t] = p
-                    row_total += p
+                    row_total += probs[h, i, t]
                 total[h, i] = row_total
                 if rescale != 1:                                        # the max moved
                     for d in range(head_dim):
                         acc[h, i, d] *= rescale
+        values = load_block(v_data, v_scales, base, num_keys, scratch)
         for t in range(num_keys):
             first_row = min(max(0, first_pos + t - pos0) * group, num_rows)
             end_row = num_rows if window is None else min(max(0, first_pos + t + window - pos0) * group, num_rows)
             for h in range(num_kv_heads):
-                value = v_cache[base + t, h]
+                value = values[t, h]
                 for i in range(first_row, end_row):
                     p = probs[h, i, t]
                     for d in range(head_dim):
@@ -114,6 +119,65 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
 # attended in parallel and combined (flash-decoding), so a lone long sequence uses every core. The
 # parts depend only on the sequence's own length (and window), never on the batch around it.
 DECODE_PART = 256
+# A decode's last part takes in up to this many keys past its DECODE_PART instead of being a part
+# of its own: at 513 keys (a 512-token context and the new token) a third part of one key cost its
+# scratch and a work item per sequence and layer.
+DECODE_PART_SLACK = 64
+
+
+@serial
+def _num_parts(num_keys):  # pragma: no cover - compiled
+    """Parts of a decode over num_keys keys: DECODE_PART each, the last up to DECODE_PART +
+    DECODE_PART_SLACK. 1 .. 320 keys -> 1, 321 .. 576 -> 2, 577 .. 832 -> 3."""
+    return max(1, (num_keys - 1 - DECODE_PART_SLACK) // DECODE_PART + 1)
+
+
+@serial
+def _block_scores(qs, keys, kv, group, scores, t0):  # pragma: no cover - compiled
+    """scores[h, t0 + j] = qs[h] . keys[j, kv] for KV head kv's query heads h: four keys to a loop
+    over head_dim, so each query element loaded serves four products (a third less time than one)."""
+    num_keys, head_dim = keys.shape[0], qs.shape[1]
+    j = 0
+    while j < num_keys:
+        if j + 4 <= num_keys:
+            k0, k1, k2, k3 = keys[j, kv], keys[j + 1, kv], keys[j + 2, kv], keys[j + 3, kv]
+            for h in range(kv * group, (kv + 1) * group):
+                d0 = d1 = d2 = d3 = qs.dtype.type(0)
+                for d in range(head_dim):   # from 0: a trip count of head_dim - 1 halved the speed
+                    d0 += qs[h, d] * k0[d]
+                    d1 += qs[h, d] * k1[d]
+                    d2 += qs[h, d] * k2[d]
+                    d3 += qs[h, d] * k3[d]
+                scores[h, t0 + j], scores[h, t0 + j + 1], scores[h, t0 + j + 2], scores[h, t0 + j + 3] = d0, d1, d2, d3
+            j += 4
+        else:
+            for h in range(kv * group, (kv + 1) * group):
+                dot = qs.dtype.type(0)
+                for d in range(head_dim):
+                    dot += qs[h, d] * keys[j, kv, d]
+                scores[h, t0 + j] = dot
+            j += 1
+
+
+@serial
+def _block_values(scores, values, kv, group, acc, t0):  # pragma: no cover - compiled
+    """acc[h] += scores[h, t0 + j] * values[j, kv] for KV head kv's query heads h, four values to a
+    pass over acc[h] (a quarter of its loads and stores)."""
+    num_keys, head_dim = values.shape[0], acc.shape[1]
+    j = 0
+    while j < num_keys:
+        if j + 4 <= num_keys:
+            v0, v1, v2, v3 = values[j, kv], values[j + 1, kv], values[j + 2, kv], values[j + 3, kv]
+            for h in range(kv * group, (kv + 1) * group):
+                p0, p1, p2, p3 = scores[h, t0 + j], scores[h, t0 + j + 1], scores[h, t0 + j + 2], scores[h, t0 + j + 3]
+                for d in range(head_dim):
+                    acc[h, d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d]
+            j += 4
+        else:
+            for h in range(kv * group, (kv + 1) * group):
+                for d in range(head_dim):
+                    acc[h, d] += scores[h, t0 + j] * values[j, kv, d]
+            j += 1
 
 
 @serial
@@ -122,55 +186,58 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
     """One query q [heads, head_dim] (a decode) over keys first .. last - 1 of its sequence, read in
     place through `block_table`: acc[h] = sum of p * v, best[h] = the largest score, total[h] =
     sum of p, with p = exp(score - best[h]), for `_paged_attention` to combine across parts. All
-    scores of the part are kept (heads x DECODE_PART floats), so the softmax takes two plain passes
-    and each K and V vector is read once for the `group` query heads sharing it."""
+    scores of the part are kept (heads x up to DECODE_PART + DECODE_PART_SLACK floats), so the softmax takes two plain passes
+    (exp_shifted's vectors) and each K and V vector is read once, a block at a time (load_block
+    widens a packed one), for the `group` query heads sharing it."""
     num_heads, head_dim = q.shape
-    group = num_heads // k_cache.shape[1]
+    (k_data, k_scales), (v_data, v_scales) = k_cache, v_cache
+    num_kv_heads = k_data.shape[1]
+    group = num_heads // num_kv_heads
     num_keys = last - first
-    qs = np.empty((num_heads, head_dim), dtype=k_cache.dtype)
+    qs = np.empty((num_heads, head_dim), dtype=q.dtype)
     for h in range(num_heads):
         for d in range(head_dim):
             qs[h, d] = q[h, d] * scale
-    scores = np.empty((num_heads, num_keys), dtype=k_cache.dtype)
-    for t in range(num_keys):
-        pos = first + t
-        slot = block_table[pos // block_size] * block_size + pos % block_size
-        for h in range(num_heads):
-            key = k_cache[slot, h // group]
-            dot = qs[h, 0] * key[0]
-            for d in range(1, head_dim):
-                dot += qs[h, d] * key[d]
-            scores[h, t] = dot
+    scores = np.empty((num_heads, num_keys), dtype=q.dtype)
+    scratch = block_scratch(q, block_size, num_kv_heads)
+    pos = first
+    while pos < last:   # the keys, a block (or the part of one in first .. last - 1) at a time
+        num = min(block_size - pos % block_size, last - pos)
+        keys = load_block(k_data, k_scales, block_table[pos // block_size] * block_size + pos % block_size, num,
+                          scratch)
+        for kv in range(num_kv_heads):
+            _block_scores(qs, keys, kv, group, scores, pos - first)
+        pos += num
     if softcap is not None:
         for h in range(num_heads):
             for t in range(num_keys):
                 scores[h, t] = softcap * math.tanh(scores[h, t] / softcap)
+    powers = np.empty(num_keys, np.int32)   # exp_shifted's scratch
     for h in range(num_heads):
         top = scores[h, 0]
         for t in range(1, num_keys):
             top = max(top, scores[h, t])
-        row_total = k_cache.dtype.type(0)
-        for t in range(num_keys):
-            p = math.exp(scores[h, t] - top)
-            scores[h, t] = p
-            row_total += p
+        exp_shifted(scores[h], top, num_keys, powers)
+        row_total = scores[h, 0]
+        for t in range(1, num_keys):
+            row_total += scores[h, t]
         best[h], total[h] = top, row_total
         acc[h, :] = 0
-    for t in range(num_keys):
-        pos = first + t
-        slot = block_table[pos // block_size] * block_size + pos % block_size
-        for h in range(num_heads):
-            value = v_cache[slot, h // group]
-            p = scores[h, t]
-            for d in range(head_dim):
-                acc[h, d] += p * value[d]
+    pos = first
+    while pos < last:
+        num = min(block_size - pos % block_size, last - pos)
+        values = load_block(v_data, v_scales, block_table[pos // block_size] * block_size + pos % block_size, num,
+                            scratch)
+        for kv in range(num_kv_heads):
+            _block_values(scores, values, kv, group, acc, pos - first)
+        pos += num
 
 
 @serial
 def _decode_parts(query_start, seq_lens, window):  # pragma: no cover - compiled
     """The work items of `_paged_attention`: sequence s owns items first_item[s] ..
     first_item[s + 1] - 1, and item i belongs to sequence item_seq[i]. A decode (one query) gets
-    one item per DECODE_PART keys it sees (its context, or its window), any other sequence one
+    `_num_parts` items over the keys it sees (its context, or its window), any other sequence one
     item. (Serial: inside a
     parallel function numba would run each of these array operations as a parallel region.)"""
     num_seqs = seq_lens.shape[0]
@@ -179,7 +246,7 @@ def _decode_parts(query_start, seq_lens, window):  # pragma: no cover - compiled
     for s in range(num_seqs):
         decode = query_start[s + 1] - query_start[s] == 1
         num_keys = seq_lens[s] if window is None else min(seq_lens[s], window)
-        first_item[s + 1] = first_item[s] + ((num_keys + DECODE_PART - 1) // DECODE_PART if decode else 1)
+        first_item[s + 1] = first_item[s] + (_num_parts(num_keys) if decode else 1)
     item_seq = np.empty(first_item[num_seqs], dtype=np.int64)
     for s in range(num_seqs):
         for i in range(first_item[s], first_item[s + 1]):
@@ -218,21 +285,22 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
     """Work items (`_decode_parts`) spread over threads: a decode (one query) is one item per
     DECODE_PART keys it sees (the last `window` of its context), combined afterwards; a sequence
     with 2 .. `max_queries` queries is one item (`_attend_tile`). Sequences with more queries are
-    left to the caller.
+    left to the caller. k_cache and v_cache: (data, scales) as kv_read.cache_arrays gives them.
 
     window and softcap are None or a number: compiled apart, so that without them (numba prunes
     the branches on a None argument) the loops are the plain causal ones."""
     num_items = item_seq.shape[0]
-    acc = np.empty((num_items, q.shape[1], q.shape[2]), dtype=k_cache.dtype)
-    best = np.empty((num_items, q.shape[1]), dtype=k_cache.dtype)
-    total = np.empty((num_items, q.shape[1]), dtype=k_cache.dtype)
+    acc = np.empty((num_items, q.shape[1], q.shape[2]), dtype=q.dtype)
+    best = np.empty((num_items, q.shape[1]), dtype=q.dtype)
+    total = np.empty((num_items, q.shape[1]), dtype=q.dtype)
     for item in prange(num_items):
         s = item_seq[item]
         num_queries = query_start[s + 1] - query_start[s]
         if num_queries == 1:
             first = (0 if window is None else max(0, seq_lens[s] - window)) + (item - first_item[s]) * DECODE_PART
-            _attend_keys(q[query_start[s]], k_cache, v_cache, block_tables[s], block_size, first,
-                         min(seq_lens[s], first + DECODE_PART), scale, softcap, acc[item], best[item], total[item])
+            last = seq_lens[s] if item == first_item[s + 1] - 1 else first + DECODE_PART   # the last part: the rest
+            _attend_keys(q[query_start[s]], k_cache, v_cache, block_tables[s], block_size, first, last, scale,
+                         softcap, acc[item], best[item], total[item])
         elif num_queries <= max_queries:
             _attend_tile(q, k_cache, v_cache, block_tables[s], block_size, query_start[s], num_queries,
                          seq_lens[s] - num_queries, scale, window, softcap, out)
@@ -259,15 +327,14 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     Options as reference.paged_attention's; a window bounds every query's keys, so a decode with
     one costs O(window) and blocks wholly before it are never read."""
     check_attention_options(scale, sliding_window, softcap)
-    if isinstance(k_cache, kv_dtype.PackedKV):   # the step's blocks widened to q's dtype, tables renumbered
-        k_cache, v_cache, meta = widen_step(k_cache, v_cache, meta, q.dtype)
     dtype = q.dtype.type
     window = None if sliding_window is None else int(sliding_window)
     parts = meta.kernel_cache.get(f"decode_parts {window}")
     if parts is None:   # the same for every layer of the step with this window
         parts = meta.kernel_cache[f"decode_parts {window}"] = _decode_parts(meta.query_start, meta.seq_lens, window)
-    _paged_attention(q, k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables, meta.block_size,
-                     MAX_BATCHED_QUERY_LEN, dtype(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), window,
+    _paged_attention(q, cache_arrays(k_cache), cache_arrays(v_cache), meta.query_start, meta.seq_lens,
+                     meta.block_tables, meta.block_size, MAX_BATCHED_QUERY_LEN,
+                     dtype(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), window,
                      None if softcap is None else dtype(softcap), *parts, out)
     if len(meta.long_seqs):
         _attend_long_chunks(q, k_cache, v_cache, meta, out,

@@ -11,3 +11,5 @@ FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
 
 serial = njit(cache=True, nogil=True, fastmath=FASTMATH)
 parallel = njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
+# No fast-math at all: for kernels whose results must be numpy's bit for bit (divisions, rounding).
+exact = njit(cache=True, nogil=True)
