@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 
 import httpx
 import pytest
@@ -111,7 +112,23 @@ def test_the_page_and_its_files_load_without_console_errors(live, open_page):
     assert httpx.get(live.url + "/static/missing.js").status_code == 404
 
 
-def test_a_chat_message_streams_its_reply_with_ttft_and_tokens_per_second(live, open_page):
+def paced(monkeypatch, engine, seconds: float) -> None:
+    """Each engine step sleeps `seconds` after it: the event loop then gets its turn between steps,
+    as it does with a real model's steps. Without it a loaded machine may hand the random model's
+    whole reply to the reader at once, its outputs coalesced (RequestStream), and a test of
+    streaming would measure the machine's load."""
+    step = engine.engine.step
+
+    def slow_step():
+        outputs = step()
+        time.sleep(seconds)
+        return outputs
+
+    monkeypatch.setattr(engine.engine, "step", slow_step)
+
+
+def test_a_chat_message_streams_its_reply_with_ttft_and_tokens_per_second(live, open_page, monkeypatch):
+    paced(monkeypatch, live.engine, 0.01)
     view = open_page()
     view.page.goto(live.url + "/")
     view.page.fill("#system-prompt", "Be brief.")
