@@ -8,6 +8,7 @@
     quant_bench      the linear layers alone, quantized vs float32
     quant_speed      quantized serving speed next to float32 and llama-server
     quant_accuracy   what quantization costs in logits, greedy agreement and perplexity
+    kv_agreement     greedy agreement of each KV cache dtype with float32 K/V on 80 prompts
     serve/           the serving benchmark against OpenAI-compatible servers (`python -m bench.serve`)
     update_readme    README.md's benchmark section from results/*.json
 

@@ -158,8 +158,9 @@ class EngineArgs:
                                                                       "is kept)")
     tensor_parallel_size: int = knob(1, "must be 1: the engine is one CPU process")
     kv_cache_dtype: str = knob(CacheConfig.kv_cache_dtype, "K/V storage: auto (the model's dtype); fp16/float16, "
-                                                           "bf16/bfloat16 or int8 (a float32 scale per token, "
-                                                           "KV head and 32 values) on the numpy/numba kernels; "
+                                                           "bf16/bfloat16 or int8 (turned by a Hadamard matrix; "
+                                                           "a float32 scale per token, KV head and 16 values) "
+                                                           "on the numpy/numba kernels; "
                                                            "fp8/fp8_e4m3 (float8, no scale) on torch/cuda")
     trust_remote_code: bool = knob(False, "accepted for vLLM's scripts; no model code is ever run",
                                    ignored="vllmlite never runs model code")

@@ -23,7 +23,7 @@ def python_files(folder: str) -> list[Path]:
 
 MODULES = ["bench.bench", "bench.measure", "bench.report", "bench.static_batching", "bench.workload",
            "bench.update_readme", "bench.spec_bench", "bench.step_bench", "bench.quant_bench", "bench.quant_speed",
-           "bench.quant_accuracy", "bench.serve", "bench.serve.benchmark", "bench.serve.client",
+           "bench.quant_accuracy", "bench.kv_agreement", "bench.serve", "bench.serve.benchmark", "bench.serve.client",
            "bench.serve.metrics", "bench.serve.targets", "bench.serve.merge", "bench.serve.plot",
            "bench.soak", "bench.soak_client", "bench.slow_readers", "bench.grammar_bench",
            "bench.grammar_backends", "bench.grammar_adapters", "bench.trace_overhead", "bench.route_sim",

@@ -10,18 +10,28 @@ for int8, `scales` [num_slots, kv_heads, groups] float32, indexed by the same sl
   int8  symmetric, one float32 scale per (token, KV head, group of INT8_GROUP elements of head_dim,
         or the whole head when head_dim is no multiple of it): scale = max |x| over the group / 127,
         q = rint(x / scale) in [-127, 127], read as q * scale, so |x - read| <= scale / 2 per element.
-        Groups of 32, as llama.cpp's Q8_0: with one scale per head (64 elements in SmolLM2), a few
-        large channels of K set the step for all, and 8 of 13 greedy continuations stayed identical
-        to float32 K/V's on the default model; with groups of 32, 10 of 13 (groups of 16: 9, noise
-        on a measure this sensitive; results/kv_cache_dtype_accuracy.json has the rest).
+        Groups of 16 (half llama.cpp's Q8_0 blocks), of K and V turned as below: on the default model,
+        32-token greedy continuations of 80 prompts identical to float32 K/V's (`python -m
+        bench.kv_agreement`, results/kv_agreement.json): groups of 32 unturned 59, turned 67, groups
+        of 16 turned 73, groups of 64 turned 64. On the 13 parity prompts alone one prompt is 8% and
+        float rounding moves it: groups of 32 scored 10, and 12 turned in a first try whose q R was
+        rounded otherwise.
+
+int8 stores K and V turned by an orthogonal matrix R over head_dim (`rotation`: a normalized
+Hadamard matrix, or its blocks where head_dim is no power of two), as QuaRot does for its 4-bit
+caches: a channel far larger than the rest is spread over all of them, so the group scales step
+finer. Attention does not change under a rotation of q, K and V together: the backends' write_kv
+stores k R and v R (`storing`), their paged_attention attends with q R and turns the output back
+by R^T (`attending`), and the kernels in between are the ones every dtype uses. So a PackedKV's
+int8 values are k R, not k.
 
 Why per token (and head and group), not per block: a token's stored K/V depends on that token alone. A write
 never touches earlier tokens (no requantizing a block's earlier tokens when a larger value comes,
 which would change K/V earlier steps already attended to, and make the cache depend on how a prompt
 was chunked), so prefix caching, recompute after preemption and chunked prefill all store the same
 bytes, and copy-on-write and swaps copy the scales with their slots (`copy_slots`). The cost is
-4 bytes per (token, KV head, group) for K and for V: with head_dim 64, 72 bytes against float32's
-256 (3.56x smaller), and the same ratio at 128; `kv_bytes_per_token` counts them.
+4 bytes per (token, KV head, group) for K and for V: with head_dim 64, 80 bytes against float32's
+256 (3.2x smaller), and the same ratio at 128; `kv_bytes_per_token` counts them.
 
 Reading: the reference gathers a group's blocks and widens them (`gather_blocks`); the numba
 backend's attention kernels widen each block as they reach it, into scratch that stays in cache
@@ -39,6 +49,8 @@ except the half dtype it computes in, which is what auto stores) and `fp8`, whic
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 STORAGE = {"fp16": np.float16, "bf16": np.uint16, "int8": np.int8}
@@ -46,7 +58,7 @@ BACKEND_KINDS = {"fp8": 1}   # kinds stored as the backend's own arrays (not Pac
 FP8_MAX = 448.0   # e4m3's largest finite value: fp8 clips to it
 SCALE_BYTES = 4   # one float32 scale per (token, KV head, group), int8 only
 INT8_MAX = 127
-INT8_GROUP = 32   # elements of head_dim sharing one int8 scale
+INT8_GROUP = 16   # elements of head_dim sharing one int8 scale
 
 
 def int8_groups(head_dim: int) -> int:
@@ -136,6 +148,54 @@ def copy_slots(src: PackedKV, dst: PackedKV, src_slots: np.ndarray, dst_slots: n
     dst.data[dst_slots] = src.data[src_slots]
     if src.scales is not None:
         dst.scales[dst_slots] = src.scales[src_slots]
+
+
+@functools.cache
+def rotation(head_dim: int, dtype=np.float32) -> np.ndarray | None:
+    """The orthogonal R [head_dim, head_dim] int8 K/V are stored under: Sylvester's Hadamard matrix
+    over 1/sqrt(n), n the largest power of two dividing head_dim (block diagonal if n < head_dim);
+    None where n is 1 (odd head_dim: stored unturned)."""
+    n = head_dim & -head_dim
+    if n == 1:
+        return None
+    block = np.ones((1, 1))
+    while len(block) < n:
+        block = np.block([[block, block], [block, -block]])
+    return np.kron(np.eye(head_dim // n), block / np.sqrt(n)).astype(dtype)
+
+
+def _turn(x: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+    """x [..., head_dim] @ matrix, as one product over all of x's rows."""
+    return (x.reshape(-1, x.shape[-1]) @ matrix).reshape(x.shape)
+
+
+def _rotated(cache, x: np.ndarray) -> np.ndarray | None:
+    """R in x's dtype if `cache` stores turned K/V (int8), else None."""
+    return rotation(x.shape[-1], x.dtype.type) if isinstance(cache, PackedKV) and cache.kind == "int8" else None
+
+
+def storing(write_kv):
+    """A backend's write_kv that stores k R and v R in an int8 cache (module docstring)."""
+    @functools.wraps(write_kv)
+    def write(k_cache, v_cache, k, v, slot_mapping) -> None:
+        matrix = _rotated(k_cache, k)
+        if matrix is not None:
+            k, v = _turn(k, matrix), _turn(v, matrix)
+        write_kv(k_cache, v_cache, k, v, slot_mapping)
+    return write
+
+
+def attending(paged_attention):
+    """A backend's paged_attention over an int8 cache: with q R, its output turned back by R^T."""
+    @functools.wraps(paged_attention)
+    def attend(q, k_cache, v_cache, meta, out, **options) -> None:
+        matrix = _rotated(k_cache, q)
+        if matrix is None:
+            paged_attention(q, k_cache, v_cache, meta, out, **options)
+            return
+        paged_attention(_turn(q, matrix), k_cache, v_cache, meta, out, **options)
+        out[...] = _turn(out, matrix.T)
+    return attend
 
 
 def gather_blocks(cache, block_ids: np.ndarray, block_size: int, dtype) -> np.ndarray:

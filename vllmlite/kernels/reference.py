@@ -106,6 +106,7 @@ def softcap(x: np.ndarray, cap: float) -> None:
     x *= cap
 
 
+@kv_dtype.storing
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
              slot_mapping: np.ndarray) -> None:
     """Store this step's keys and values: caches [num_slots, kv_heads, head_dim], k/v [tokens, ...];
@@ -117,6 +118,7 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
     v_cache[slot_mapping] = v
 
 
+@kv_dtype.attending
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
                     out: np.ndarray, *, scale: float | None = None, sliding_window: int | None = None,
                     softcap: float | None = None) -> None:

@@ -12,7 +12,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from vllmlite.kernels import blas
+from vllmlite.kernels import blas, kv_dtype
 from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionMetadata, check_attention_options
 from vllmlite.kernels.numba.fast_exp import exp_shifted
 from vllmlite.kernels.numba.jit import parallel, serial
@@ -307,6 +307,7 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
     _combine_parts(query_start, first_item, acc, best, total, out)
 
 
+@kv_dtype.attending
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
                     out: np.ndarray, *, scale: float | None = None, sliding_window: int | None = None,
                     softcap: float | None = None) -> None:

@@ -163,6 +163,7 @@ def _write_int8(data, scales, x, slot_mapping):  # pragma: no cover - compiled
                     data[slot, h, d] = np.int8(min(max(level, -kv_dtype.INT8_MAX), kv_dtype.INT8_MAX))
 
 
+@kv_dtype.storing
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
              slot_mapping: np.ndarray) -> None:
     if isinstance(k_cache, kv_dtype.PackedKV):   # int8 compiled (its numpy took ~5 ms a decode step); halves in numpy
