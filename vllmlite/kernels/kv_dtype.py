@@ -23,7 +23,8 @@ caches: a channel far larger than the rest is spread over all of them, so the gr
 finer. Attention does not change under a rotation of q, K and V together: the backends' write_kv
 stores k R and v R (`storing`), their paged_attention attends with q R and turns the output back
 by R^T (`attending`), and the kernels in between are the ones every dtype uses. So a PackedKV's
-int8 values are k R, not k.
+int8 values are k R, not k. The four 64 x 64 products cost a 32 x 512 decode step of the default
+model about 4 ms, 6% of its matrix products' time (results/kv_rotation_step.json).
 
 Why per token (and head and group), not per block: a token's stored K/V depends on that token alone. A write
 never touches earlier tokens (no requantizing a block's earlier tokens when a larger value comes,
