@@ -24,10 +24,9 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 # isort: split
 import numpy as np
 
+from bench.quant_accuracy import PreloadedLLM
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
-from vllmlite import LLM, SamplingParams
-from vllmlite.config import CacheConfig, EngineConfig, SchedulerConfig
-from vllmlite.engine.llm_engine import LLMEngine
+from vllmlite import SamplingParams
 from vllmlite.kernels import kv_dtype
 from vllmlite.models.loader import LoadedModel, load_model
 
@@ -43,6 +42,8 @@ QUESTIONS = [
 ]
 NUM_WINDOWS = 60
 MAX_TOKENS = 32
+MAX_MODEL_LEN = 448   # the longest prompt (299 tokens) and its continuation fit
+NUM_BLOCKS = 2048     # of 16 tokens: every prompt of the batch at once
 ROWS = ("fp16", "bf16", "int8", "int8 unturned")
 
 
@@ -61,11 +62,7 @@ def prompts_of(loaded: LoadedModel) -> list[list[int]]:
 
 
 def continuations(loaded: LoadedModel, prompts: list[list[int]], kv_cache_dtype: str) -> list[list[int]]:
-    config = EngineConfig(dtype="float32", cache=CacheConfig(block_size=16, num_blocks=2048,
-                                                            kv_cache_dtype=kv_cache_dtype),
-                          scheduler=SchedulerConfig(max_model_len=448))
-    llm = LLM.__new__(LLM)   # an LLM over the model already loaded (as bench.quant_accuracy's PreloadedLLM)
-    llm.engine, llm._next_id = LLMEngine(config, loaded), 0
+    llm = PreloadedLLM(loaded, "none", MAX_MODEL_LEN, kv_cache_dtype, num_blocks=NUM_BLOCKS)   # the whole batch at once
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                            SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outputs]

@@ -69,12 +69,13 @@ QUICK_ROWS = ("none", "int4 rounded from float32")
 
 class PreloadedLLM(LLM):
     """An LLM on a model already in memory (LLM() loads its own), with a KV cache for one
-    sequence of max_model_len tokens."""
+    sequence of max_model_len tokens unless num_blocks says more."""
 
     def __init__(self, loaded: LoadedModel, quantization: str, max_model_len: int, kv_cache_dtype: str = "auto",
-                 int_dot: bool = False) -> None:
+                 int_dot: bool = False, num_blocks: int | None = None) -> None:
+        num_blocks = num_blocks or ceil_div(max_model_len, BLOCK_SIZE)
         config = EngineConfig(dtype="float32", quantization=quantization, int_dot=int_dot,
-                              cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=ceil_div(max_model_len, BLOCK_SIZE),
+                              cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=num_blocks,
                                                 kv_cache_dtype=kv_cache_dtype),
                               scheduler=SchedulerConfig(max_model_len=max_model_len))
         self.engine = LLMEngine(config, loaded)
