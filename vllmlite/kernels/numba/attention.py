@@ -16,7 +16,7 @@ from vllmlite.kernels import blas, kv_dtype
 from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionMetadata, check_attention_options
 from vllmlite.kernels.numba.fast_exp import exp_shifted
 from vllmlite.kernels.numba.jit import parallel, serial
-from vllmlite.kernels.numba.kv_read import block_scratch, cache_arrays, load_block
+from vllmlite.kernels.numba.kv_read import block_scratch, cache_arrays, load_block, prefetch_block
 from vllmlite.kernels.prefill_attention import prepare_chunk
 
 
@@ -55,6 +55,9 @@ def _attend_tile(q, k_cache, v_cache, block_table, block_size, row0, num_queries
         base = block_table[b] * block_size                              # the block's first slot
         first_pos = b * block_size
         num_keys = min(block_size, last_pos - first_pos + 1)
+        if b < last_pos // block_size:   # the next block on its way
+            prefetch_block(k_data, k_scales, block_table[b + 1] * block_size, block_size)
+            prefetch_block(v_data, v_scales, block_table[b + 1] * block_size, block_size)
         keys = load_block(k_data, k_scales, base, num_keys, scratch)
         # Key t of the block is seen by the rows of queries at or after its position (causal) and
         # before its position + window; the other rows get -inf, so exp gives them 0.
@@ -181,6 +184,12 @@ def _block_values(scores, values, kv, group, acc, t0):  # pragma: no cover - com
 
 
 @serial
+def _run(block_table, block_size, pos, last):  # pragma: no cover - compiled
+    """(first slot, length) of the keys from pos to the end of its block or to last - 1."""
+    return block_table[pos // block_size] * block_size + pos % block_size, min(block_size - pos % block_size, last - pos)
+
+
+@serial
 def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scale, softcap, acc, best,
                  total):  # pragma: no cover - compiled
     """One query q [heads, head_dim] (a decode) over keys first .. last - 1 of its sequence, read in
@@ -202,9 +211,12 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
     scratch = block_scratch(q, block_size, num_kv_heads)
     pos = first
     while pos < last:   # the keys, a block (or the part of one in first .. last - 1) at a time
-        num = min(block_size - pos % block_size, last - pos)
-        keys = load_block(k_data, k_scales, block_table[pos // block_size] * block_size + pos % block_size, num,
-                          scratch)
+        slot, num = _run(block_table, block_size, pos, last)
+        if pos + num < last:   # the next block's keys, else the first values, on their way
+            prefetch_block(k_data, k_scales, *_run(block_table, block_size, pos + num, last))
+        else:
+            prefetch_block(v_data, v_scales, *_run(block_table, block_size, first, last))
+        keys = load_block(k_data, k_scales, slot, num, scratch)
         for kv in range(num_kv_heads):
             _block_scores(qs, keys, kv, group, scores, pos - first)
         pos += num
@@ -225,9 +237,10 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
         acc[h, :] = 0
     pos = first
     while pos < last:
-        num = min(block_size - pos % block_size, last - pos)
-        values = load_block(v_data, v_scales, block_table[pos // block_size] * block_size + pos % block_size, num,
-                            scratch)
+        slot, num = _run(block_table, block_size, pos, last)
+        if pos + num < last:
+            prefetch_block(v_data, v_scales, *_run(block_table, block_size, pos + num, last))
+        values = load_block(v_data, v_scales, slot, num, scratch)
         for kv in range(num_kv_heads):
             _block_values(scores, values, kv, group, acc, pos - first)
         pos += num
