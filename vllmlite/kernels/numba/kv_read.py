@@ -18,7 +18,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-from vllmlite.kernels.kv_dtype import INT8_GROUP, PackedKV
+from vllmlite.kernels.kv_dtype import PackedKV
 from vllmlite.kernels.numba.jit import serial
 
 _FP16_RESCALE = np.float32(2.0 ** 112)   # fp16's exponent bias 15 -> float32's 127
@@ -36,10 +36,8 @@ def cache_arrays(cache) -> tuple[np.ndarray, np.ndarray | None]:
 @serial
 def block_scratch(like, num_slots, num_kv_heads):  # pragma: no cover - compiled
     """`load_block`'s scratch for up to num_slots slots of vectors as long and of the dtype of like's
-    last axis: (values [num_slots, num_kv_heads, head_dim], bits [num_slots * num_kv_heads * head_dim] uint32)."""
-    head_dim = like.shape[-1]
-    values = np.empty((num_slots, num_kv_heads, head_dim), like.dtype)
-    return values, np.empty(num_slots * num_kv_heads * head_dim, np.uint32)
+    last axis: [num_slots, num_kv_heads, head_dim]."""
+    return np.empty((num_slots, num_kv_heads, like.shape[-1]), like.dtype)
 
 
 @intrinsic
@@ -72,10 +70,9 @@ def prefetch_block(data, scales, first, num):  # pragma: no cover - compiled
 
 
 def load_block(data, scales, first, num, scratch):
-    """data[first:first + num] widened: [num, num_kv_heads, head_dim] in scratch[0]'s dtype; a plain
-    cache's own slots, unwidened. The slots of one block are contiguous, so each widening is one
-    long loop (per-vector loops of 32 or 64 values ran at a fraction of the vector units' speed).
-    Compiled only (the overload below); scratch is `block_scratch`'s."""
+    """data[first:first + num] widened: [num, num_kv_heads, head_dim] in scratch's dtype; a plain
+    cache's own slots, unwidened. The slots of one block are contiguous, so they widen as one run
+    of vectors (`_widen_lanes`). Compiled only (the overload below); scratch is `block_scratch`'s."""
     raise NotImplementedError("compiled only")
 
 
@@ -83,40 +80,49 @@ def _plain(data, scales, first, num, scratch):  # pragma: no cover - compiled
     return data[first:first + num]
 
 
+LANES = 16   # values a widening handles at once: an int8 group (kv_dtype.INT8_GROUP), an AVX-512 register of float32
+
+
 @intrinsic
-def _widen_group(typingctx, values, index, scale, out):
-    """out[index:index + INT8_GROUP] = values[index:index + INT8_GROUP] * scale, as vectors: a load
-    of the group's bytes, sign extension, conversion and a float32 product with the scale in every
-    lane (as kv_dtype.decode), widened to out's dtype, one store. Loops over a group (its length a
-    constant or not) compiled to scalar code, or to vectors whose setup outweighed 16 elements."""
+def _widen_lanes(typingctx, values, index, scale, out):
+    """out[index:index + LANES] = values[index:index + LANES] widened as vectors: a load, the
+    widening of values' storage dtype (int8: sign extension and conversion, then a float32 product
+    with the scale in every lane, as kv_dtype.decode; bf16's bits (uint16) put on top of 16 zero
+    bits; fp16's bits (int16) converted by the CPU's half-to-float instruction, exact for every
+    half, subnormals and infinities included), then out's dtype, one store. The scalar loops these
+    replace compiled to scalar code, or to vectors whose setup outweighed a group of 16."""
     def codegen(context, builder, signature, args):
         source = context.make_array(signature.args[0])(context, builder, args[0]).data
         target = context.make_array(signature.args[3])(context, builder, args[3]).data
-        lane_type = context.get_value_type(signature.args[3].dtype)
-        floats = ir.VectorType(ir.FloatType(), INT8_GROUP)
-        packed = builder.load(builder.bitcast(builder.gep(source, [args[1]]),
-                                              ir.VectorType(ir.IntType(8), INT8_GROUP).as_pointer()), align=1)
-        widened = builder.sitofp(builder.sext(packed, ir.VectorType(ir.IntType(32), INT8_GROUP)), floats)
-        lane = builder.insert_element(ir.Constant(floats, ir.Undefined), args[2], ir.Constant(ir.IntType(32), 0))
-        splat = builder.shuffle_vector(lane, lane, ir.Constant(ir.VectorType(ir.IntType(32), INT8_GROUP),
-                                                               [0] * INT8_GROUP))
-        product = builder.fmul(widened, splat)
+        storage, lane_type = signature.args[0].dtype, context.get_value_type(signature.args[3].dtype)
+        ints = ir.VectorType(ir.IntType(32), LANES)
+        floats = ir.VectorType(ir.FloatType(), LANES)
+        stored = ir.VectorType(ir.IntType(8 * storage.bitwidth // 8), LANES)
+        packed = builder.load(builder.bitcast(builder.gep(source, [args[1]]), stored.as_pointer()), align=1)
+        if storage == types.int8:
+            lane = builder.insert_element(ir.Constant(floats, ir.Undefined), args[2], ir.Constant(ir.IntType(32), 0))
+            splat = builder.shuffle_vector(lane, lane, ir.Constant(ints, [0] * LANES))
+            widened = builder.fmul(builder.sitofp(builder.sext(packed, ints), floats), splat)
+        elif storage == types.uint16:
+            widened = builder.bitcast(builder.shl(builder.zext(packed, ints), ir.Constant(ints, [16] * LANES)), floats)
+        else:
+            widened = builder.fpext(builder.bitcast(packed, ir.VectorType(ir.HalfType(), LANES)), floats)
         if lane_type != ir.FloatType():
-            product = builder.fpext(product, ir.VectorType(lane_type, INT8_GROUP))
-        builder.store(product, builder.bitcast(builder.gep(target, [args[1]]), product.type.as_pointer()), align=4)
+            widened = builder.fpext(widened, ir.VectorType(lane_type, LANES))
+        builder.store(widened, builder.bitcast(builder.gep(target, [args[1]]), widened.type.as_pointer()), align=4)
         return context.get_dummy_value()
     return types.void(values, index, types.float32, out), codegen
 
 
 def _int8(data, scales, first, num, scratch):  # pragma: no cover - compiled
-    """A group of INT8_GROUP values as one vector (`_widen_group`); a whole head's group (a
+    """A group of INT8_GROUP values as one vector (`_widen_lanes`); a whole head's group (a
     head_dim no multiple of it) in a loop. In float32, as kv_dtype.decode."""
-    out = scratch[0][:num]
+    out = scratch[:num]
     values, group_scales, flat = data[first:first + num].ravel(), scales[first:first + num].ravel(), out.ravel()
     group = values.shape[0] // group_scales.shape[0]
-    if group == INT8_GROUP:
+    if group == LANES:
         for g in range(group_scales.shape[0]):
-            _widen_group(values, g * INT8_GROUP, group_scales[g], flat)
+            _widen_lanes(values, g * LANES, group_scales[g], flat)
         return out
     for g in range(group_scales.shape[0]):
         scale = group_scales[g]
@@ -125,35 +131,48 @@ def _int8(data, scales, first, num, scratch):  # pragma: no cover - compiled
     return out
 
 
-def _bf16(data, scales, first, num, scratch):  # pragma: no cover - compiled
-    out = scratch[0][:num]
+def _halves(data, scales, first, num, scratch):  # pragma: no cover - compiled
+    """bf16 or fp16 (values' dtype says which), LANES at a time (`_widen_lanes`), the rest one by
+    one as the scalar `_half`."""
+    out = scratch[:num]
     values, flat = data[first:first + num].ravel(), out.ravel()
-    bits = scratch[1][:values.shape[0]]
-    for i in range(values.shape[0]):
-        bits[i] = np.uint32(values[i]) << np.uint32(16)
-    floats = bits.view(np.float32)
-    for i in range(values.shape[0]):
-        flat[i] = floats[i]
+    whole = values.shape[0] - values.shape[0] % LANES
+    for i in range(0, whole, LANES):
+        _widen_lanes(values, i, np.float32(1), flat)
+    for i in range(whole, values.shape[0]):
+        flat[i] = _half(values[i])
     return out
 
 
-def _fp16(data, scales, first, num, scratch):  # pragma: no cover - compiled
-    """Exponent and mantissa moved to float32's places, then scaled by 2^112 in float arithmetic,
-    which rebiases normals and makes subnormals normal, exactly; then inf and NaN (exponent all
-    ones) and the sign."""
-    out = scratch[0][:num]
-    values, flat = data[first:first + num].ravel(), out.ravel()
-    bits = scratch[1][:values.shape[0]]
-    for i in range(values.shape[0]):
-        bits[i] = np.uint32(np.uint16(values[i]) & np.uint16(0x7FFF)) << np.uint32(13)
-    floats = bits.view(np.float32)
-    for i in range(values.shape[0]):
-        half = np.uint16(values[i])
-        x = floats[i] * _FP16_RESCALE
+@intrinsic
+def _float_of_bits(typingctx, bits):
+    """The float32 whose bits are the uint32 `bits`."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.uint32), codegen
+
+
+def _half(bits):
+    raise NotImplementedError("compiled only")
+
+
+@overload(_half, jit_options={"fastmath": {"contract", "arcp"}})
+def _half_overload(bits):
+    """One bf16 (uint16 bits) or fp16 (int16 bits) value as float32. fp16: exponent and mantissa
+    moved to float32's places, then scaled by 2^112 in float arithmetic, which rebiases normals
+    and makes subnormals normal, exactly; then inf and NaN (exponent all ones) and the sign."""
+    if bits == types.uint16:
+        def bf16(bits):  # pragma: no cover - compiled
+            return _float_of_bits(np.uint32(bits) << np.uint32(16))
+        return bf16
+
+    def fp16(bits):  # pragma: no cover - compiled
+        half = np.uint16(bits)
+        x = _float_of_bits(np.uint32(half & np.uint16(0x7FFF)) << np.uint32(13)) * _FP16_RESCALE
         if half & np.uint16(0x7C00) == np.uint16(0x7C00):
             x = np.float32(np.inf) if half & np.uint16(0x3FF) == 0 else np.float32(np.nan)
-        flat[i] = -x if half & np.uint16(0x8000) else x
-    return out
+        return -x if half & np.uint16(0x8000) else x
+    return fp16
 
 
 @overload(load_block, jit_options={"fastmath": {"contract", "arcp"}})   # no "nsz": fp16's -0 stays -0
@@ -162,4 +181,4 @@ def _load_block(data, scales, first, num, scratch):
     kind = data.dtype
     if isinstance(kind, types.Float):
         return _plain
-    return {types.int8: _int8, types.uint16: _bf16, types.int16: _fp16}[kind]
+    return _int8 if kind == types.int8 else _halves
