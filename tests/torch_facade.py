@@ -26,7 +26,7 @@ def triton_interpreted_without_a_gpu() -> bool:
 
 
 OPS = ("linear", "rms_norm", "add_rms_norm", "rope", "silu_and_mul", "gelu_tanh_and_mul", "softcap", "write_kv",
-       "paged_attention", "moe")
+       "rope_and_write_kv", "paged_attention", "moe")
 
 
 class NumpyFacade:

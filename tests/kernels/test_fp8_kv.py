@@ -129,6 +129,34 @@ def test_block_copies_and_swaps_move_the_bytes(device):
         assert (dst.float()[[1, 2, 3]] == 0).all()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_and_write_kv_stores_what_rope_then_write_kv_store(device):
+    """The fused kernel into fp8 caches (clipped, rounded to nearest even, as write_kv's), in bfloat16
+    and float32: the same bytes and the same rotated queries as the two kernels one after the other."""
+    rng = np.random.default_rng(8)
+    for dtype in ("float32", "bfloat16"):
+        backend = backend_on(device, triton=True, dtype=dtype)
+        qk = backend.to_device(300 * rng.standard_normal((5, 6, 64)).astype(np.float32))   # some clip at 448
+        value = backend.to_device(300 * rng.standard_normal((5, 2, 64)).astype(np.float32))
+        angles = rng.uniform(0, 100, (50, 32))
+        cos, sin = (backend.to_device(f(angles).astype(np.float32)) for f in (np.cos, np.sin))
+        positions, slots = backend.to_device(np.array([3, 49, 0, 7, 7])), backend.to_device(np.array([9, 0, 31, 4, 12]))
+        caches = []
+        for fused in (True, False):
+            x = qk.clone()
+            k_cache, v_cache = (backend.zeros((32, 2, 64), "fp8") for _ in "kv")
+            if fused:
+                backend.rope_and_write_kv(x, value, positions, cos, sin, k_cache, v_cache, slots)
+            else:
+                backend.rope(x, positions, cos, sin)
+                backend.write_kv(k_cache, v_cache, x[:, 4:], value, slots)
+            caches.append([t.view(torch.uint8).cpu() if t.dtype == torch.float8_e4m3fn else t.cpu()
+                           for t in (x, k_cache, v_cache)])
+        for fused, separate in zip(*caches):
+            assert torch.equal(fused, separate)
+        assert caches[0][1].any()
+
+
 def test_fp8_costs_one_byte_an_element():
     assert kv_dtype.kv_bytes_per_token(30, 3, 64, "fp8", 4) == 2 * 30 * 3 * 64
     assert kv_dtype.kv_bytes_per_token(30, 3, 64, "fp8", 2) * 2 == kv_dtype.kv_bytes_per_token(30, 3, 64, "auto", 2)

@@ -215,6 +215,29 @@ def test_write_kv_from_strided_views(kernels, dtype):
     assert np.count_nonzero(k_cache.any(axis=(1, 2))) == len(slots)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_and_write_kv_is_rope_then_the_rotated_keys_written(kernels, dtype):
+    """The fused op (one Triton kernel on torch): queries and keys rotated in place as rope's, the
+    cache's slots holding exactly the rotated keys and the values, no other slot touched."""
+    rng = np.random.default_rng(5)
+    head_dim, max_positions, tokens = 64, 300, 6
+    angles = rng.uniform(0, 100, (max_positions, head_dim // 2))
+    cos, sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    positions = rng.integers(0, max_positions, tokens)
+    qkv, _, _, v = qkv_views(rng, tokens, 9, 3, head_dim, dtype)
+    qk = qkv[:, :12 * head_dim].reshape(tokens, 12, head_dim)
+    expected, untouched_v = qk.copy(), v.copy()
+    REFERENCE.rope(expected, positions, cos, sin)
+    k_cache, v_cache = np.zeros((40, 3, head_dim), dtype), np.zeros((40, 3, head_dim), dtype)
+    slots = np.array([33, 2, 17, 16, 5, 39])
+    kernels.rope_and_write_kv(qk, v, positions, cos, sin, k_cache, v_cache, slots)
+    np.testing.assert_allclose(qk, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    np.testing.assert_array_equal(k_cache[slots], qk[:, 9:])
+    np.testing.assert_array_equal(v_cache[slots], v)
+    np.testing.assert_array_equal(v, untouched_v)
+    assert np.count_nonzero(k_cache.any(axis=(1, 2))) == np.count_nonzero(v_cache.any(axis=(1, 2))) == len(slots)
+
+
 BATCH = [(1, 700), (200, 200), (1, 1), (37, 300), (1, 129), (16, 16), (4, 515), (130, 650)]
 
 

@@ -90,7 +90,7 @@ def test_multi_token_queries_and_prefill_chunks_are_causal(device, heads, kv_hea
 @pytest.mark.parametrize("query_lens,seq_lens", [([1], [1100]), ([1, 1, 3], [1, 1030, 129]), ([1, 20], [2000, 30])])
 def test_contexts_split_across_programs_combine_to_the_same_attention(device, query_lens, seq_lens):
     """Few sequences on a device of many multiprocessors: the context is cut into splits whose
-    partial softmax states a second kernel combines (some splits hold no key of a short sequence)."""
+    partial softmax states the last split combines (some splits hold no key of a short sequence)."""
     error, got = run(device, query_lens, seq_lens, 16, 8, 2, 64, num_sms=64)
     assert not np.isnan(got).any() and error < 1e-5
 
@@ -196,6 +196,17 @@ def test_a_plan_for_a_long_context_spreads_a_short_one_over_its_splits(device, m
     assert (state[:, :, :busy, 1] > 0).all() and torch.isfinite(state[:, :, :busy, 0]).all()
     assert (state[:, :, busy:, 0] == float("-inf")).all() and (state[:, :, busy:, 1] == 0).all()
     assert (part[:, :, busy:] == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_last_split_combines_and_leaves_the_counters_at_zero(device):
+    """No second kernel combines the splits: the split that finishes last does, found by an atomic
+    count per (tile, KV head) that it sets back to zero, so the same launch again (a CUDA graph's
+    next replay) combines again, to the same output."""
+    first = run_splits(device, [1, 1, 5], [700, 3, 260], 6)
+    assert (paged_attention_kernel().split_counters(1, device) == 0).all()
+    again = run_splits(device, [1, 1, 5], [700, 3, 260], 6)
+    assert first[0] < 1e-5 and np.array_equal(first[1], again[1])
 
 
 def test_more_splits_than_the_combine_unrolls_are_refused():

@@ -76,6 +76,11 @@ class Kernels(Protocol):
     def write_kv(self, k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
                  slot_mapping: np.ndarray) -> None: ...
 
+    def rope_and_write_kv(self, qk: np.ndarray, value: np.ndarray, positions: np.ndarray, cos: np.ndarray,
+                          sin: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slot_mapping: np.ndarray) -> None:
+        """rope over qk [tokens, heads + kv_heads, head_dim] (queries, then keys), then write_kv of its
+        last kv_heads heads and value [tokens, kv_heads, head_dim]: one kernel where a backend fuses them."""
+
     def moe(self, x: np.ndarray, expert_ids: np.ndarray, expert_weights: np.ndarray, w_gate_up: np.ndarray,
             w_down: np.ndarray, out: np.ndarray, activation: str = "silu") -> None:
         """Routed experts (reference.moe): x, out [tokens, hidden]; expert_ids, expert_weights

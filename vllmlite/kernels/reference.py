@@ -118,6 +118,18 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
     v_cache[slot_mapping] = v
 
 
+def rope_then_write_kv(rope_op, write_kv_op):
+    """A backend's rope_and_write_kv (kernels.Kernels) made of its own rope and write_kv, one after the other."""
+    def rope_and_write_kv(qk: np.ndarray, value: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+                          k_cache: np.ndarray, v_cache: np.ndarray, slot_mapping: np.ndarray) -> None:
+        rope_op(qk, positions, cos, sin)
+        write_kv_op(k_cache, v_cache, qk[:, qk.shape[1] - value.shape[1]:], value, slot_mapping)
+    return rope_and_write_kv
+
+
+rope_and_write_kv = rope_then_write_kv(rope, write_kv)
+
+
 @kv_dtype.attending
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
                     out: np.ndarray, *, scale: float | None = None, sliding_window: int | None = None,

@@ -297,11 +297,13 @@ class DecoderModel:
             for head in range(c.num_heads + c.num_kv_heads):
                 weight = layer.q_norm if head < c.num_heads else layer.k_norm
                 k.rms_norm(qk[:, head], weight, c.rms_norm_eps, qk[:, head])
-        if plan.rope is not None:
-            rotated = qk if c.rotary_dim == c.head_dim else qk[:, :, :c.rotary_dim]
-            k.rope(rotated, positions, *plan.rope)
         k_cache, v_cache = layer_kv
-        k.write_kv(k_cache, v_cache, key, value, slots)
+        if plan.rope is not None and c.rotary_dim == c.head_dim:    # one kernel where the backend fuses them
+            k.rope_and_write_kv(qk, value, positions, *plan.rope, k_cache, v_cache, slots)
+        else:
+            if plan.rope is not None:
+                k.rope(qk[:, :, :c.rotary_dim], positions, *plan.rope)
+            k.write_kv(k_cache, v_cache, key, value, slots)
         attn = buf.attn.reshape(num_tokens, c.num_heads, c.head_dim)           # a view
         k.paged_attention(q, k_cache, v_cache, meta, attn, **plan.attention_kwargs)
         k.linear(buf.attn, layer.wo, buf.out)

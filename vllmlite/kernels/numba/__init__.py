@@ -20,6 +20,7 @@ from vllmlite.kernels.reference import (  # numpy memory
     empty,
     feature_major,
     host_zeros,
+    rope_then_write_kv,
     softcap,  # once per step on the logits: numpy's tanh is as fast
     to_device,
     to_numpy,
@@ -27,6 +28,7 @@ from vllmlite.kernels.reference import (  # numpy memory
 )
 
 name = "numba"
+rope_and_write_kv = rope_then_write_kv(rope, write_kv)
 __all__ = ["add_rms_norm", "argmax", "copy_slots", "empty", "feature_major", "gelu_tanh_and_mul", "host_zeros", "linear",
-           "moe", "name", "paged_attention", "rms_norm", "rope", "silu_and_mul", "softcap", "to_device", "to_numpy",
+           "moe", "name", "paged_attention", "rms_norm", "rope", "rope_and_write_kv", "silu_and_mul", "softcap", "to_device", "to_numpy",
            "write_kv", "zeros"]

@@ -230,6 +230,16 @@ class TorchKernels:
             else:
                 cache[slot_mapping] = x
 
+    def rope_and_write_kv(self, qk: torch.Tensor, value: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          slot_mapping: torch.Tensor) -> None:
+        """rope, then write_kv of the keys (kernels.Kernels); one Triton kernel."""
+        if self._triton(qk):
+            fused_ops().rope_and_write_kv(qk, value, positions, cos, sin, k_cache, v_cache, slot_mapping)
+            return
+        self.rope(qk, positions, cos, sin)
+        self.write_kv(k_cache, v_cache, qk[:, qk.shape[1] - value.shape[1]:], value, slot_mapping)
+
     def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         meta: AttentionMetadata, out: torch.Tensor, *, scale: float | None = None,
                         sliding_window: int | None = None, softcap: float | None = None) -> None:

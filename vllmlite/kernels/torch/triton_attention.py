@@ -15,7 +15,8 @@ query at position p sees keys 0..p of its sequence: the causal mask inside a chu
 
 Split over the context ("flash decoding"): when a step has too few (tile, KV head) programs to
 fill the GPU (one long sequence), each is cut into num_splits ranges of the context, which write
-partial softmax states that a second kernel combines. Each program cuts its own tile's context
+partial softmax states; the split that finishes last (an atomic count per (tile, KV head)) combines
+them, in the same kernel. Each program cuts its own tile's context
 (the keys its rows can see) into num_splits ranges of whole BLOCK_N tiles, in the kernel: a plan
 made for a long context (a CUDA graph captured for max_model_len) spreads a short one over all its
 splits too. A split left with no keys writes a neutral state (max -inf, sum 0) that the combine
@@ -45,11 +46,11 @@ TILE_FIELDS = 4     # first row, number of rows, sequence, position of the first
 
 @triton.jit(do_not_specialize=["stride_q_tok", "stride_o_tok", "stride_bt_seq", "num_splits", "window"])
 def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block_tables_ptr, part_ptr, state_ptr,
-                      scale, stride_q_tok, stride_q_head, stride_q_d, stride_o_tok, stride_o_head, stride_o_d,
+                      counters_ptr, scale, stride_q_tok, stride_q_head, stride_q_d, stride_o_tok, stride_o_head, stride_o_d,
                       stride_bt_seq, block_size, num_kv_heads, num_splits, window, softcap,
                       SPLIT: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr,
                       HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                      WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr):
+                      WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, MAX_SPLITS: tl.constexpr):
     t = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -109,48 +110,58 @@ def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block
         out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
         tl.store(out_ptr + (row0 + r)[:, None] * stride_o_tok + head[:, None] * stride_o_head + d[None, :] * stride_o_d,
                  out.to(out_ptr.dtype.element_ty), mask=q_valid[:, None] & d_valid[None, :])
-    else:   # this split's softmax state, combined by _combine_kernel
+    else:   # this split's softmax state; the last split of the (tile, KV head) to finish combines them
         base = ((t * num_kv_heads + kv_head) * num_splits + split) * (ROWS * GROUP_PAD)
-        tl.store(part_ptr + (base + i)[:, None] * HEAD_PAD + d[None, :], acc)
-        tl.store(state_ptr + 2 * (base + i), m)
-        tl.store(state_ptr + 2 * (base + i) + 1, denom)
+        # Only the tile's rows and heads: a decode's tile has one row of ROWS, the rest is padding.
+        tl.store(part_ptr + (base + i)[:, None] * HEAD_PAD + d[None, :], acc, mask=q_valid[:, None])
+        tl.store(state_ptr + 2 * (base + i), m, mask=q_valid)
+        tl.store(state_ptr + 2 * (base + i) + 1, denom, mask=q_valid)
+        tl.debug_barrier()   # every thread's stores issued before the count is taken (acq_rel below)
+        counter = counters_ptr + t * num_kv_heads + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
+            tl.atomic_xchg(counter, 0)   # back to zero for the next launch (a CUDA graph's next replay)
+            _combine(out_ptr, part_ptr, state_ptr, row0, count, kv_head, (t * num_kv_heads + kv_head) * num_splits,
+                     stride_o_tok, stride_o_head, stride_o_d, num_splits, GROUP, GROUP_PAD, ROWS, HEAD_DIM, HEAD_PAD,
+                     MAX_SPLITS)
 
 
-@triton.jit(do_not_specialize=["stride_o_tok", "num_splits"])
-def _combine_kernel(out_ptr, tiles_ptr, part_ptr, state_ptr, stride_o_tok, stride_o_head, stride_o_d, num_kv_heads,
-                    num_splits, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, MAX_SPLITS: tl.constexpr):
-    """out = the splits' partial attention, each weighted by exp(its max - the overall max).
+@triton.jit
+def _combine(out_ptr, part_ptr, state_ptr, row0, count, kv_head, first_split, stride_o_tok, stride_o_head, stride_o_d,
+             num_splits, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+             HEAD_PAD: tl.constexpr, MAX_SPLITS: tl.constexpr):
+    """out = the splits' partial attention (splits first_split .. + num_splits - 1), each weighted
+    by exp(its max - the overall max); run by the program that finished last, so no second
+    kernel: at one decode a layer that kernel cost about 4.6 us and a gap between launches
+    (Llama-3.2-1B's shapes on an H200, results/gpu_runs/run23_launch_floor.json).
 
-    Every split's loads are issued at once (the loop unrolled to MAX_SPLITS, splits past
-    num_splits masked off), so the program waits on memory about once rather than once a split:
-    a loop over the splits whose every step waited on its loads took 8.8 us of a one-sequence
-    decode's layer (H200, in a CUDA graph, 11 splits)."""
-    t = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    row0 = tl.load(tiles_ptr + t * 4).to(tl.int64)
-    count = tl.load(tiles_ptr + t * 4 + 1)
+    Read past the L1 cache (.cg): the other programs wrote them. Every split's loads are issued at
+    once (the loop unrolled to MAX_SPLITS, splits past num_splits masked off), so the program waits
+    on memory about once rather than once a split: a loop over the splits whose every step waited
+    on its loads took 8.8 us of a one-sequence decode's layer (H200, in a CUDA graph, 11 splits)."""
     i = tl.arange(0, ROWS * GROUP_PAD)
     r = i // GROUP_PAD
     g = i % GROUP_PAD
     d = tl.arange(0, HEAD_PAD)
-    first = (t * num_kv_heads + kv_head) * num_splits * (ROWS * GROUP_PAD)
+    q_valid = (r < count) & (g < GROUP)                                         # [Q] what the splits wrote
+    first = first_split * (ROWS * GROUP_PAD)
     s = tl.arange(0, MAX_SPLITS)
     state = 2 * (first + s[:, None] * (ROWS * GROUP_PAD) + i[None, :])          # [MAX_SPLITS, Q]
-    valid = (s < num_splits)[:, None]
-    m = tl.load(state_ptr + state, mask=valid, other=float("-inf"))
+    valid = (s < num_splits)[:, None] & q_valid[None, :]
+    m = tl.load(state_ptr + state, mask=valid, other=float("-inf"), cache_modifier=".cg")
     m_all = tl.max(m, axis=0)
     m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
-    denom = tl.sum(tl.exp(m - m_all[None, :]) * tl.load(state_ptr + state + 1, mask=valid, other=0.0), axis=0)
+    totals = tl.load(state_ptr + state + 1, mask=valid, other=0.0, cache_modifier=".cg")
+    denom = tl.sum(tl.exp(m - m_all[None, :]) * totals, axis=0)
     acc = tl.zeros([ROWS * GROUP_PAD, HEAD_PAD], tl.float32)
     for k in tl.static_range(MAX_SPLITS):
         base = first + k * (ROWS * GROUP_PAD)
-        present = k < num_splits
-        weight = tl.exp(tl.load(state_ptr + 2 * (base + i), mask=present, other=float("-inf")) - m_all)
-        acc += weight[:, None] * tl.load(part_ptr + (base + i)[:, None] * HEAD_PAD + d[None, :], mask=present,
-                                         other=0.0)
+        present = q_valid & (k < num_splits)
+        weight = tl.exp(tl.load(state_ptr + 2 * (base + i), mask=present, other=float("-inf"), cache_modifier=".cg")
+                        - m_all)
+        acc += weight[:, None] * tl.load(part_ptr + (base + i)[:, None] * HEAD_PAD + d[None, :],
+                                         mask=present[:, None], other=0.0, cache_modifier=".cg")
     out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
-    mask = ((r < count) & (g < GROUP))[:, None] & (d < HEAD_DIM)[None, :]
+    mask = q_valid[:, None] & (d < HEAD_DIM)[None, :]
     head = kv_head * GROUP + g
     tl.store(out_ptr + (row0 + r)[:, None] * stride_o_tok + head[:, None] * stride_o_head + d[None, :] * stride_o_d,
              out.to(out_ptr.dtype.element_ty), mask=mask)
@@ -205,17 +216,16 @@ def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     if num_splits > 1:
         part, state = split_buffers(num_tiles * num_kv_heads * num_splits * q_rows, shape["HEAD_PAD"], q.device)
+        counters = split_counters(num_tiles * num_kv_heads, q.device)
     else:
-        part = state = out   # not read
+        part = state = counters = out   # not read
     _attention_kernel[(num_tiles, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, out, tiles, block_tables, part, state, 1.0 / math.sqrt(head_dim) if scale is None else scale,
+        q, k_cache, v_cache, out, tiles, block_tables, part, state, counters,
+        1.0 / math.sqrt(head_dim) if scale is None else scale,
         *q.stride(), *out.stride(), block_tables.stride(0), block_size, num_kv_heads, num_splits,
         sliding_window or 0, softcap or 0.0, SPLIT=num_splits > 1, BLOCK_N=block_n,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WINDOWED=sliding_window is not None,
-        SOFTCAP=softcap is not None, num_warps=num_warps, num_stages=num_stages, **shape)
-    if num_splits > 1:
-        _combine_kernel[(num_tiles, num_kv_heads)](out, tiles, part, state, *out.stride(), num_kv_heads, num_splits,
-                                                   MAX_SPLITS=MAX_SPLITS, **shape)
+        SOFTCAP=softcap is not None, MAX_SPLITS=MAX_SPLITS, num_warps=num_warps, num_stages=num_stages, **shape)
 
 
 def split_buffers(num_rows: int, head_pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,6 +233,23 @@ def split_buffers(num_rows: int, head_pad: int, device: torch.device) -> tuple[t
     pairs [2 * num_rows], one row per (tile, KV head, split, query row) in that order."""
     part = torch.empty((num_rows, head_pad), dtype=torch.float32, device=device)
     return part, torch.empty((2 * num_rows,), dtype=torch.float32, device=device)
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+MIN_COUNTERS = 1 << 16   # int32s: split launches have under 2 programs a multiprocessor (split_plan)
+
+
+def split_counters(num: int, device: torch.device) -> torch.Tensor:
+    """At least `num` int32 counters on `device`, all zero: each (tile, KV head) of a split launch
+    counts its finished splits in one, and the last split sets it back to zero. Kept for the
+    process and shared by every launch (they run one after another on the stream), so a CUDA graph
+    captures no zeroing; made once, outside any capture in practice (MIN_COUNTERS is far more than
+    a split launch's programs)."""
+    device = torch.device(device)
+    counters = _counters.get(device)
+    if counters is None or counters.numel() < num:
+        counters = _counters[device] = torch.zeros(max(num, MIN_COUNTERS), dtype=torch.int32, device=device)
+    return counters
 
 
 def short_query_plan(num_programs: int, head_dim: int, max_context: int, num_sms: int) -> tuple[int, int]:
@@ -252,7 +279,7 @@ def split_plan(num_programs: int, max_context: int, num_sms: int) -> int:
     Why split short contexts: a decode of one sequence at 512 keys (Qwen3-0.6B, 8 KV heads: 8
     programs) took 23 us per layer on an H200, timed inside a CUDA graph: 8 serial BLOCK_N
     iterations of dependent loads (block table -> slot -> K/V), about 2.5 us each, latency-bound.
-    128 keys are 2 such iterations, and the combine is one kernel of about 2 us. (The earlier
+    128 keys are 2 such iterations, and the combine, which the last split runs, is short. (The earlier
     sweep, results/gpu_attention_sweep.json from bench/gpu_attention.py, timed launches from
     Python, whose overhead hid the kernel's own time and made splitting below 512 keys look
     useless.) The kernel sizes each program's range from its own tile's context, so splits planned

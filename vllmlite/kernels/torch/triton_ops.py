@@ -1,5 +1,6 @@
 """The elementwise operations of a layer as single Triton kernels: RMSNorm (with the residual add
-fused in), RoPE on the query and key heads together, SiLU- and GELU-and-multiply, and the KV-cache write.
+fused in), RoPE on the query and key heads together, SiLU- and GELU-and-multiply, the KV-cache write,
+and RoPE with the KV-cache write of its keys and the values.
 Each reads its operands once and writes once, where the torch forms launch three to six kernels
 and round to the storage dtype between them; the arithmetic is the references' (vllmlite/kernels/
 reference.py) in float32, rounded to the storage dtype once at the end of each step the reference
@@ -156,3 +157,59 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
         _write_kv_kernel[(tokens,)](k_cache, v_cache, k, v, slot_mapping, *k.stride(), *v.stride(), KV_HEADS=kv_heads, HEAD_DIM=head_dim,
                                     BLOCK=triton.next_power_of_2(kv_heads * head_dim),
                                     FP8=k_cache.dtype == torch.float8_e4m3fn, FP8_MAX=kv_dtype.FP8_MAX)
+
+
+@triton.jit
+def _rope_write_kv_kernel(qk_ptr, v_ptr, positions_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
+                          stride_tok, stride_head, stride_d, stride_v_tok, stride_v_head, stride_v_d, stride_cos,
+                          HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, KV_HEADS: tl.constexpr, KV_PAD: tl.constexpr,
+                          HALF: tl.constexpr, HALF_PAD: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
+    """One token: _rope_kernel's rotation of all its query and key heads (written back in place),
+    the rotated keys and the values into the cache at its slot as _write_kv_kernel stores them."""
+    token = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, HEADS_PAD)[:, None]
+    j = tl.arange(0, HALF_PAD)[None, :]
+    mask = (h < HEADS) & (j < HALF)
+    position = tl.load(positions_ptr + token)
+    c = tl.load(cos_ptr + position * stride_cos + j, mask=j < HALF, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + position * stride_cos + j, mask=j < HALF, other=0.0).to(tl.float32)
+    base = qk_ptr + token * stride_tok + h * stride_head
+    x1 = tl.load(base + j * stride_d, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + (HALF + j) * stride_d, mask=mask, other=0.0).to(tl.float32)
+    y1 = (x1 * c - x2 * s).to(qk_ptr.dtype.element_ty)
+    y2 = (x2 * c + x1 * s).to(qk_ptr.dtype.element_ty)
+    tl.store(base + j * stride_d, y1, mask=mask)
+    tl.store(base + (HALF + j) * stride_d, y2, mask=mask)
+    slot = tl.load(slots_ptr + token)
+    key = h - (HEADS - KV_HEADS)                                       # the key heads: the last KV_HEADS
+    key_mask = mask & (key >= 0)
+    row = k_cache_ptr + slot * KV_HEADS * 2 * HALF + key * 2 * HALF
+    if FP8:
+        y1 = _e4m3_value(y1.to(tl.float32), FP8_MAX)
+        y2 = _e4m3_value(y2.to(tl.float32), FP8_MAX)
+    tl.store(row + j, y1.to(k_cache_ptr.dtype.element_ty), mask=key_mask)
+    tl.store(row + HALF + j, y2.to(k_cache_ptr.dtype.element_ty), mask=key_mask)
+    vh = tl.arange(0, KV_PAD)[:, None]
+    d = tl.arange(0, 2 * HALF_PAD)[None, :]
+    v_mask = (vh < KV_HEADS) & (d < 2 * HALF)
+    v = tl.load(v_ptr + token * stride_v_tok + vh * stride_v_head + d * stride_v_d, mask=v_mask)
+    if FP8:
+        v = _e4m3_value(v.to(tl.float32), FP8_MAX)
+    tl.store(v_cache_ptr + slot * KV_HEADS * 2 * HALF + vh * 2 * HALF + d, v.to(v_cache_ptr.dtype.element_ty),
+             mask=v_mask)
+
+
+def rope_and_write_kv(qk: torch.Tensor, value: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                      sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor) -> None:
+    """`rope` over qk [tokens, heads + kv_heads, head_dim] (any strides), then `write_kv` of its last
+    kv_heads heads and value [tokens, kv_heads, head_dim], in one kernel: a decode step launches one
+    where it launched two."""
+    tokens, heads, head_dim = qk.shape
+    kv_heads = value.shape[1]
+    if tokens:
+        _rope_write_kv_kernel[(tokens,)](
+            qk, value, positions, cos, sin, k_cache, v_cache, slot_mapping, *qk.stride(), *value.stride(),
+            cos.stride(0), HEADS=heads, HEADS_PAD=triton.next_power_of_2(heads), KV_HEADS=kv_heads,
+            KV_PAD=triton.next_power_of_2(kv_heads), HALF=head_dim // 2, HALF_PAD=triton.next_power_of_2(head_dim // 2),
+            FP8=k_cache.dtype == torch.float8_e4m3fn, FP8_MAX=kv_dtype.FP8_MAX)
