@@ -49,3 +49,13 @@ def test_linear_takes_the_gemv_for_one_bf16_row_and_matches_cublas():
         backend.linear(x, w, out)
         expected = x.float() @ w.float().T
         assert ((out.float() - expected).abs().max() / expected.abs().max()).item() < 1e-2
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_programmatic_dependent_launch_only_where_the_gpu_has_it(device):
+    """The Triton kernels launch with PDL (kernels/torch/pdl.py) on a CUDA device of compute
+    capability 9.0 or more, an H200's, and never on the CPU, where Triton's interpreter runs them."""
+    device_or_skip(device)
+    from vllmlite.kernels.torch import pdl
+    expected = device == "cuda" and pdl.gdc_wait is not None and torch.cuda.get_device_capability()[0] >= 9
+    assert pdl.enabled(torch.zeros(1, device=device)) == expected

@@ -38,6 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vllmlite.kernels.torch import pdl
+
 BLOCK_N = 64        # context positions per tile
 MIN_SPLIT_KEYS = 128  # the shortest stretch of context worth a program of its own (see split_plan)
 MAX_SPLITS = 16     # the most splits of one program's context (the combine unrolls over them)
@@ -50,7 +52,8 @@ def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block
                       stride_bt_seq, block_size, num_kv_heads, num_splits, window, softcap,
                       SPLIT: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr,
                       HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                      WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, MAX_SPLITS: tl.constexpr):
+                      WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr):
+    pdl.start(PDL)
     t = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -225,7 +228,8 @@ def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         *q.stride(), *out.stride(), block_tables.stride(0), block_size, num_kv_heads, num_splits,
         sliding_window or 0, softcap or 0.0, SPLIT=num_splits > 1, BLOCK_N=block_n,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WINDOWED=sliding_window is not None,
-        SOFTCAP=softcap is not None, MAX_SPLITS=MAX_SPLITS, num_warps=num_warps, num_stages=num_stages, **shape)
+        SOFTCAP=softcap is not None, MAX_SPLITS=MAX_SPLITS, PDL=pdl.enabled(q), launch_pdl=pdl.enabled(q),
+        num_warps=num_warps, num_stages=num_stages, **shape)
 
 
 def split_buffers(num_rows: int, head_pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,10 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
+from vllmlite.kernels.torch import pdl
+
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride_w, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr):
+                 EVEN_K: tl.constexpr, PDL: tl.constexpr):
+    pdl.start(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_valid = n < N
     k = tl.arange(0, BLOCK_K)
@@ -65,4 +68,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, block_n: int 
     num_warps, num_stages = num_warps or tile["num_warps"], num_stages or tile["num_stages"]
     _gemv_kernel[(triton.cdiv(num_out, block_n),)](
         x, weight, out, num_out, num_in, weight.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=num_in % block_k == 0, num_warps=num_warps, num_stages=num_stages)
+        EVEN_K=num_in % block_k == 0, PDL=pdl.enabled(x), launch_pdl=pdl.enabled(x), num_warps=num_warps,
+        num_stages=num_stages)

@@ -18,11 +18,13 @@ import triton
 import triton.language as tl
 
 from vllmlite.kernels import kv_dtype
+from vllmlite.kernels.torch import pdl
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, stride_x, stride_xc, stride_r, stride_rc, stride_o,
-                     stride_oc, width, eps, ADD: tl.constexpr, BLOCK: tl.constexpr):
+                     stride_oc, width, eps, ADD: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < width
@@ -46,12 +48,14 @@ def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     residual = residual if add else x
     if rows:
         _rms_norm_kernel[(rows,)](x, residual, weight, out, *x.stride(), *residual.stride(), *out.stride(), width, eps,
-                                  ADD=add, BLOCK=triton.next_power_of_2(width))
+                                  ADD=add, BLOCK=triton.next_power_of_2(width), PDL=pdl.enabled(x),
+                                  launch_pdl=pdl.enabled(x))
 
 
 @triton.jit
 def _rope_kernel(x_ptr, positions_ptr, cos_ptr, sin_ptr, stride_tok, stride_head, stride_d, stride_cos,
-                 HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+                 HALF: tl.constexpr, HALF_PAD: tl.constexpr, PDL: tl.constexpr):
+    pdl.start(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     j = tl.arange(0, HALF_PAD)
@@ -72,12 +76,14 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     tokens, heads, head_dim = x.shape
     if tokens:
         _rope_kernel[(tokens, heads)](x, positions, cos, sin, *x.stride(), cos.stride(0),
-                                      HALF=head_dim // 2, HALF_PAD=triton.next_power_of_2(head_dim // 2))
+                                      HALF=head_dim // 2, HALF_PAD=triton.next_power_of_2(head_dim // 2),
+                                      PDL=pdl.enabled(x), launch_pdl=pdl.enabled(x))
 
 
 @triton.jit
 def _act_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_in_c, stride_out, stride_out_c, width,
-                        BLOCK: tl.constexpr, GELU_TANH: tl.constexpr):
+                        BLOCK: tl.constexpr, GELU_TANH: tl.constexpr, PDL: tl.constexpr):
+    pdl.start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
@@ -96,7 +102,8 @@ def _act_and_mul(gate_up: torch.Tensor, out: torch.Tensor, gelu_tanh: bool) -> N
     block = min(1024, triton.next_power_of_2(width))
     if rows:
         _act_and_mul_kernel[(rows, triton.cdiv(width, block))](gate_up, out, *gate_up.stride(), *out.stride(), width,
-                                                               BLOCK=block, GELU_TANH=gelu_tanh)
+                                                               BLOCK=block, GELU_TANH=gelu_tanh,
+                                                               PDL=pdl.enabled(out), launch_pdl=pdl.enabled(out))
 
 
 def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
@@ -132,7 +139,8 @@ def _e4m3_value(x, FP8_MAX: tl.constexpr):
 @triton.jit
 def _write_kv_kernel(k_cache_ptr, v_cache_ptr, k_ptr, v_ptr, slots_ptr, stride_k_tok, stride_k_head, stride_k_d,
                      stride_v_tok, stride_v_head, stride_v_d, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
+                     BLOCK: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, PDL: tl.constexpr):
+    pdl.start(PDL)
     token = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     mask = i < KV_HEADS * HEAD_DIM
@@ -156,16 +164,19 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     if tokens:
         _write_kv_kernel[(tokens,)](k_cache, v_cache, k, v, slot_mapping, *k.stride(), *v.stride(), KV_HEADS=kv_heads, HEAD_DIM=head_dim,
                                     BLOCK=triton.next_power_of_2(kv_heads * head_dim),
-                                    FP8=k_cache.dtype == torch.float8_e4m3fn, FP8_MAX=kv_dtype.FP8_MAX)
+                                    FP8=k_cache.dtype == torch.float8_e4m3fn, FP8_MAX=kv_dtype.FP8_MAX,
+                                    PDL=pdl.enabled(k), launch_pdl=pdl.enabled(k))
 
 
 @triton.jit
 def _rope_write_kv_kernel(qk_ptr, v_ptr, positions_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
                           stride_tok, stride_head, stride_d, stride_v_tok, stride_v_head, stride_v_d, stride_cos,
                           HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, KV_HEADS: tl.constexpr, KV_PAD: tl.constexpr,
-                          HALF: tl.constexpr, HALF_PAD: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
+                          HALF: tl.constexpr, HALF_PAD: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr,
+                          PDL: tl.constexpr):
     """One token: _rope_kernel's rotation of all its query and key heads (written back in place),
     the rotated keys and the values into the cache at its slot as _write_kv_kernel stores them."""
+    pdl.start(PDL)
     token = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, HEADS_PAD)[:, None]
     j = tl.arange(0, HALF_PAD)[None, :]
@@ -212,4 +223,5 @@ def rope_and_write_kv(qk: torch.Tensor, value: torch.Tensor, positions: torch.Te
             qk, value, positions, cos, sin, k_cache, v_cache, slot_mapping, *qk.stride(), *value.stride(),
             cos.stride(0), HEADS=heads, HEADS_PAD=triton.next_power_of_2(heads), KV_HEADS=kv_heads,
             KV_PAD=triton.next_power_of_2(kv_heads), HALF=head_dim // 2, HALF_PAD=triton.next_power_of_2(head_dim // 2),
-            FP8=k_cache.dtype == torch.float8_e4m3fn, FP8_MAX=kv_dtype.FP8_MAX)
+            FP8=k_cache.dtype == torch.float8_e4m3fn, FP8_MAX=kv_dtype.FP8_MAX, PDL=pdl.enabled(qk),
+            launch_pdl=pdl.enabled(qk))
