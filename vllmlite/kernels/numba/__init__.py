@@ -30,5 +30,5 @@ from vllmlite.kernels.reference import (  # numpy memory
 name = "numba"
 rope_and_write_kv = rope_then_write_kv(rope, write_kv)
 __all__ = ["add_rms_norm", "argmax", "copy_slots", "empty", "feature_major", "gelu_tanh_and_mul", "host_zeros", "linear",
-           "moe", "name", "paged_attention", "rms_norm", "rope", "rope_and_write_kv", "silu_and_mul", "softcap", "to_device", "to_numpy",
-           "write_kv", "zeros"]
+           "moe", "name", "paged_attention", "rms_norm", "rope", "rope_and_write_kv", "silu_and_mul", "softcap",
+           "to_device", "to_numpy", "write_kv", "zeros"]

@@ -97,7 +97,7 @@ def _widen_lanes(typingctx, values, index, scale, out):
         storage, lane_type = signature.args[0].dtype, context.get_value_type(signature.args[3].dtype)
         ints = ir.VectorType(ir.IntType(32), LANES)
         floats = ir.VectorType(ir.FloatType(), LANES)
-        stored = ir.VectorType(ir.IntType(8 * storage.bitwidth // 8), LANES)
+        stored = ir.VectorType(ir.IntType(storage.bitwidth), LANES)
         packed = builder.load(builder.bitcast(builder.gep(source, [args[1]]), stored.as_pointer()), align=1)
         if storage == types.int8:
             lane = builder.insert_element(ir.Constant(floats, ir.Undefined), args[2], ir.Constant(ir.IntType(32), 0))
