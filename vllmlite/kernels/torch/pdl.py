@@ -40,5 +40,12 @@ def _supported(device_index: int) -> bool:
 
 
 def enabled(x: torch.Tensor) -> bool:
-    """Whether kernels on x's device launch with PDL (the `PDL` and `launch_pdl` arguments)."""
+    """Whether kernels on x's device launch with PDL."""
     return x.is_cuda and _supported(x.device.index if x.device.index is not None else torch.cuda.current_device())
+
+
+def options(x: torch.Tensor) -> dict:
+    """A launch's PDL arguments for kernels on x's device: the kernel's `PDL` (for `start`) and
+    Triton's `launch_pdl`."""
+    on = enabled(x)
+    return {"PDL": on, "launch_pdl": on}

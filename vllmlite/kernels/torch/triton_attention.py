@@ -228,7 +228,7 @@ def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         *q.stride(), *out.stride(), block_tables.stride(0), block_size, num_kv_heads, num_splits,
         sliding_window or 0, softcap or 0.0, SPLIT=num_splits > 1, BLOCK_N=block_n,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WINDOWED=sliding_window is not None,
-        SOFTCAP=softcap is not None, MAX_SPLITS=MAX_SPLITS, PDL=pdl.enabled(q), launch_pdl=pdl.enabled(q),
+        SOFTCAP=softcap is not None, MAX_SPLITS=MAX_SPLITS, **pdl.options(q),
         num_warps=num_warps, num_stages=num_stages, **shape)
 
 

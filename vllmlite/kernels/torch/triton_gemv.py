@@ -68,5 +68,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, block_n: int 
     num_warps, num_stages = num_warps or tile["num_warps"], num_stages or tile["num_stages"]
     _gemv_kernel[(triton.cdiv(num_out, block_n),)](
         x, weight, out, num_out, num_in, weight.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=num_in % block_k == 0, PDL=pdl.enabled(x), launch_pdl=pdl.enabled(x), num_warps=num_warps,
+        EVEN_K=num_in % block_k == 0, **pdl.options(x), num_warps=num_warps,
         num_stages=num_stages)

@@ -48,8 +48,7 @@ def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     residual = residual if add else x
     if rows:
         _rms_norm_kernel[(rows,)](x, residual, weight, out, *x.stride(), *residual.stride(), *out.stride(), width, eps,
-                                  ADD=add, BLOCK=triton.next_power_of_2(width), PDL=pdl.enabled(x),
-                                  launch_pdl=pdl.enabled(x))
+                                  ADD=add, BLOCK=triton.next_power_of_2(width), **pdl.options(x))
 
 
 @triton.jit
@@ -77,7 +76,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     if tokens:
         _rope_kernel[(tokens, heads)](x, positions, cos, sin, *x.stride(), cos.stride(0),
                                       HALF=head_dim // 2, HALF_PAD=triton.next_power_of_2(head_dim // 2),
-                                      PDL=pdl.enabled(x), launch_pdl=pdl.enabled(x))
+                                      **pdl.options(x))
 
 
 @triton.jit
@@ -103,7 +102,7 @@ def _act_and_mul(gate_up: torch.Tensor, out: torch.Tensor, gelu_tanh: bool) -> N
     if rows:
         _act_and_mul_kernel[(rows, triton.cdiv(width, block))](gate_up, out, *gate_up.stride(), *out.stride(), width,
                                                                BLOCK=block, GELU_TANH=gelu_tanh,
-                                                               PDL=pdl.enabled(out), launch_pdl=pdl.enabled(out))
+                                                               **pdl.options(out))
 
 
 def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
@@ -165,7 +164,7 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
         _write_kv_kernel[(tokens,)](k_cache, v_cache, k, v, slot_mapping, *k.stride(), *v.stride(), KV_HEADS=kv_heads, HEAD_DIM=head_dim,
                                     BLOCK=triton.next_power_of_2(kv_heads * head_dim),
                                     FP8=k_cache.dtype == torch.float8_e4m3fn, FP8_MAX=kv_dtype.FP8_MAX,
-                                    PDL=pdl.enabled(k), launch_pdl=pdl.enabled(k))
+                                    **pdl.options(k))
 
 
 @triton.jit
@@ -223,5 +222,4 @@ def rope_and_write_kv(qk: torch.Tensor, value: torch.Tensor, positions: torch.Te
             qk, value, positions, cos, sin, k_cache, v_cache, slot_mapping, *qk.stride(), *value.stride(),
             cos.stride(0), HEADS=heads, HEADS_PAD=triton.next_power_of_2(heads), KV_HEADS=kv_heads,
             KV_PAD=triton.next_power_of_2(kv_heads), HALF=head_dim // 2, HALF_PAD=triton.next_power_of_2(head_dim // 2),
-            FP8=k_cache.dtype == torch.float8_e4m3fn, FP8_MAX=kv_dtype.FP8_MAX, PDL=pdl.enabled(qk),
-            launch_pdl=pdl.enabled(qk))
+            FP8=k_cache.dtype == torch.float8_e4m3fn, FP8_MAX=kv_dtype.FP8_MAX, **pdl.options(qk))
