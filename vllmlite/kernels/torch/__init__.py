@@ -25,7 +25,7 @@ from vllmlite.kernels.attention_metadata import (
     check_attention_options,
 )
 from vllmlite.kernels.quant import QuantizedMatrix, dequantize
-from vllmlite.kernels.reference import check_moe
+from vllmlite.kernels.reference import check_moe, rope_then_write_kv
 
 
 def fused_ops():
@@ -237,8 +237,7 @@ class TorchKernels:
         if self._triton(qk):
             fused_ops().rope_and_write_kv(qk, value, positions, cos, sin, k_cache, v_cache, slot_mapping)
             return
-        self.rope(qk, positions, cos, sin)
-        self.write_kv(k_cache, v_cache, qk[:, qk.shape[1] - value.shape[1]:], value, slot_mapping)
+        rope_then_write_kv(self.rope, self.write_kv)(qk, value, positions, cos, sin, k_cache, v_cache, slot_mapping)
 
     def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         meta: AttentionMetadata, out: torch.Tensor, *, scale: float | None = None,

@@ -59,14 +59,25 @@ def _rope_kernel(x_ptr, positions_ptr, cos_ptr, sin_ptr, stride_tok, stride_head
     head = tl.program_id(1)
     j = tl.arange(0, HALF_PAD)
     mask = j < HALF
-    position = tl.load(positions_ptr + token)
-    c = tl.load(cos_ptr + position * stride_cos + j, mask=mask, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + position * stride_cos + j, mask=mask, other=0.0).to(tl.float32)
-    base = x_ptr + token * stride_tok + head * stride_head
+    _rotate_in_place(x_ptr + token * stride_tok + head * stride_head, positions_ptr + token, cos_ptr, sin_ptr,
+                     stride_d, stride_cos, j, mask, HALF)
+
+
+@triton.jit
+def _rotate_in_place(base, position_ptr, cos_ptr, sin_ptr, stride_d, stride_cos, j, mask, HALF: tl.constexpr):
+    """Rotate-half RoPE of the head(s) at base (j: offsets in the first half, broadcast over any
+    head axis of base) at the position position_ptr holds, in float32, stored back in the heads'
+    dtype; returns the two rotated halves as stored."""
+    position = tl.load(position_ptr)
+    c = tl.load(cos_ptr + position * stride_cos + j, mask=j < HALF, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + position * stride_cos + j, mask=j < HALF, other=0.0).to(tl.float32)
     x1 = tl.load(base + j * stride_d, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(base + (HALF + j) * stride_d, mask=mask, other=0.0).to(tl.float32)
-    tl.store(base + j * stride_d, (x1 * c - x2 * s).to(x_ptr.dtype.element_ty), mask=mask)
-    tl.store(base + (HALF + j) * stride_d, (x2 * c + x1 * s).to(x_ptr.dtype.element_ty), mask=mask)
+    y1 = (x1 * c - x2 * s).to(base.dtype.element_ty)
+    y2 = (x2 * c + x1 * s).to(base.dtype.element_ty)
+    tl.store(base + j * stride_d, y1, mask=mask)
+    tl.store(base + (HALF + j) * stride_d, y2, mask=mask)
+    return y1, y2
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -180,16 +191,8 @@ def _rope_write_kv_kernel(qk_ptr, v_ptr, positions_ptr, cos_ptr, sin_ptr, k_cach
     h = tl.arange(0, HEADS_PAD)[:, None]
     j = tl.arange(0, HALF_PAD)[None, :]
     mask = (h < HEADS) & (j < HALF)
-    position = tl.load(positions_ptr + token)
-    c = tl.load(cos_ptr + position * stride_cos + j, mask=j < HALF, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + position * stride_cos + j, mask=j < HALF, other=0.0).to(tl.float32)
-    base = qk_ptr + token * stride_tok + h * stride_head
-    x1 = tl.load(base + j * stride_d, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(base + (HALF + j) * stride_d, mask=mask, other=0.0).to(tl.float32)
-    y1 = (x1 * c - x2 * s).to(qk_ptr.dtype.element_ty)
-    y2 = (x2 * c + x1 * s).to(qk_ptr.dtype.element_ty)
-    tl.store(base + j * stride_d, y1, mask=mask)
-    tl.store(base + (HALF + j) * stride_d, y2, mask=mask)
+    y1, y2 = _rotate_in_place(qk_ptr + token * stride_tok + h * stride_head, positions_ptr + token, cos_ptr, sin_ptr,
+                              stride_d, stride_cos, j, mask, HALF)
     slot = tl.load(slots_ptr + token)
     key = h - (HEADS - KV_HEADS)                                       # the key heads: the last KV_HEADS
     key_mask = mask & (key >= 0)
