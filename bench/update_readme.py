@@ -360,7 +360,9 @@ def gpu_section(report: dict) -> list[str]:
             floor_cell = (f"{big['step_ms']:.2f} / {floor:.2f} = {big['step_ms'] / floor:.2f}x "
                           f"(floor {floor / big['gemm_graph_ms']:.1f}x GEMM)")
         single = row.get("single")
-        single_cell = f"{single['tok_s']:.0f} ({single['fraction_of_bound']:.0%})" if single else "-"
+        single_cell = "-" if not single else (   # runs before 2026-12-02 timed the whole request, prefill too
+            f"{single['tok_s']:.0f} ({single['fraction_of_bound']:.0%})" if "decode_tok_s" not in single
+            else f"{single['tok_s']:.0f}; decode {single['decode_tok_s']:.0f} ({single['fraction_of_bound']:.0%})")
         derived = "*" if "derived" in row["ours"] else ""
         lines.append(f"| {row['shape']} ({row['run'].split(' ')[0]}) | {ours:.0f}{derived} | {theirs} | {ratio} | {http_cell} "
                      f"| {steps} | {floor_cell} | {single_cell} |")
@@ -400,6 +402,16 @@ def gpu_section(report: dict) -> list[str]:
               "launch with programmatic dependent launch (each waits for the one before, then lets the next "
               "launch): one stream 943-953 against 854-877 tok/s at 1B (56-57% of the bound) and 936 against 786 "
               "at 0.6B (27%), the batch-1 step 0.99-1.00 against 1.08-1.11 ms (results/gpu_runs/run30_pdl.json). "
+              "Runs 33-36 folded the RMSNorm, the residual add and SiLU-and-multiply into the one-row GEMV "
+              "(101 kernels a 1B token instead of 149); alternated with the code before in one session and "
+              "timed alike (one stream from its first token to its last), it was no faster: 1B 899-960 against "
+              "955-988 tok/s (56-58% of the bound), 0.6B 1,014 against 968, so it was not landed "
+              "(results/gpu_runs/run36_fold_attempt.json and .diff). Under programmatic dependent launch the "
+              "kernels that ran between the products cost little; the products themselves do not shrink: "
+              "re-swept with it on, plan()'s tiles are within 2% of the best, and at 0.6B the products alone, "
+              "in a graph with nothing else, take 0.48-0.53 ms against a 0.29 ms bound, so one kernel per "
+              "product caps one stream near 55-60% there before any other kernel runs "
+              "(results/gpu_gemv_pdl.json, run36's launch floor). "
               "The HTTP server kept "
               f"{min(thread):.0%}-{max(thread):.0%} of the offline rate with the engine on a thread of "
               "its process: the burst's intake convoyed with the engine's launches, since each Triton launch gives "
