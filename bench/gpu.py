@@ -226,21 +226,26 @@ def synchronize(engine: LLMEngine) -> None:
 
 def run_ours(engine: LLMEngine, prompts: list[list[int]], output_len: int, tag: str = "run",
              detokenize: bool = False) -> dict:
-    """The workload offline; token ids only (as transformers' generate_batch gives them) unless `detokenize`."""
+    """The workload offline; token ids only (as transformers' generate_batch gives them) unless `detokenize`.
+    Also when the first token of any request came out (first_token_s after the start) and how many
+    that request had then (tokens_at_first_token)."""
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True, detokenize=detokenize)
     synchronize(engine)
     start = time.perf_counter()
     for i, prompt in enumerate(prompts):
         engine.add_request(f"{tag}-{i}", prompt, params)
-    generated, steps = 0, 0
+    generated, steps, first = 0, 0, None
     while engine.has_unfinished_requests():
         for output in engine.step():
+            if first is None and output.outputs[0].token_ids:
+                first, tokens_at_first = time.perf_counter() - start, len(output.outputs[0].token_ids)
             if output.finished:
                 generated += len(output.outputs[0].token_ids)
         steps += 1
     synchronize(engine)
     seconds = time.perf_counter() - start
-    return {"output_tokens": generated, "seconds": seconds, "output_tok_s": generated / seconds, "steps": steps}
+    return {"output_tokens": generated, "seconds": seconds, "output_tok_s": generated / seconds, "steps": steps,
+            "first_token_s": first, "tokens_at_first_token": tokens_at_first if first is not None else 0}
 
 
 def run_hf(hf, prompts: list[list[int]], output_len: int) -> dict:
@@ -444,23 +449,12 @@ def single_stream(engine: LLMEngine, vocab: int, output_len: int, bandwidth: flo
     reads the weights and the KV once a token); fraction_of_bound is decode_tok_s's."""
     prompt = single_prompt(vocab)
     run_ours(engine, [prompt], 8, "single-warm")
-    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True, detokenize=False)
-    synchronize(engine)
-    start = time.perf_counter()
-    engine.add_request("single", prompt, params)
-    first = None
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            generated = len(output.outputs[0].token_ids)
-            if first is None and generated:
-                first, first_tokens = time.perf_counter(), generated
-    synchronize(engine)
-    end = time.perf_counter()
-    decode_tok_s = (generated - first_tokens) / (end - first)
+    result = run_ours(engine, [prompt], output_len, "single")
+    decode_tok_s = (result["output_tokens"] - result["tokens_at_first_token"]) / (result["seconds"] - result["first_token_s"])
     weight_bytes = engine.weights_bytes
     kv_bytes = engine.kv_bytes_per_token * (len(prompt) + output_len / 2)   # the mean context's KV, as stored
     bound = bandwidth / (weight_bytes + kv_bytes)
-    return {"tok_s": generated / (end - start), "decode_tok_s": decode_tok_s, "output_tokens": generated,
+    return {"tok_s": result["output_tok_s"], "decode_tok_s": decode_tok_s, "output_tokens": result["output_tokens"],
             "bandwidth_bound_tok_s": bound, "fraction_of_bound": decode_tok_s / bound}
 
 

@@ -332,6 +332,17 @@ def _decode_floor_ms(row: dict, step: dict, bandwidth_gb_s: float) -> float:
 FINAL_ONLY_RUN = 20   # the first GPU run whose engine process sent non-streamed responses one output (a66973d)
 
 
+def _single_stream_cell(single: dict | None) -> str:
+    """bench.gpu's one-stream tok/s and share of the bound; with the decode rate where the run has
+    it (runs before 2026-12-02 timed only the whole request, prefill too, and took the share of that)."""
+    if not single:
+        return "-"
+    share = f"({single['fraction_of_bound']:.0%})"
+    if "decode_tok_s" not in single:
+        return f"{single['tok_s']:.0f} {share}"
+    return f"{single['tok_s']:.0f}; decode {single['decode_tok_s']:.0f} {share}"
+
+
 def gpu_section(report: dict) -> list[str]:
     lines = [f"### The GPU path on an {report['device']}: offline throughput, decode step, one stream, HTTP (`bench/gpu.py`)",
              "", _machine_line(report), f"torch {report['torch']}; copy bandwidth {report['copy_bandwidth_gb_s']:.0f} GB/s "
@@ -359,10 +370,7 @@ def gpu_section(report: dict) -> list[str]:
             floor = _decode_floor_ms(row, big, row.get("copy_bandwidth_gb_s", report["copy_bandwidth_gb_s"]))
             floor_cell = (f"{big['step_ms']:.2f} / {floor:.2f} = {big['step_ms'] / floor:.2f}x "
                           f"(floor {floor / big['gemm_graph_ms']:.1f}x GEMM)")
-        single = row.get("single")
-        single_cell = "-" if not single else (   # runs before 2026-12-02 timed the whole request, prefill too
-            f"{single['tok_s']:.0f} ({single['fraction_of_bound']:.0%})" if "decode_tok_s" not in single
-            else f"{single['tok_s']:.0f}; decode {single['decode_tok_s']:.0f} ({single['fraction_of_bound']:.0%})")
+        single_cell = _single_stream_cell(row.get("single"))
         derived = "*" if "derived" in row["ours"] else ""
         lines.append(f"| {row['shape']} ({row['run'].split(' ')[0]}) | {ours:.0f}{derived} | {theirs} | {ratio} | {http_cell} "
                      f"| {steps} | {floor_cell} | {single_cell} |")

@@ -69,6 +69,7 @@ class TorchKernels:
         # Streaming multiprocessors: how many attention programs fill the device (0: never split).
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count \
             if self.device.type == "cuda" else 0
+        self._rope_then_write_kv = rope_then_write_kv(self.rope, self.write_kv)   # rope_and_write_kv without Triton
 
     # ---- where arrays live ---------------------------------------------------------------------
     def to_device(self, array: np.ndarray | QuantizedMatrix | torch.Tensor, dtype=None) -> torch.Tensor:
@@ -237,7 +238,7 @@ class TorchKernels:
         if self._triton(qk):
             fused_ops().rope_and_write_kv(qk, value, positions, cos, sin, k_cache, v_cache, slot_mapping)
             return
-        rope_then_write_kv(self.rope, self.write_kv)(qk, value, positions, cos, sin, k_cache, v_cache, slot_mapping)
+        self._rope_then_write_kv(qk, value, positions, cos, sin, k_cache, v_cache, slot_mapping)
 
     def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         meta: AttentionMetadata, out: torch.Tensor, *, scale: float | None = None,
