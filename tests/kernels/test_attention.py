@@ -52,7 +52,7 @@ def batch_shapes(bs: int) -> list[tuple[int, int]]:
 
 
 def make_batch(shapes: list[tuple[int, int]], num_heads: int, num_kv_heads: int, bs: int,
-               dtype: np.dtype, rng: np.random.Generator) -> tuple[list[Seq], int]:
+               dtype: np.dtype, rng: np.random.Generator, head_dim: int = HEAD_DIM) -> tuple[list[Seq], int]:
     """Sequences with block tables drawn from a random permutation of a pool with spare blocks.
     Block 0, which pads short block tables, is always a spare: padding reads only garbage."""
     needed = [-(-seq_len // bs) for _, seq_len in shapes]
@@ -63,14 +63,15 @@ def make_batch(shapes: list[tuple[int, int]], num_heads: int, num_kv_heads: int,
         assert query_len <= seq_len
         table, pool = pool[:n], pool[n:]
         seqs.append(Seq(query_len, seq_len, table,
-                        rng.standard_normal((query_len, num_heads, HEAD_DIM)).astype(dtype),
-                        rng.standard_normal((seq_len, num_kv_heads, HEAD_DIM)).astype(dtype),
-                        rng.standard_normal((seq_len, num_kv_heads, HEAD_DIM)).astype(dtype)))
+                        rng.standard_normal((query_len, num_heads, head_dim)).astype(dtype),
+                        rng.standard_normal((seq_len, num_kv_heads, head_dim)).astype(dtype),
+                        rng.standard_normal((seq_len, num_kv_heads, head_dim)).astype(dtype)))
     return seqs, num_blocks
 
 
-def garbage_cache(num_slots: int, num_kv_heads: int, dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
-    return (GARBAGE * rng.uniform(-1, 1, (num_slots, num_kv_heads, HEAD_DIM))).astype(dtype)
+def garbage_cache(num_slots: int, num_kv_heads: int, dtype: np.dtype, rng: np.random.Generator,
+                  head_dim: int = HEAD_DIM) -> np.ndarray:
+    return (GARBAGE * rng.uniform(-1, 1, (num_slots, num_kv_heads, head_dim))).astype(dtype)
 
 
 def slots_of(table: list[int], positions: np.ndarray, bs: int) -> np.ndarray:
@@ -115,6 +116,20 @@ def test_paged_attention_matches_dense_on_scattered_mixed_batch(kernels, num_hea
     out = run_step(kernels, seqs, k_cache, v_cache, bs)
     assert out.dtype == dtype and out.shape == (sum(s.query_len for s in seqs), num_heads, HEAD_DIM)
     np.testing.assert_allclose(out, dense_outputs(seqs), rtol=0, atol=tolerance)
+
+
+@pytest.mark.parametrize("head_dim", [64, 40])   # whole vectors (numba: key_products.py) or not (its loops)
+@pytest.mark.parametrize("bs", [8, 16, 32])
+def test_long_decodes_match_dense_at_model_head_dims(kernels, bs, head_dim):
+    """Decodes whose contexts end mid-block and on an edge, over one and several decode parts,
+    with GQA, at the head sizes of real models: the products a whole run of keys at a time."""
+    rng = np.random.default_rng(bs + head_dim)
+    shapes = [(1, 5), (1, 17), (1, 16 * 20), (1, 16 * 20 + 9), (1, 700)]
+    seqs, num_blocks = make_batch(shapes, 6, 2, bs, np.float32, rng, head_dim)
+    k_cache = garbage_cache(num_blocks * bs, 2, np.float32, rng, head_dim)
+    v_cache = garbage_cache(num_blocks * bs, 2, np.float32, rng, head_dim)
+    out = run_step(kernels, seqs, k_cache, v_cache, bs)
+    np.testing.assert_allclose(out, dense_outputs(seqs), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("bs", [1, 4, 16])

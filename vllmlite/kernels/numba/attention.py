@@ -10,12 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 
 from vllmlite.kernels import blas, kv_dtype
 from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionMetadata, check_attention_options
 from vllmlite.kernels.numba.fast_exp import exp_shifted
-from vllmlite.kernels.numba.jit import parallel, serial
+from vllmlite.kernels.numba.jit import FASTMATH, parallel, serial
+from vllmlite.kernels.numba.key_products import KEYS, LANES, add_weighted_values, dot_keys
 from vllmlite.kernels.numba.kv_read import block_scratch, cache_arrays, load_block, prefetch_block
 from vllmlite.kernels.prefill_attention import prepare_chunk
 
@@ -183,6 +185,67 @@ def _block_values(scores, values, kv, group, acc, t0):  # pragma: no cover - com
             j += 1
 
 
+def block_scores(qs, keys, kv, group, scores, t0):
+    """scores[h, t0 + j] = qs[h] . keys[j, kv] for KV head kv's query heads h. Compiled only (the
+    overload below): float32 KEYS keys at a time as explicit vectors (key_products.py), the rest
+    (a partial run, a head_dim no multiple of LANES, float64) in `_block_scores`' loops."""
+    raise NotImplementedError("compiled only")
+
+
+def block_values(scores, values, kv, group, acc, t0):
+    """acc[h] += scores[h, t0 + j] * values[j, kv] for KV head kv's query heads h; as `block_scores`."""
+    raise NotImplementedError("compiled only")
+
+
+@serial
+def _contiguous(rows):  # pragma: no cover - compiled
+    """Whether rows [num, num_kv_heads, head_dim] lie as one C-ordered run, as key_products reads
+    them (a cache's slots, load_block's scratch), and head_dim fills whole vectors."""
+    itemsize = rows.itemsize
+    return (rows.shape[2] % LANES == 0 and rows.strides[2] == itemsize and rows.strides[1] == rows.shape[2] * itemsize
+            and rows.strides[0] == rows.shape[1] * rows.strides[1])
+
+
+def _vector_scores(qs, keys, kv, group, scores, t0):  # pragma: no cover - compiled
+    num_keys, num_kv_heads, head_dim = keys.shape
+    whole = num_keys - num_keys % KEYS if _contiguous(keys) else 0
+    for j in range(0, whole, KEYS):
+        for h in range(kv * group, (kv + 1) * group):
+            dot_keys(qs, h * head_dim, keys, (j * num_kv_heads + kv) * head_dim, num_kv_heads * head_dim,
+                     head_dim // LANES, scores, h * scores.shape[1] + t0 + j)
+    if whole < num_keys:
+        _block_scores(qs, keys[whole:], kv, group, scores, t0 + whole)
+
+
+def _vector_values(scores, values, kv, group, acc, t0):  # pragma: no cover - compiled
+    num_keys, num_kv_heads, head_dim = values.shape
+    whole = num_keys - num_keys % KEYS if _contiguous(values) else 0
+    for j in range(0, whole, KEYS):
+        for h in range(kv * group, (kv + 1) * group):
+            add_weighted_values(scores, h * scores.shape[1] + t0 + j, values, (j * num_kv_heads + kv) * head_dim,
+                                num_kv_heads * head_dim, head_dim // LANES, acc, h * head_dim)
+    if whole < num_keys:
+        _block_values(scores, values[whole:], kv, group, acc, t0 + whole)
+
+
+def _loop_scores(qs, keys, kv, group, scores, t0):  # pragma: no cover - compiled
+    _block_scores(qs, keys, kv, group, scores, t0)
+
+
+def _loop_values(scores, values, kv, group, acc, t0):  # pragma: no cover - compiled
+    _block_values(scores, values, kv, group, acc, t0)
+
+
+@overload(block_scores, jit_options={"fastmath": FASTMATH})
+def _block_scores_overload(qs, keys, kv, group, scores, t0):
+    return _vector_scores if qs.dtype == keys.dtype == types.float32 else _loop_scores
+
+
+@overload(block_values, jit_options={"fastmath": FASTMATH})
+def _block_values_overload(scores, values, kv, group, acc, t0):
+    return _vector_values if scores.dtype == values.dtype == types.float32 else _loop_values
+
+
 @serial
 def _run(block_table, block_size, pos, last):  # pragma: no cover - compiled
     """(first slot, length) of the keys from pos to the end of its block or to last - 1."""
@@ -218,7 +281,7 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
             prefetch_block(v_data, v_scales, *_run(block_table, block_size, first, last))
         keys = load_block(k_data, k_scales, slot, num, scratch)
         for kv in range(num_kv_heads):
-            _block_scores(qs, keys, kv, group, scores, pos - first)
+            block_scores(qs, keys, kv, group, scores, pos - first)
         pos += num
     if softcap is not None:
         for h in range(num_heads):
@@ -242,7 +305,7 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
             prefetch_block(v_data, v_scales, *_run(block_table, block_size, pos + num, last))
         values = load_block(v_data, v_scales, slot, num, scratch)
         for kv in range(num_kv_heads):
-            _block_values(scores, values, kv, group, acc, pos - first)
+            block_values(scores, values, kv, group, acc, pos - first)
         pos += num
 
 
