@@ -9,7 +9,10 @@ pass (every sequence one token; KV for the whole context present, each sequence 
 shuffled blocks) next to the GEMM-only time: the same linear layers on the same number of rows,
 with the same BLAS calls into the same buffers, and nothing else. Prefill: a 512-token prompt in
 one forward pass, tokens/s next to the GEMM-only rate. The ratio (forward / GEMM-only) is what the
-kernels and everything around the matrix products cost. Raw results: results/bench_step.json.
+kernels and everything around the matrix products cost. Beside it, the time to only read the step's
+K/V from the cache, block by block through the block tables as attention does (`kv_read_only`):
+GEMM-only plus that read is a floor under the step when attention waits on memory rather than
+arithmetic (`read_floor_ratio`). Raw results: results/bench_step.json.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 
 # isort: split
 import numpy as np
+from numba import prange
 
 from bench.measure import timed
 from bench.report import REPO_ROOT, machine_info, module_command
@@ -30,6 +34,8 @@ from vllmlite.engine_args import EngineArgs
 from vllmlite.kernels import get_kernels
 from vllmlite.kernels.attention_metadata import build_metadata
 from vllmlite.kernels.kv_dtype import PackedKV
+from vllmlite.kernels.numba.jit import parallel
+from vllmlite.kernels.numba.kv_read import cache_arrays, prefetch_block
 from vllmlite.kernels.reference import linear  # BLAS: the GEMM-only bound
 from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import load_model
@@ -74,6 +80,37 @@ def kv_for(model: DecoderModel, num_seqs: int, context: int, rng: np.random.Gene
     return [(cache(), cache()) for _ in range(c.num_layers)], tables
 
 
+@parallel
+def _read_blocks(data, scales, tables, num_keys, block_size, sums):  # pragma: no cover - compiled
+    """sums[s] = the sum of every stored element (and scale) of sequence s's first num_keys slots,
+    read a block at a time through its block table with the next block prefetched: the attention
+    kernels' reads of one cache, without their arithmetic."""
+    for s in prange(tables.shape[0]):
+        total = np.float32(0)
+        num_blocks = -(-num_keys // block_size)
+        for b in range(num_blocks):
+            if b + 1 < num_blocks:
+                prefetch_block(data, scales, tables[s, b + 1] * block_size, block_size)
+            first = tables[s, b] * block_size
+            values = data[first:first + block_size].ravel()
+            for i in range(values.shape[0]):
+                total += np.float32(values[i])
+            if scales is not None:
+                block_scales = scales[first:first + block_size].ravel()
+                for i in range(block_scales.shape[0]):
+                    total += block_scales[i]
+        sums[s] = total
+
+
+def kv_read_only(kv: list, tables: list[list[int]], num_keys: int) -> None:
+    """Every layer's K and V of the decode's sequences read as the attention kernels read them, and
+    nothing else: how long the step's KV bytes take to come from memory, the floor under attention."""
+    table_array, sums = np.asarray(tables, np.int64), np.empty(len(tables), np.float32)
+    for k_cache, v_cache in kv:
+        for cache in (k_cache, v_cache):
+            _read_blocks(*cache_arrays(cache), table_array, num_keys, BLOCK_SIZE, sums)
+
+
 def decode_row(model: DecoderModel, num_seqs: int, context: int, min_seconds: float, rng,
                kv_cache_dtype: str = "auto") -> dict:
     kv, tables = kv_for(model, num_seqs, context, rng, kv_cache_dtype)
@@ -82,8 +119,10 @@ def decode_row(model: DecoderModel, num_seqs: int, context: int, min_seconds: fl
     rows = np.arange(num_seqs)
     forward = median_seconds(lambda: model.forward(input_ids, meta, kv, rows), min_seconds)
     gemm = median_seconds(lambda: gemm_only(model, num_seqs, num_seqs), min_seconds)
+    read = median_seconds(lambda: kv_read_only(kv, tables, context + 1), min_seconds)
     return {"num_seqs": num_seqs, "context": context, "kv_cache_dtype": kv_cache_dtype, "forward_s": forward,
-            "gemm_only_s": gemm, "ratio": forward / gemm, "tokens_per_s": num_seqs / forward}
+            "gemm_only_s": gemm, "ratio": forward / gemm, "tokens_per_s": num_seqs / forward,
+            "kv_read_only_s": read, "read_floor_ratio": (gemm + read) / gemm}
 
 
 def prefill_row(model: DecoderModel, prompt_len: int, min_seconds: float, rng) -> dict:
@@ -132,6 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
             result["decode"].append(row)
             print(f"  seqs {num_seqs:3d} ctx {context:5d}: forward {row['forward_s'] * 1e3:8.1f}  "
                   f"gemm {row['gemm_only_s'] * 1e3:8.1f}  ratio {row['ratio']:.2f}  "
+                  f"KV read alone {row['kv_read_only_s'] * 1e3:6.1f} (floor {row['read_floor_ratio']:.2f})  "
                   f"{row['tokens_per_s']:7.1f} tok/s", file=sys.stderr)
         if args.decode is not None:
             continue

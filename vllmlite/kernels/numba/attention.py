@@ -253,6 +253,18 @@ def _run(block_table, block_size, pos, last):  # pragma: no cover - compiled
 
 
 @serial
+def _prefetch_share(data, scales, slot, num, share, shares):  # pragma: no cover - compiled
+    """Prefetches share `share` of `shares` of the run of num slots from slot (kv_read.prefetch_block).
+    The decode kernel spreads a block's prefetches over its KV heads' products instead of issuing
+    them all at once: a burst of a block's 60 cache lines stalled the core until the lines were on
+    their way, about as long as the reads themselves took. Attention in the int8 32 x 512 step of
+    the default model (30 layers, 2-core EPYC): 43.7 -> 34.6 and 46.7 -> 42.7 ms, alternated in one
+    process."""
+    lo, hi = share * num // shares, (share + 1) * num // shares
+    prefetch_block(data, scales, slot + lo, hi - lo)
+
+
+@serial
 def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scale, softcap, acc, best,
                  total):  # pragma: no cover - compiled
     """One query q [heads, head_dim] (a decode) over keys first .. last - 1 of its sequence, read in
@@ -276,11 +288,13 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
     while pos < last:   # the keys, a block (or the part of one in first .. last - 1) at a time
         slot, num = _run(block_table, block_size, pos, last)
         if pos + num < last:   # the next block's keys, else the first values, on their way
-            prefetch_block(k_data, k_scales, *_run(block_table, block_size, pos + num, last))
+            next_data, next_scales, next_pos = k_data, k_scales, pos + num
         else:
-            prefetch_block(v_data, v_scales, *_run(block_table, block_size, first, last))
+            next_data, next_scales, next_pos = v_data, v_scales, first
+        next_slot, next_num = _run(block_table, block_size, next_pos, last)
         keys = load_block(k_data, k_scales, slot, num, scratch)
         for kv in range(num_kv_heads):
+            _prefetch_share(next_data, next_scales, next_slot, next_num, kv, num_kv_heads)
             block_scores(qs, keys, kv, group, scores, pos - first)
         pos += num
     if softcap is not None:
@@ -301,10 +315,10 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
     pos = first
     while pos < last:
         slot, num = _run(block_table, block_size, pos, last)
-        if pos + num < last:
-            prefetch_block(v_data, v_scales, *_run(block_table, block_size, pos + num, last))
+        next_slot, next_num = _run(block_table, block_size, pos + num, last) if pos + num < last else (0, 0)
         values = load_block(v_data, v_scales, slot, num, scratch)
         for kv in range(num_kv_heads):
+            _prefetch_share(v_data, v_scales, next_slot, next_num, kv, num_kv_heads)
             block_values(scores, values, kv, group, acc, pos - first)
         pos += num
 
