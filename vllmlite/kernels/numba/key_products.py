@@ -10,7 +10,7 @@ keeps each 16-value chunk of its output in a register while all KEYS values are 
 
 Vectors are float32, LANES wide (an AVX-512 register; LLVM splits them on AVX2). Each array is
 addressed from its first element by an element offset the caller computes, as if it were flat
-and C-contiguous: the caller makes sure that it is (attention.py's `_contiguous`); nothing here
+and C-contiguous: the caller makes sure that it is (block_products.py's `_contiguous`); nothing here
 checks.
 Numba's disk cache keys a kernel on its own file only: after editing this one, delete the cached
 attention kernels (vllmlite/kernels/numba/__pycache__/attention.*.nb*).
