@@ -173,6 +173,16 @@ def test_32_keys_a_tile_only_for_wide_heads_and_many_programs():
     assert block_n_for(head_dim=256, num_programs=4096, num_sms=0) == 64      # the CPU
 
 
+def test_eight_warps_only_for_launches_of_few_programs():
+    ta = paged_attention_kernel()
+    assert ta.warps_for(num_programs=80, num_sms=132) == 8       # one decode, 8 KV heads, 10 splits
+    assert ta.warps_for(num_programs=396, num_sms=132) == 8      # up to 3 a multiprocessor
+    assert ta.warps_for(num_programs=397, num_sms=132) == 4
+    assert ta.warps_for(num_programs=8, num_sms=0) == 4          # the CPU
+    assert ta.short_query_plan(8, 64, 1168, 132) == (10, 64, 8)  # a graph's plan for one Llama-3.2-1B decode
+    assert ta.short_query_plan(2048, 64, 1168, 132) == (1, 64, 4)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_plan_for_a_long_context_spreads_a_short_one_over_its_splits(device, monkeypatch):
     """The CUDA-graph case: splits planned for max_model_len on a much shorter context give the

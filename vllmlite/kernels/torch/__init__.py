@@ -255,9 +255,9 @@ class TorchKernels:
                 tiles = meta.kernel_cache["torch.tiles"] = self.attention_tiles(meta, *q.shape[1:], k_cache.shape[1])
             block_tables = self._index(meta, "block_tables")
             kernel = paged_attention_kernel().paged_attention_tiles
-            for step_tiles, rows, num_splits, block_n in tiles:   # type: ignore[union-attr]
+            for step_tiles, rows, num_splits, block_n, num_warps in tiles:   # type: ignore[union-attr]
                 kernel(q, k_cache, v_cache, step_tiles, rows, block_tables, meta.block_size, out, num_splits,
-                       block_n, sliding_window=sliding_window, **options)
+                       block_n, num_warps, sliding_window=sliding_window, **options)
             return
         key = f"torch.groups {sliding_window}"
         if key not in meta.kernel_cache:
@@ -268,7 +268,7 @@ class TorchKernels:
     def attention_tiles(self, meta: AttentionMetadata, num_heads: int, head_dim: int,
                         num_kv_heads: int) -> list[tuple]:
         """The step's Triton launches: (tiles on the device, rows per tile, number of splits, keys
-        per tile) for the short queries (decodes, guesses; split over the context when they are too
+        per tile, warps a program) for the short queries (decodes, guesses; split over the context when they are too
         few to fill the device) and for the long prefill chunks."""
         ta = paged_attention_kernel()
         lens = np.diff(meta.query_start)
@@ -280,9 +280,9 @@ class TorchKernels:
             rows = ta.tile_rows(num_heads, num_kv_heads, long)
             tiles = ta.make_tiles(meta.query_start, meta.positions, seqs, rows)
             context = int(meta.seq_lens[seqs].max())
-            num_splits, block_n = (1, ta.BLOCK_N) if long else \
+            plan = (1, ta.BLOCK_N, 4) if long else \
                 ta.short_query_plan(len(tiles) * num_kv_heads, head_dim, context, self.num_sms)
-            launches.append((self.to_device(tiles), rows, num_splits, block_n))
+            launches.append((self.to_device(tiles), rows, *plan))
         return launches
 
     def _device_group(self, g: AttentionGroup) -> tuple[torch.Tensor, ...]:

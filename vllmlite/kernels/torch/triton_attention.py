@@ -43,6 +43,7 @@ from vllmlite.kernels.torch import pdl
 BLOCK_N = 64        # context positions per tile
 MIN_SPLIT_KEYS = 128  # the shortest stretch of context worth a program of its own (see split_plan)
 MAX_SPLITS = 16     # the most splits of one program's context (the combine unrolls over them)
+FEW_PROGRAMS_PER_SM = 3   # programs a multiprocessor up to which a launch's programs get 8 warps (warps_for)
 TILE_FIELDS = 4     # first row, number of rows, sequence, position of the first row
 
 
@@ -256,11 +257,27 @@ def split_counters(num: int, device: torch.device) -> torch.Tensor:
     return counters
 
 
-def short_query_plan(num_programs: int, head_dim: int, max_context: int, num_sms: int) -> tuple[int, int]:
-    """(splits, keys per tile) of a launch of short queries (decodes, guesses) whose tiles times KV
-    heads make `num_programs`: split_plan's, then block_n_for's over the split programs."""
+def short_query_plan(num_programs: int, head_dim: int, max_context: int, num_sms: int) -> tuple[int, int, int]:
+    """(splits, keys per tile, warps) of a launch of short queries (decodes, guesses) whose tiles
+    times KV heads make `num_programs`: split_plan's, then block_n_for's and warps_for's over the
+    split programs."""
     num_splits = split_plan(num_programs, max_context, num_sms)
-    return num_splits, block_n_for(head_dim, num_programs * num_splits, num_sms)
+    return num_splits, block_n_for(head_dim, num_programs * num_splits, num_sms), warps_for(num_programs * num_splits,
+                                                                                          num_sms)
+
+
+def warps_for(num_programs: int, num_sms: int) -> int:
+    """Warps a program of a launch of `num_programs` programs: 8 while they are few (up to
+    FEW_PROGRAMS_PER_SM a multiprocessor: decode batches up to 8 at 8 KV heads, split), else 4.
+
+    Why: on an H200 (results/gpu_attention_warps.json: 16 launches in a CUDA graph, bf16, 8 KV
+    heads, the splits a graph gets for 1,168 tokens) 8 warps took 0.84-0.85x 4 warps' time for one
+    decode at head_dim 64 and 0.80x at 128 (contexts 192 and 512), 0.85-0.98x for 2-8 decodes: more
+    warps keep more of a lone program's loads in flight. At 32 decodes (512 programs) it took
+    0.87-1.25x, and at 256 decodes 1.15-1.38x. In the engine, one stream (results/gpu_runs/
+    run41_attention_warps.json): 1,010 decode tok/s against 978-989 at the 1B shapes, 1,053-1,068
+    against 946-995 at 0.6B."""
+    return 8 if num_sms and num_programs <= FEW_PROGRAMS_PER_SM * num_sms else 4
 
 
 def block_n_for(head_dim: int, num_programs: int, num_sms: int) -> int:
