@@ -231,3 +231,28 @@ def test_int8_stores_keys_turned_and_the_rotation_shrinks_an_outlier_channels_er
     turned_error = np.abs(outputs["turned"] - outputs["float32"]).max()
     unturned_error = np.abs(outputs["unturned"] - outputs["float32"]).max()
     assert turned_error < 0.5 * unturned_error, (turned_error, unturned_error)
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 7])   # query heads a KV head: the int8 products' passes of 1-3 heads
+@pytest.mark.parametrize("bs", [4, 16, 32])             # runs shorter than a call's keys, one call, several
+@pytest.mark.parametrize("head_dim, dtype", [(64, np.float32), (128, np.float32), (64, np.float64)])
+def test_numba_int8_decodes_read_in_place_match_the_reference(group, bs, head_dim, dtype):
+    """Decodes over int8 K/V at model head sizes, where numba's products read the packed cache in
+    place (block_products.packed_scores, float32 queries) or widen it a block at a time (float64):
+    contexts ending mid-block and on an edge, over one and several decode parts, against the
+    reference's dense reading of the same cache."""
+    rng = np.random.default_rng(group * bs + head_dim)
+    num_kv_heads = 2
+    shapes = [(1, 5), (1, 17), (1, 16 * 20), (1, 16 * 20 + 9), (1, 700)]
+    seqs, num_blocks = make_batch(shapes, group * num_kv_heads, num_kv_heads, bs, dtype, rng, head_dim)
+    meta = build_metadata([1] * len(seqs), [s.seq_len for s in seqs], [s.block_table for s in seqs], bs)
+    q = np.concatenate([s.q for s in seqs])
+    k_cache, v_cache = (packed_garbage("int8", num_blocks * bs, num_kv_heads, rng, head_dim) for _ in "kv")
+    for s in seqs:
+        positions = np.arange(s.seq_len)
+        reference.write_kv(k_cache, v_cache, s.k[positions], s.v[positions], slots_of(s.block_table, positions, bs))
+    outputs = {}
+    for name in ("numpy", "numba"):
+        outputs[name] = np.full_like(q, np.nan)
+        get_kernels(name).paged_attention(q, k_cache, v_cache, meta, outputs[name])
+    np.testing.assert_allclose(outputs["numba"], outputs["numpy"], rtol=0, atol=2e-5)

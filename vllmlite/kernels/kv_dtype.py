@@ -36,7 +36,8 @@ bytes, and copy-on-write and swaps copy the scales with their slots (`copy_slots
 
 Reading: the reference gathers a group's blocks and widens them (`gather_blocks`); the numba
 backend's attention kernels widen each block as they reach it, into scratch that stays in cache
-(numba/kv_read.py), so int8 reads about a quarter of float32's bytes.
+(numba/kv_read.py), or for int8 decodes in registers inside the products (numba/block_products.py),
+so int8 reads about a quarter of float32's bytes.
 The torch backend stores `auto` (config.py refuses the packed kinds there, naming kv_cache_dtype,
 except the half dtype it computes in, which is what auto stores) and `fp8`, which only it stores:
 

@@ -14,7 +14,7 @@ from numba import prange
 
 from vllmlite.kernels import blas, kv_dtype
 from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionMetadata, check_attention_options
-from vllmlite.kernels.numba.block_products import block_scores, block_values
+from vllmlite.kernels.numba.block_products import block_scores, block_values, packed_scores, packed_values, reads_packed
 from vllmlite.kernels.numba.fast_exp import exp_shifted
 from vllmlite.kernels.numba.jit import parallel, serial
 from vllmlite.kernels.numba.kv_read import block_scratch, cache_arrays, load_block, prefetch_block
@@ -162,7 +162,7 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
     sum of p, with p = exp(score - best[h]), for `_paged_attention` to combine across parts. All
     scores of the part are kept (heads x up to DECODE_PART + DECODE_PART_SLACK floats), so the softmax takes two plain passes
     (exp_shifted's vectors) and each K and V vector is read once, a block at a time (load_block
-    widens a packed one), for the `group` query heads sharing it."""
+    widens a packed one, or the int8 products read it in place), for the `group` query heads sharing it."""
     num_heads, head_dim = q.shape
     (k_data, k_scales), (v_data, v_scales) = k_cache, v_cache
     num_kv_heads = k_data.shape[1]
@@ -174,6 +174,7 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
             qs[h, d] = q[h, d] * scale
     scores = np.empty((num_heads, num_keys), dtype=q.dtype)
     scratch = block_scratch(q, block_size, num_kv_heads)
+    packed = reads_packed(q, k_data)   # int8 read in place by the products, else widened here a block at a time
     pos = first
     while pos < last:   # the keys, a block (or the part of one in first .. last - 1) at a time
         slot, num = _run(block_table, block_size, pos, last)
@@ -182,10 +183,13 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
         else:
             next_data, next_scales, next_pos = v_data, v_scales, first
         next_slot, next_num = _run(block_table, block_size, next_pos, last)
-        keys = load_block(k_data, k_scales, slot, num, scratch)
+        keys = load_block(k_data, k_scales, slot, 0 if packed else num, scratch)
         for kv in range(num_kv_heads):
             _prefetch_share(next_data, next_scales, next_slot, next_num, kv, num_kv_heads)
-            block_scores(qs, keys, kv, group, scores, pos - first)
+            if packed:
+                packed_scores(qs, k_data, k_scales, slot, num, kv, group, scores, pos - first)
+            else:
+                block_scores(qs, keys, kv, group, scores, pos - first)
         pos += num
     if softcap is not None:
         for h in range(num_heads):
@@ -206,10 +210,13 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
     while pos < last:
         slot, num = _run(block_table, block_size, pos, last)
         next_slot, next_num = _run(block_table, block_size, pos + num, last) if pos + num < last else (0, 0)
-        values = load_block(v_data, v_scales, slot, num, scratch)
+        values = load_block(v_data, v_scales, slot, 0 if packed else num, scratch)
         for kv in range(num_kv_heads):
             _prefetch_share(v_data, v_scales, next_slot, next_num, kv, num_kv_heads)
-            block_values(scores, values, kv, group, acc, pos - first)
+            if packed:
+                packed_values(scores, v_data, v_scales, slot, num, kv, group, acc, pos - first)
+            else:
+                block_values(scores, values, kv, group, acc, pos - first)
         pos += num
 
 

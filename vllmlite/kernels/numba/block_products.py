@@ -2,6 +2,8 @@
 scores q . k of each key, and the sum of the values weighted by those scores. float32 contiguous
 blocks go KEYS keys at a time through the explicit vectors of key_products.py; the rest (a
 partial run, a head_dim no multiple of LANES, float64, a strided view) through plain loops.
+An int8 cache's blocks are read in place, unwidened (`reads_packed`, `packed_scores`,
+`packed_values`), when head_dim is whole groups of LANES.
 Knows nothing of caches, block tables or softmax (attention.py).
 Numba's disk cache keys a kernel on its own file only: after editing this one, delete the cached
 attention kernels (vllmlite/kernels/numba/__pycache__/attention.*.nb*).
@@ -9,11 +11,13 @@ attention kernels (vllmlite/kernels/numba/__pycache__/attention.*.nb*).
 
 from __future__ import annotations
 
+import numpy as np
 from numba import types
 from numba.extending import overload
 
+from vllmlite.kernels.numba import key_products as products
 from vllmlite.kernels.numba.jit import FASTMATH, serial
-from vllmlite.kernels.numba.key_products import KEYS, LANES, add_weighted_values, dot_keys
+from vllmlite.kernels.numba.key_products import INT8_HEADS, INT8_SCORE_KEYS, KEYS, LANES, add_weighted_values, dot_keys
 
 
 @serial
@@ -123,3 +127,122 @@ def _block_scores_overload(qs, keys, kv, group, scores, t0):
 @overload(block_values, jit_options={"fastmath": FASTMATH})
 def _block_values_overload(scores, values, kv, group, acc, t0):
     return _vector_values if scores.dtype == values.dtype == types.float32 else _loop_values
+
+
+def reads_packed(q, data):
+    """Whether `packed_scores` and `packed_values` read this cache's data (kv_read.cache_arrays's)
+    in place for queries like q: int8 whose head_dim is whole groups of LANES, each with its scale,
+    and float32 queries. Others are
+    widened a block at a time (kv_read.load_block) for block_scores and block_values."""
+    raise NotImplementedError("compiled only")
+
+
+def packed_scores(qs, data, scales, slot, num, kv, group, scores, t0):
+    """scores[h, t0 + j] = qs[h] . key slot + j of an int8 cache, for KV head kv's query heads h
+    and j < num (the run of slots of one block): passes of up to INT8_HEADS heads, each widening
+    INT8_SCORE_KEYS keys in registers for all its heads (key_products.py), then the rest of the
+    run in loops. Where `reads_packed` is false it is never called, and does nothing."""
+    raise NotImplementedError("compiled only")
+
+
+def packed_values(scores, data, scales, slot, num, kv, group, acc, t0):
+    """acc[h] += scores[h, t0 + j] * value slot + j of an int8 cache, for KV head kv's query heads
+    h and j < num; as `packed_scores`, KEYS values a call."""
+    raise NotImplementedError("compiled only")
+
+
+@serial
+def _pass_heads(remaining):  # pragma: no cover - compiled
+    """Heads the next pass takes of the `remaining` of a group: INT8_HEADS or fewer, 4 as 2 + 2."""
+    return 2 if remaining == 2 or remaining == 4 else min(remaining, INT8_HEADS)
+
+
+@serial
+def _packed_offsets(data, slot, kv):  # pragma: no cover - compiled
+    """(element offset of slot's KV head kv in data, of its first scale, elements from one slot to
+    the next, scales from one slot to the next, groups a head)."""
+    num_kv_heads, head_dim = data.shape[1], data.shape[2]
+    chunks = head_dim // LANES
+    return ((slot * num_kv_heads + kv) * head_dim, (slot * num_kv_heads + kv) * chunks, num_kv_heads * head_dim,
+            num_kv_heads * chunks, chunks)
+
+
+def _int8_scores(qs, data, scales, slot, num, kv, group, scores, t0):  # pragma: no cover - compiled
+    head_dim, row = data.shape[2], scores.shape[1]
+    h, end = kv * group, (kv + 1) * group
+    while h < end:
+        heads = _pass_heads(end - h)
+        keys = KEYS if heads == 1 else INT8_SCORE_KEYS
+        j = 0
+        while j + keys <= num:
+            offset, scale_offset, stride, scale_stride, chunks = _packed_offsets(data, slot + j, kv)
+            args = (qs, h * head_dim, data, scales, offset, stride, scale_offset, scale_stride, chunks, scores,
+                    h * row + t0 + j, row)
+            if heads == 3:
+                products.int8_dot_keys_3(*args)
+            elif heads == 2:
+                products.int8_dot_keys_2(*args)
+            else:
+                products.int8_dot_keys_1(*args)
+            j += keys
+        for k in range(j, num):
+            for hh in range(h, h + heads):
+                dot = qs.dtype.type(0)
+                for d in range(head_dim):
+                    dot += qs[hh, d] * (np.float32(data[slot + k, kv, d]) * scales[slot + k, kv, d // LANES])
+                scores[hh, t0 + k] = dot
+        h += heads
+
+
+def _int8_values(scores, data, scales, slot, num, kv, group, acc, t0):  # pragma: no cover - compiled
+    head_dim, row = data.shape[2], scores.shape[1]
+    h, end = kv * group, (kv + 1) * group
+    while h < end:
+        heads = _pass_heads(end - h)
+        j = 0
+        while j + KEYS <= num:
+            offset, scale_offset, stride, scale_stride, chunks = _packed_offsets(data, slot + j, kv)
+            args = (scores, h * row + t0 + j, row, data, scales, offset, stride, scale_offset, scale_stride, chunks,
+                    acc, h * head_dim)
+            if heads == 3:
+                products.int8_add_values_3(*args)
+            elif heads == 2:
+                products.int8_add_values_2(*args)
+            else:
+                products.int8_add_values_1(*args)
+            j += KEYS
+        for k in range(j, num):
+            for hh in range(h, h + heads):
+                p = scores[hh, t0 + k]
+                for d in range(head_dim):
+                    acc[hh, d] += p * (np.float32(data[slot + k, kv, d]) * scales[slot + k, kv, d // LANES])
+        h += heads
+
+
+def _no_scores(qs, data, scales, slot, num, kv, group, scores, t0):  # pragma: no cover - compiled
+    pass
+
+
+def _no_values(scores, data, scales, slot, num, kv, group, acc, t0):  # pragma: no cover - compiled
+    pass
+
+
+def _packed(q, data):
+    return q.dtype == types.float32 and data.dtype == types.int8
+
+
+@overload(reads_packed)
+def _reads_packed_overload(q, data):
+    if _packed(q, data):
+        return lambda q, data: data.shape[2] % LANES == 0
+    return lambda q, data: False
+
+
+@overload(packed_scores, jit_options={"fastmath": FASTMATH})
+def _packed_scores_overload(qs, data, scales, slot, num, kv, group, scores, t0):
+    return _int8_scores if _packed(qs, data) else _no_scores
+
+
+@overload(packed_values, jit_options={"fastmath": FASTMATH})
+def _packed_values_overload(scores, data, scales, slot, num, kv, group, acc, t0):
+    return _int8_values if _packed(scores, data) else _no_values

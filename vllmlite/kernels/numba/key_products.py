@@ -58,11 +58,14 @@ def _splat(builder, value):
 
 
 def lane_sums(builder, vectors):
-    """One vector whose lane j is the sum of vectors[j]'s lanes, for LANES vectors: pairs of
-    vectors halve their runs of one key's partial sums (first a key in every lane, then 8 lanes
-    each of 2 keys, then 4 lanes each of 4 ...) by adding their interleaved halves, one shuffle
-    each, until one vector holds one lane a key; then a last shuffle puts key j in lane j."""
-    owners = [[key] * LANES for key in range(len(vectors))]   # the key each lane's partial sum is of
+    """A vector of len(vectors) lanes (a power of two up to LANES) whose lane j is the sum of
+    vectors[j]'s lanes: pairs of vectors halve their runs of one key's partial sums (first a key in
+    every lane, then 8 lanes each of 2 keys, then 4 lanes each of 4 ...) by adding their
+    interleaved halves, one shuffle each, until one vector is left; for fewer than LANES keys each
+    run of that one is then added to itself shifted by half a run until one lane a key is left;
+    then a last shuffle puts key j in lane j."""
+    num = len(vectors)
+    owners = [[key] * LANES for key in range(num)]   # the key each lane's partial sum is of
     run = LANES
     while len(vectors) > 1:
         half = run // 2
@@ -76,8 +79,14 @@ def lane_sums(builder, vectors):
             next_vectors.append(builder.fadd(builder.shuffle_vector(a, b, masks[0]), builder.shuffle_vector(a, b, masks[1])))
             next_owners.append([both[i] for i in low])
         vectors, owners, run = next_vectors, next_owners, half
-    order = [owners[0].index(key) for key in range(LANES)]
-    return builder.shuffle_vector(vectors[0], vectors[0], ir.Constant(ir.VectorType(_MASK, LANES), order))
+    vector, owner = vectors[0], owners[0]
+    while run > 1:
+        half = run // 2
+        shifted = [i + half if i % run < half else i - half for i in range(LANES)]
+        vector = builder.fadd(vector, builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_MASK, LANES), shifted)))
+        run = half
+    order = [owner.index(key) for key in range(num)]
+    return builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_MASK, num), order))
 
 
 @intrinsic
@@ -132,3 +141,104 @@ def add_weighted_values(typingctx, p, p_offset, values, value_offset, value_stri
     if not _floats(p, values, acc):
         return None
     return types.void(p, types.intp, values, types.intp, types.intp, types.intp, acc, types.intp), codegen
+
+
+# int8 K and V straight from the cache: each group of LANES int8 values (kv_dtype.INT8_GROUP, one
+# float32 scale) is widened in registers, as kv_read's `_widen_lanes` does it (sign extension,
+# conversion, a product with the scale), and serves every query head of a pass before the next one
+# is read. Widening a block into scratch first and reading it back once a head cost a store and a
+# load a vector more; 32 x 513 int8 keys and values, default model's heads: 1.07-1.15 -> 0.90-0.94
+# ms a layer (2-core EPYC, one process, alternated).
+INT8_HEADS = 3                         # query heads a pass at most (scores: 3 x 8 accumulators in registers)
+INT8_SCORE_KEYS = 8   # keys a scores call takes for 2 or 3 heads (for 3, 0.90 ms a layer against 0.97 with 16 keys, 0.94 with 4); KEYS for 1
+_BYTES = ir.VectorType(ir.IntType(8), LANES)
+
+
+def _widened(builder, data, scales, offset, scale_offset):
+    """The LANES int8 values at data[offset] times the float32 at scales[scale_offset]."""
+    packed = builder.load(builder.bitcast(builder.gep(data, [offset]), _BYTES.as_pointer()), align=1)
+    ints = builder.sext(packed, ir.VectorType(ir.IntType(32), LANES))
+    return builder.fmul(builder.sitofp(ints, _VECTOR), _splat(builder, builder.load(builder.gep(scales, [scale_offset]))))
+
+
+def _int8(data, scales):
+    return isinstance(data, types.Array) and data.dtype == types.int8 and _floats(scales)
+
+
+def _int8_dot_keys(heads, keys):
+    @intrinsic
+    def dot(typingctx, q, q_offset, data, scales, offset, stride, scale_offset, scale_stride, num_chunks, scores,
+            score_offset, score_row):
+        """scores[score_offset + h * score_row + j] = q[q_offset + h * n:][:n] . key j, for the
+        `heads` heads h and `keys` keys j, n = LANES * num_chunks; key j is the int8 values at
+        data[offset + j * stride:][:n], each LANES times its scale at scales[scale_offset + j *
+        scale_stride + chunk]."""
+        def codegen(context, builder, signature, args):
+            q_data, k_data, s_data, out = (_pointer(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 9))
+            q_offset, offset, stride, scale_offset, scale_stride, num_chunks, score_offset, score_row = \
+                (args[i] for i in (1, 4, 5, 6, 7, 8, 10, 11))
+            head_dim = builder.mul(num_chunks, ir.Constant(_INDEX, LANES))
+            zero = ir.Constant(_VECTOR, [0.0] * LANES)
+            sums = [[cgutils.alloca_once_value(builder, zero) for _ in range(keys)] for _ in range(heads)]
+            with cgutils.for_range(builder, num_chunks) as loop:
+                chunk = builder.mul(loop.index, ir.Constant(_INDEX, LANES))
+                queries = [builder.load(_vector_at(builder, q_data, builder.add(builder.add(q_offset, chunk),
+                                                                                 builder.mul(head_dim, ir.Constant(_INDEX, h)))),
+                                        align=4) for h in range(heads)]
+                row, scale_row = builder.add(offset, chunk), builder.add(scale_offset, loop.index)
+                for j in range(keys):
+                    key = _widened(builder, k_data, s_data, row, scale_row)
+                    for h in range(heads):
+                        builder.store(_fma(builder, queries[h], key, builder.load(sums[h][j])), sums[h][j])
+                    row, scale_row = builder.add(row, stride), builder.add(scale_row, scale_stride)
+            for h in range(heads):
+                total = lane_sums(builder, [builder.load(s) for s in sums[h]])
+                at = builder.add(score_offset, builder.mul(score_row, ir.Constant(_INDEX, h)))
+                builder.store(total, builder.bitcast(builder.gep(out, [at]), total.type.as_pointer()), align=4)
+            return context.get_dummy_value()
+        if not (_floats(q, scores) and _int8(data, scales)):
+            return None
+        return types.void(q, types.intp, data, scales, *[types.intp] * 5, scores, types.intp, types.intp), codegen
+    return dot
+
+
+def _int8_add_weighted_values(heads):
+    @intrinsic
+    def add(typingctx, p, p_offset, p_row, data, scales, offset, stride, scale_offset, scale_stride, num_chunks,
+            acc, acc_offset):
+        """acc[acc_offset + h * n:][:n] += sum over the KEYS keys j of p[p_offset + h * p_row + j]
+        * value j, for the `heads` heads h, n = LANES * num_chunks, value j read as `_int8_dot_keys`
+        reads key j; per head and chunk four registers (keys j, j + 4, ... in the same one), as
+        `add_weighted_values`."""
+        def codegen(context, builder, signature, args):
+            p_data, v_data, s_data, acc_data = (_pointer(context, builder, signature.args[i], args[i]) for i in (0, 3, 4, 10))
+            p_offset, p_row, offset, stride, scale_offset, scale_stride, num_chunks, acc_offset = \
+                (args[i] for i in (1, 2, 5, 6, 7, 8, 9, 11))
+            head_dim = builder.mul(num_chunks, ir.Constant(_INDEX, LANES))
+            zero = ir.Constant(_VECTOR, [0.0] * LANES)
+            with cgutils.for_range(builder, num_chunks) as loop:
+                chunk = builder.mul(loop.index, ir.Constant(_INDEX, LANES))
+                targets = [_vector_at(builder, acc_data, builder.add(builder.add(acc_offset, chunk),
+                                                                     builder.mul(head_dim, ir.Constant(_INDEX, h))))
+                           for h in range(heads)]
+                partial = [[builder.load(target, align=4), zero, zero, zero] for target in targets]
+                row, scale_row = builder.add(offset, chunk), builder.add(scale_offset, loop.index)
+                for j in range(KEYS):
+                    value = _widened(builder, v_data, s_data, row, scale_row)
+                    for h in range(heads):
+                        at = builder.add(builder.add(p_offset, ir.Constant(_INDEX, j)), builder.mul(p_row, ir.Constant(_INDEX, h)))
+                        weight = _splat(builder, builder.load(builder.gep(p_data, [at])))
+                        partial[h][j % 4] = _fma(builder, weight, value, partial[h][j % 4])
+                    row, scale_row = builder.add(row, stride), builder.add(scale_row, scale_stride)
+                for target, parts in zip(targets, partial):
+                    builder.store(builder.fadd(builder.fadd(parts[0], parts[1]), builder.fadd(parts[2], parts[3])),
+                                  target, align=4)
+            return context.get_dummy_value()
+        if not (_floats(p, acc) and _int8(data, scales)):
+            return None
+        return types.void(p, types.intp, types.intp, data, scales, *[types.intp] * 5, acc, types.intp), codegen
+    return add
+
+
+int8_dot_keys_1, int8_dot_keys_2, int8_dot_keys_3 = _int8_dot_keys(1, KEYS), *(_int8_dot_keys(h, INT8_SCORE_KEYS) for h in (2, 3))
+int8_add_values_1, int8_add_values_2, int8_add_values_3 = (_int8_add_weighted_values(h) for h in (1, 2, 3))

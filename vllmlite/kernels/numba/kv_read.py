@@ -1,7 +1,9 @@
 """The numba backend's reading of K or V from a cache of any kv_cache_dtype (the format is
 vllmlite/kernels/kv_dtype.py's), for the attention kernels to call a block (or the part of one they
 need) at a time: packed values are widened into a block of scratch that stays in L1, never into a
-copy of the cache, so a smaller cache is also fewer bytes read. Knows nothing of attention.
+copy of the cache, so a smaller cache is also fewer bytes read. (The decode kernel's int8 products
+widen in registers instead, block_products.py; prefill tiles and the 16-bit kinds come here.)
+Knows nothing of attention.
 
 The kinds reach the kernels as arrays whose dtype says how to widen them (`cache_arrays`): a plain
 float cache as itself, int8 with its scales, bf16 as uint16 bits, fp16 as int16 bits (numba has
@@ -119,7 +121,7 @@ def _int8(data, scales, first, num, scratch):  # pragma: no cover - compiled
     head_dim no multiple of it) in a loop. In float32, as kv_dtype.decode."""
     out = scratch[:num]
     values, group_scales, flat = data[first:first + num].ravel(), scales[first:first + num].ravel(), out.ravel()
-    group = values.shape[0] // group_scales.shape[0]
+    group = data.shape[2] // scales.shape[2]   # per slot: no division by zero when num is 0
     if group == LANES:
         for g in range(group_scales.shape[0]):
             _widen_lanes(values, g * LANES, group_scales[g], flat)
