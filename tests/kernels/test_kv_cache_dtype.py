@@ -233,9 +233,11 @@ def test_int8_stores_keys_turned_and_the_rotation_shrinks_an_outlier_channels_er
     assert turned_error < 0.5 * unturned_error, (turned_error, unturned_error)
 
 
-@pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 7])   # query heads a KV head: the int8 products' passes of 1-3 heads
-@pytest.mark.parametrize("bs", [4, 16, 32])             # runs shorter than a call's keys, one call, several
-@pytest.mark.parametrize("head_dim, dtype", [(64, np.float32), (128, np.float32), (64, np.float64)])
+# (query heads a KV head: the int8 products' passes of 1-3 heads; block size: runs shorter than a
+# call's keys, one call, several; head_dim; query dtype: float64 widens a block at a time instead)
+@pytest.mark.parametrize("group, bs, head_dim, dtype", [
+    (1, 16, 64, np.float32), (2, 4, 64, np.float32), (3, 32, 64, np.float32), (4, 16, 64, np.float32),
+    (5, 32, 128, np.float32), (7, 4, 64, np.float32), (3, 16, 128, np.float32), (3, 16, 64, np.float64)])
 def test_numba_int8_decodes_read_in_place_match_the_reference(group, bs, head_dim, dtype):
     """Decodes over int8 K/V at model head sizes, where numba's products read the packed cache in
     place (block_products.packed_scores, float32 queries) or widen it a block at a time (float64):

@@ -320,10 +320,16 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     parts = meta.kernel_cache.get(f"decode_parts {window}")
     if parts is None:   # the same for every layer of the step with this window
         parts = meta.kernel_cache[f"decode_parts {window}"] = _decode_parts(meta.query_start, meta.seq_lens, window)
-    _paged_attention(q, cache_arrays(k_cache), cache_arrays(v_cache), meta.query_start, meta.seq_lens,
-                     meta.block_tables, meta.block_size, MAX_BATCHED_QUERY_LEN,
+    # The kernel sees C-contiguous q and out only: a strided view (the engine's q and out are views
+    # of its workspace) would be one more compiled kernel for each dtype, kind and option (29 in a
+    # test run instead of 15, each about 8 s to compile); the copies are a few microseconds a decode step.
+    compact = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+    _paged_attention(np.ascontiguousarray(q), cache_arrays(k_cache), cache_arrays(v_cache), meta.query_start,
+                     meta.seq_lens, meta.block_tables, meta.block_size, MAX_BATCHED_QUERY_LEN,
                      dtype(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), window,
-                     None if softcap is None else dtype(softcap), *parts, out)
+                     None if softcap is None else dtype(softcap), *parts, compact)
+    if compact is not out:
+        out[...] = compact   # the long chunks' rows are written below, over what this copies
     if len(meta.long_seqs):
         _attend_long_chunks(q, k_cache, v_cache, meta, out,
                             dict(scale=scale, sliding_window=sliding_window, softcap=softcap))

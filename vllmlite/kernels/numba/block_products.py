@@ -132,8 +132,8 @@ def _block_values_overload(scores, values, kv, group, acc, t0):
 def reads_packed(q, data):
     """Whether `packed_scores` and `packed_values` read this cache's data (kv_read.cache_arrays's)
     in place for queries like q: int8 whose head_dim is whole groups of LANES, each with its scale,
-    and float32 queries. Others are
-    widened a block at a time (kv_read.load_block) for block_scores and block_values."""
+    and float32 queries. Others are widened a block at a time (kv_read.load_block) for block_scores
+    and block_values."""
     raise NotImplementedError("compiled only")
 
 
@@ -167,6 +167,12 @@ def _packed_offsets(data, slot, kv):  # pragma: no cover - compiled
             num_kv_heads * chunks, chunks)
 
 
+@serial
+def _int8_at(data, scales, slot, kv, d):  # pragma: no cover - compiled
+    """Element d of slot's KV head kv in an int8 cache, widened as kv_dtype.decode does."""
+    return np.float32(data[slot, kv, d]) * scales[slot, kv, d // LANES]
+
+
 def _int8_scores(qs, data, scales, slot, num, kv, group, scores, t0):  # pragma: no cover - compiled
     head_dim, row = data.shape[2], scores.shape[1]
     h, end = kv * group, (kv + 1) * group
@@ -189,7 +195,7 @@ def _int8_scores(qs, data, scales, slot, num, kv, group, scores, t0):  # pragma:
             for hh in range(h, h + heads):
                 dot = qs.dtype.type(0)
                 for d in range(head_dim):
-                    dot += qs[hh, d] * (np.float32(data[slot + k, kv, d]) * scales[slot + k, kv, d // LANES])
+                    dot += qs[hh, d] * _int8_at(data, scales, slot + k, kv, d)
                 scores[hh, t0 + k] = dot
         h += heads
 
@@ -215,7 +221,7 @@ def _int8_values(scores, data, scales, slot, num, kv, group, acc, t0):  # pragma
             for hh in range(h, h + heads):
                 p = scores[hh, t0 + k]
                 for d in range(head_dim):
-                    acc[hh, d] += p * (np.float32(data[slot + k, kv, d]) * scales[slot + k, kv, d // LANES])
+                    acc[hh, d] += p * _int8_at(data, scales, slot + k, kv, d)
         h += heads
 
 

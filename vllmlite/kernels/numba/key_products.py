@@ -161,6 +161,12 @@ def _widened(builder, data, scales, offset, scale_offset):
     return builder.fmul(builder.sitofp(ints, _VECTOR), _splat(builder, builder.load(builder.gep(scales, [scale_offset]))))
 
 
+def _head_chunks(builder, base, offset, chunk, head_dim, heads):
+    """Pointers to the vector at `chunk` of each of `heads` rows of head_dim from base[offset]."""
+    return [_vector_at(builder, base, builder.add(builder.add(offset, chunk), builder.mul(head_dim, ir.Constant(_INDEX, h))))
+            for h in range(heads)]
+
+
 def _int8(data, scales):
     return isinstance(data, types.Array) and data.dtype == types.int8 and _floats(scales)
 
@@ -182,9 +188,7 @@ def _int8_dot_keys(heads, keys):
             sums = [[cgutils.alloca_once_value(builder, zero) for _ in range(keys)] for _ in range(heads)]
             with cgutils.for_range(builder, num_chunks) as loop:
                 chunk = builder.mul(loop.index, ir.Constant(_INDEX, LANES))
-                queries = [builder.load(_vector_at(builder, q_data, builder.add(builder.add(q_offset, chunk),
-                                                                                 builder.mul(head_dim, ir.Constant(_INDEX, h)))),
-                                        align=4) for h in range(heads)]
+                queries = [builder.load(at, align=4) for at in _head_chunks(builder, q_data, q_offset, chunk, head_dim, heads)]
                 row, scale_row = builder.add(offset, chunk), builder.add(scale_offset, loop.index)
                 for j in range(keys):
                     key = _widened(builder, k_data, s_data, row, scale_row)
@@ -218,9 +222,7 @@ def _int8_add_weighted_values(heads):
             zero = ir.Constant(_VECTOR, [0.0] * LANES)
             with cgutils.for_range(builder, num_chunks) as loop:
                 chunk = builder.mul(loop.index, ir.Constant(_INDEX, LANES))
-                targets = [_vector_at(builder, acc_data, builder.add(builder.add(acc_offset, chunk),
-                                                                     builder.mul(head_dim, ir.Constant(_INDEX, h))))
-                           for h in range(heads)]
+                targets = _head_chunks(builder, acc_data, acc_offset, chunk, head_dim, heads)
                 partial = [[builder.load(target, align=4), zero, zero, zero] for target in targets]
                 row, scale_row = builder.add(offset, chunk), builder.add(scale_offset, loop.index)
                 for j in range(KEYS):
