@@ -36,7 +36,6 @@ from vllmlite.kernels import blas, reference
 from vllmlite.kernels import numba as numba_kernels
 from vllmlite.kernels.attention_metadata import AttentionMetadata, build_metadata
 from vllmlite.kernels.numba import attention as numba_attention
-from vllmlite.kernels.numba.kv_read import cache_arrays
 from vllmlite.kernels.prefill_attention import TILE_QUERIES, attend_chunk
 from vllmlite.models.decoder import DecoderModel
 from vllmlite.models.loader import LoadedModel, load_model
@@ -47,11 +46,7 @@ BLOCK_SIZE = 16
 def dense_paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
                           out: np.ndarray) -> None:
     """The numba backend's paged_attention with each long chunk through the dense reference."""
-    scale = q.dtype.type(1.0 / np.sqrt(q.shape[-1]))
-    parts = numba_attention._decode_parts(meta.query_start, meta.seq_lens, None)
-    numba_attention._paged_attention(q, cache_arrays(k_cache), cache_arrays(v_cache), meta.query_start,
-                                     meta.seq_lens, meta.block_tables, meta.block_size,
-                                     numba_attention.MAX_BATCHED_QUERY_LEN, scale, None, None, *parts, out)
+    numba_attention.attend_short_queries(q, k_cache, v_cache, meta, out)
     for group in meta.long_groups:
         reference.attend_group(q, k_cache, v_cache, group, meta.block_size, out)
 

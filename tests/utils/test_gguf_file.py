@@ -75,7 +75,9 @@ def test_llama_cpp_vocabularies_read_as_gguf_reads_them():
     tree = llama_cpp_source()
     if tree is None:
         skip_unless_ci("llama.cpp's sources are not available")
-    for path in sorted((tree / "models").glob("ggml-vocab-*.gguf"))[:4]:   # GGUFReader is slow: a sample
+    # GGUFReader is slow: a sample of the three tokenizer models (aquila gpt2, baichuan llama,
+    # bert-bge bert); command-r, a second gpt2, took 14 of the test's 30-40 s.
+    for path in sorted((tree / "models").glob("ggml-vocab-*.gguf"))[:3]:
         assert_same_as_gguf_reader(path)
 
 

@@ -294,6 +294,29 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
     _combine_parts(query_start, first_item, acc, best, total, out)
 
 
+def attend_short_queries(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
+                         out: np.ndarray, scale: float | None = None, sliding_window: int | None = None,
+                         softcap: float | None = None) -> None:
+    """The compiled kernel's part of paged_attention: out's rows of the decodes and short queries
+    (the long chunks' rows are left to the caller, holding anything).
+
+    The kernel sees C-contiguous q and out only: a strided view (the engine's q and out are views of
+    its workspace) would be one more compiled kernel for each dtype, kind and option (29 in a test
+    run instead of 15, each about 8 s to compile); the copies cost a few microseconds a decode step."""
+    dtype = q.dtype.type
+    window = None if sliding_window is None else int(sliding_window)
+    parts = meta.kernel_cache.get(f"decode_parts {window}")
+    if parts is None:   # the same for every layer of the step with this window
+        parts = meta.kernel_cache[f"decode_parts {window}"] = _decode_parts(meta.query_start, meta.seq_lens, window)
+    compact = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+    _paged_attention(np.ascontiguousarray(q), cache_arrays(k_cache), cache_arrays(v_cache), meta.query_start,
+                     meta.seq_lens, meta.block_tables, meta.block_size, MAX_BATCHED_QUERY_LEN,
+                     dtype(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), window,
+                     None if softcap is None else dtype(softcap), *parts, compact)
+    if compact is not out:
+        out[...] = compact
+
+
 @kv_dtype.attending
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
                     out: np.ndarray, *, scale: float | None = None, sliding_window: int | None = None,
@@ -315,21 +338,7 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     Options as reference.paged_attention's; a window bounds every query's keys, so a decode with
     one costs O(window) and blocks wholly before it are never read."""
     check_attention_options(scale, sliding_window, softcap)
-    dtype = q.dtype.type
-    window = None if sliding_window is None else int(sliding_window)
-    parts = meta.kernel_cache.get(f"decode_parts {window}")
-    if parts is None:   # the same for every layer of the step with this window
-        parts = meta.kernel_cache[f"decode_parts {window}"] = _decode_parts(meta.query_start, meta.seq_lens, window)
-    # The kernel sees C-contiguous q and out only: a strided view (the engine's q and out are views
-    # of its workspace) would be one more compiled kernel for each dtype, kind and option (29 in a
-    # test run instead of 15, each about 8 s to compile); the copies are a few microseconds a decode step.
-    compact = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
-    _paged_attention(np.ascontiguousarray(q), cache_arrays(k_cache), cache_arrays(v_cache), meta.query_start,
-                     meta.seq_lens, meta.block_tables, meta.block_size, MAX_BATCHED_QUERY_LEN,
-                     dtype(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), window,
-                     None if softcap is None else dtype(softcap), *parts, compact)
-    if compact is not out:
-        out[...] = compact   # the long chunks' rows are written below, over what this copies
+    attend_short_queries(q, k_cache, v_cache, meta, out, scale, sliding_window, softcap)
     if len(meta.long_seqs):
         _attend_long_chunks(q, k_cache, v_cache, meta, out,
                             dict(scale=scale, sliding_window=sliding_window, softcap=softcap))

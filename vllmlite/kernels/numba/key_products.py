@@ -1,6 +1,8 @@
 """The numba backend's products of one query head with KEYS keys at a time, written as explicit
 vectors for the decode kernel (attention.py, through block_products.py): the scores q . k of KEYS
-keys, and the sum of KEYS values weighted by their probabilities. Knows nothing of caches or softmax.
+keys, and the sum of KEYS values weighted by their probabilities; and the same for up to
+INT8_HEADS query heads at once straight from int8 K/V (below `_widened`). Knows nothing of caches
+or softmax.
 
 Loops of plain numba left these to LLVM, which reduced each dot product's vector to a number on
 its own (eight instructions per key, more than its multiply-adds) and reloaded the accumulators
