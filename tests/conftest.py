@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+from pathlib import Path
 
-import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
+# Under pytest-xdist each worker compiles into its own numba cache (the server processes a test starts
+# inherit it): numba reads, changes and writes a function's cache index without a lock, so two
+# processes saving signatures of one function at once could give both the same file, and a later run
+# would load the other signature's machine code.
+if os.environ.get("PYTEST_XDIST_WORKER") and "NUMBA_CACHE_DIR" not in os.environ:
+    os.environ["NUMBA_CACHE_DIR"] = str(
+        Path(__file__).resolve().parent.parent / ".numba_cache" / os.environ["PYTEST_XDIST_WORKER"])
+
+import vllmlite  # noqa: F401, E402  (first: it sets the thread pools' environment before numpy loads)
 
 # isort: split
 import importlib
 import itertools
-import os
 from collections.abc import Callable
 from types import ModuleType
 from typing import NoReturn
