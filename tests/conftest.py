@@ -14,7 +14,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "NUMBA_CACHE_DIR" not in os.environ
     os.environ["NUMBA_CACHE_DIR"] = str(
         Path(__file__).resolve().parent.parent / ".numba_cache" / os.environ["PYTEST_XDIST_WORKER"])
 
-import vllmlite  # noqa: F401, E402  (first: it sets the thread pools' environment before numpy loads)
+import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
 
 # isort: split
 import importlib
@@ -83,6 +83,29 @@ def pytest_runtest_makereport(item, call):
     if report.skipped and is_ci() and marker is not None:
         report.outcome = "failed"
         report.longrepr = f"{marker} test skipped in CI: {report.longrepr}"
+
+
+# Test files of a minute or more (`--durations` of a CI run on 2 cores), run first: pytest-xdist
+# hands whole files (--dist loadfile) to its processes in collection order, so one of these last
+# would keep one process busy while the others sat idle at the end of the run.
+SLOW_FILES = (
+    "tests/models/test_torch_backend.py",
+    "tests/api/test_api_fuzz.py",
+    "tests/bench/test_quant_speed.py",
+    "tests/api/ray/test_ray_serving.py",
+    "tests/worker/test_cuda_graphs.py",
+    "tests/worker/test_real_structured.py",
+    "tests/worker/test_multi_step.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """The slow files' tests first (SLOW_FILES), each file's tests in their own order."""
+    missing = [path for path in SLOW_FILES if not (config.rootpath / path).is_file()]
+    if missing:   # a moved or renamed file would silently go back to its place in the order
+        raise pytest.UsageError(f"tests/conftest.py SLOW_FILES names files that do not exist: {missing}")
+    rank = {path: i for i, path in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 def _torch_backends() -> list:
