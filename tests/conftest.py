@@ -101,7 +101,7 @@ SLOW_FILES = (
 
 def pytest_collection_modifyitems(session, config, items) -> None:
     """The slow files' tests first (SLOW_FILES), each file's tests in their own order."""
-    missing = [path for path in SLOW_FILES if not (config.rootpath / path).is_file()]
+    missing = [path for path in SLOW_FILES if not (Path(__file__).resolve().parent.parent / path).is_file()]
     if missing:   # a moved or renamed file would silently go back to its place in the order
         raise pytest.UsageError(f"tests/conftest.py SLOW_FILES names files that do not exist: {missing}")
     rank = {path: i for i, path in enumerate(SLOW_FILES)}
