@@ -137,7 +137,7 @@ class DecodeGraphs:
             self._device.copy_(self._steps_device[j])
             if j:
                 self.view("ids")[:batch].copy_(tokens[j - 1])
-            torch.argmax(self._launch(batch), dim=1, out=tokens[j])
+            self.model.kernels.device_argmax(self._launch(batch), out=tokens[j])
         return tokens[:, :num_seqs].cpu().numpy()
 
     def _launch(self, batch: int) -> torch.Tensor:

@@ -104,10 +104,18 @@ class TorchKernels:
             x = x.float()
         return x.cpu().numpy()
 
-    @staticmethod
-    def argmax(logits: torch.Tensor) -> np.ndarray:
+    def argmax(self, logits: torch.Tensor) -> np.ndarray:
         """Each row's first maximum, computed where the logits are: [rows] int64 on the host."""
-        return logits.argmax(dim=1).cpu().numpy()
+        return self.device_argmax(logits).cpu().numpy()
+
+    def device_argmax(self, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Each row's first maximum as [rows] int64 where the logits are (into `out` if given): the
+        split Triton reduction (triton_argmax.py), else torch's."""
+        if out is None:
+            out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+        if self._triton(logits) and logits.stride(1) == 1:
+            return importlib.import_module("vllmlite.kernels.torch.triton_argmax").argmax(logits, out)
+        return torch.argmax(logits, dim=1, out=out)
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, src_slots: np.ndarray,
                    dst_slots: np.ndarray) -> None:
