@@ -51,6 +51,24 @@ def timed(fn: Callable[[], Any], *, reps: int = 1, min_seconds: float = 0.0, war
     return Timing(wall_s, cpu_s, result)
 
 
+def interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 3, min_seconds: float = 0.0) -> dict[str, list[float]]:
+    """Wall seconds of each fn, called in turn round after round (`rounds` at least, more until
+    `min_seconds` have passed), after one untimed call of each. A ratio of two of them then compares
+    times taken under the same conditions: timed one after the other in blocks, a machine that
+    slows down between the blocks moves the ratio (rows of bench.step_bench's 32 x 512 int8 decode
+    step swung 1.33-1.94 so on a 2-core EPYC)."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    start = time.perf_counter()
+    while len(times[next(iter(fns))]) < rounds or time.perf_counter() - start < min_seconds:
+        for name, fn in fns.items():
+            wall = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - wall)
+    return times
+
+
 @dataclass
 class KVTrace:
     """KV samples of one row. `reserved_tokens` is set for static batching (B * max_model_len)."""

@@ -12,7 +12,10 @@ one forward pass, tokens/s next to the GEMM-only rate. The ratio (forward / GEMM
 kernels and everything around the matrix products cost. Beside it, the time to only read the step's
 K/V from the cache, block by block through the block tables as attention does (`kv_read_only`):
 GEMM-only plus that read is a floor under the step when attention waits on memory rather than
-arithmetic (`read_floor_ratio`). Raw results: results/bench_step.json.
+arithmetic (`read_floor_ratio`). The forward pass, the GEMM-only pass and the read are timed in
+turn, round after round (`bench.measure.interleaved`), and each is the median of its rounds, so a
+machine that changes speed during the run moves all three alike; `ratio_quartiles` are those of the
+rounds' own ratios. Raw results: results/bench_step.json.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import vllmlite  # noqa: F401  (first: it sets the thread pools' environment bef
 import numpy as np
 from numba import prange
 
-from bench.measure import timed
+from bench.measure import interleaved
 from bench.report import REPO_ROOT, machine_info, module_command
 from vllmlite.engine_args import EngineArgs
 from vllmlite.kernels import get_kernels
@@ -53,11 +56,6 @@ def gemm_only(model: DecoderModel, num_tokens: int, num_logits: int) -> None:
         linear(buf.hidden, layer.w_gate_up, buf.gate_up)
         linear(buf.act, layer.w_down, buf.out)
     linear(buf.hidden[:num_logits], w.lm_head, np.empty((w.lm_head.shape[0], num_logits), model.dtype).T)
-
-
-def median_seconds(fn, min_seconds: float) -> float:
-    """Median seconds of fn() over at least 3 calls and `min_seconds`, after one untimed call."""
-    return timed(fn, reps=3, min_seconds=min_seconds, warm_up=True).median_s
 
 
 def kv_for(model: DecoderModel, num_seqs: int, context: int, rng: np.random.Generator, kv_cache_dtype: str = "auto"):
@@ -117,12 +115,14 @@ def decode_row(model: DecoderModel, num_seqs: int, context: int, min_seconds: fl
     meta = build_metadata([1] * num_seqs, [context + 1] * num_seqs, tables, BLOCK_SIZE)
     input_ids = rng.integers(0, model.config.vocab_size, num_seqs)
     rows = np.arange(num_seqs)
-    forward = median_seconds(lambda: model.forward(input_ids, meta, kv, rows), min_seconds)
-    gemm = median_seconds(lambda: gemm_only(model, num_seqs, num_seqs), min_seconds)
-    read = median_seconds(lambda: kv_read_only(kv, tables, context + 1), min_seconds)
+    times = interleaved({"forward": lambda: model.forward(input_ids, meta, kv, rows),
+                         "gemm": lambda: gemm_only(model, num_seqs, num_seqs),
+                         "read": lambda: kv_read_only(kv, tables, context + 1)}, min_seconds=3 * min_seconds)
+    forward, gemm, read = (float(np.median(times[name])) for name in ("forward", "gemm", "read"))
     return {"num_seqs": num_seqs, "context": context, "kv_cache_dtype": kv_cache_dtype, "forward_s": forward,
             "gemm_only_s": gemm, "ratio": forward / gemm, "tokens_per_s": num_seqs / forward,
-            "kv_read_only_s": read, "read_floor_ratio": (gemm + read) / gemm}
+            "kv_read_only_s": read, "read_floor_ratio": (gemm + read) / gemm, "rounds": len(times["forward"]),
+            "ratio_quartiles": np.percentile(np.divide(times["forward"], times["gemm"]), [25, 75]).tolist()}
 
 
 def prefill_row(model: DecoderModel, prompt_len: int, min_seconds: float, rng) -> dict:
@@ -130,8 +130,9 @@ def prefill_row(model: DecoderModel, prompt_len: int, min_seconds: float, rng) -
     meta = build_metadata([prompt_len], [prompt_len], tables, BLOCK_SIZE)
     input_ids = rng.integers(0, model.config.vocab_size, prompt_len)
     rows = np.array([prompt_len - 1])
-    forward = median_seconds(lambda: model.forward(input_ids, meta, kv, rows), min_seconds)
-    gemm = median_seconds(lambda: gemm_only(model, prompt_len, 1), min_seconds)
+    times = interleaved({"forward": lambda: model.forward(input_ids, meta, kv, rows),
+                         "gemm": lambda: gemm_only(model, prompt_len, 1)}, min_seconds=2 * min_seconds)
+    forward, gemm = float(np.median(times["forward"])), float(np.median(times["gemm"]))
     return {"prompt_len": prompt_len, "forward_s": forward, "gemm_only_s": gemm,
             "tokens_per_s": prompt_len / forward, "gemm_only_tokens_per_s": prompt_len / gemm,
             "fraction_of_gemm_rate": gemm / forward}

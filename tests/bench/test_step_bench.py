@@ -28,6 +28,7 @@ def test_step_bench_reports_every_shape_for_each_backend(tmp_path):
         assert row["forward_s"] > 0 and row["gemm_only_s"] > 0
         assert row["ratio"] == pytest.approx(row["forward_s"] / row["gemm_only_s"])
         assert row["tokens_per_s"] == pytest.approx(row["num_seqs"] / row["forward_s"])
+        assert row["rounds"] >= 3 and row["ratio_quartiles"][0] <= row["ratio_quartiles"][1]
     assert [p["kernels"] for p in report["prefill"]] == ["numba", "numpy"]
     for prefill in report["prefill"]:
         assert prefill["prompt_len"] == 32
@@ -45,3 +46,13 @@ def test_step_bench_decodes_chosen_shapes_over_a_packed_cache(tmp_path):
     assert report["kv_cache_dtype"] == "int8" and report["prefill"] == []
     assert [(r["num_seqs"], r["context"], r["kv_cache_dtype"]) for r in report["decode"]] == [(3, 20, "int8"),
                                                                                                (2, 40, "int8")]
+
+
+def test_interleaved_times_each_function_in_turn_every_round():
+    """bench.measure.interleaved calls the functions in turn, round after round, after one untimed
+    call each: the step bench's forward pass and GEMM-only pass see the same machine."""
+    from bench.measure import interleaved
+    calls = []
+    times = interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=4)
+    assert calls == ["a", "b"] * 5                      # the untimed first calls, then 4 rounds
+    assert [len(v) for v in times.values()] == [4, 4] and all(t >= 0 for v in times.values() for t in v)
