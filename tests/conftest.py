@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from pathlib import Path
+
+from paths import REPO_ROOT
 
 # Under pytest-xdist each worker compiles into its own numba cache (the server processes a test starts
 # inherit it): numba reads, changes and writes a function's cache index without a lock, so two
 # processes saving signatures of one function at once could give both the same file, and a later run
 # would load the other signature's machine code.
 if os.environ.get("PYTEST_XDIST_WORKER") and "NUMBA_CACHE_DIR" not in os.environ:
-    os.environ["NUMBA_CACHE_DIR"] = str(
-        Path(__file__).resolve().parent.parent / ".numba_cache" / os.environ["PYTEST_XDIST_WORKER"])
+    os.environ["NUMBA_CACHE_DIR"] = str(REPO_ROOT / ".numba_cache" / os.environ["PYTEST_XDIST_WORKER"])
 
 import vllmlite  # noqa: F401  (first: it sets the thread pools' environment before numpy loads)
 
@@ -101,7 +101,7 @@ SLOW_FILES = (
 
 def pytest_collection_modifyitems(session, config, items) -> None:
     """The slow files' tests first (SLOW_FILES), each file's tests in their own order."""
-    missing = [path for path in SLOW_FILES if not (Path(__file__).resolve().parent.parent / path).is_file()]
+    missing = [path for path in SLOW_FILES if not (REPO_ROOT / path).is_file()]
     if missing:   # a moved or renamed file would silently go back to its place in the order
         raise pytest.UsageError(f"tests/conftest.py SLOW_FILES names files that do not exist: {missing}")
     rank = {path: i for i, path in enumerate(SLOW_FILES)}

@@ -45,6 +45,11 @@ def gemv_kernel():
     return importlib.import_module("vllmlite.kernels.torch.triton_gemv").gemv
 
 
+def argmax_kernel():
+    """The split argmax's Triton kernels (triton_argmax.argmax), imported on first use."""
+    return importlib.import_module("vllmlite.kernels.torch.triton_argmax").argmax
+
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
 HALF = (torch.bfloat16, torch.float16)
@@ -114,7 +119,7 @@ class TorchKernels:
         if out is None:
             out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
         if self._triton(logits) and logits.stride(1) == 1:
-            return importlib.import_module("vllmlite.kernels.torch.triton_argmax").argmax(logits, out)
+            return argmax_kernel()(logits, out)
         return torch.argmax(logits, dim=1, out=out)
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, src_slots: np.ndarray,
