@@ -55,7 +55,7 @@ def gemm_only(model: DecoderModel, num_tokens: int, num_logits: int) -> None:
         linear(buf.attn, layer.wo, buf.out)
         linear(buf.hidden, layer.w_gate_up, buf.gate_up)
         linear(buf.act, layer.w_down, buf.out)
-    linear(buf.hidden[:num_logits], w.lm_head, np.empty((w.lm_head.shape[0], num_logits), model.dtype).T)
+    linear(buf.hidden[:num_logits], w.lm_head, np.empty((num_logits, w.lm_head.shape[0]), model.dtype))
 
 
 def kv_for(model: DecoderModel, num_seqs: int, context: int, rng: np.random.Generator, kv_cache_dtype: str = "auto"):

@@ -266,8 +266,9 @@ class DecoderModel:
     def _logits(self, hidden: np.ndarray, logits_rows: np.ndarray) -> np.ndarray:
         """The LM head on rows `logits_rows` of `hidden`: [num_logits, vocab]."""
         k, lm_head = self.kernels, self.weights.lm_head
-        shape = (lm_head.shape[0], len(logits_rows))                     # [vocab, num_logits]
-        logits = k.empty(shape, self.dtype).T if k.feature_major else k.empty(shape[::-1], self.dtype)
+        # Row-major on every backend: what the sampler reads, so the host copy (to_numpy) copies
+        # nothing, and BLAS writes it in place (reference.linear).
+        logits = k.empty((len(logits_rows), lm_head.shape[0]), self.dtype)
         k.linear(hidden[k.to_device(logits_rows)], lm_head, logits)
         c = self.config
         if c.logit_multiplier != 1.0:
