@@ -60,8 +60,9 @@ def interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 3, min_secon
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
-    start = time.perf_counter()
-    while len(times[next(iter(fns))]) < rounds or time.perf_counter() - start < min_seconds:
+    start, done = time.perf_counter(), 0
+    while done < rounds or time.perf_counter() - start < min_seconds:
+        done += 1
         for name, fn in fns.items():
             wall = time.perf_counter()
             fn()
