@@ -18,24 +18,22 @@ once whatever the batch. Two kernels:
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from vllmlite.kernels.numba import vnni
-from vllmlite.kernels.numba.jit import serial
+from vllmlite.kernels.numba.jit import exact, exact_parallel, serial
 from vllmlite.kernels.quant import BLOCK, TILE, QuantizedMatrix
 
 I16, I32, F32 = np.int16, np.int32, np.float32
 HALF = BLOCK // 2
 VNNI = vnni.available()   # the compiling CPU has vpdpbusd (AVX-512 VNNI)
-# The kernels that round the activations themselves compile without fastmath: with it, LLVM took
-# the inlined x / d for x * (1 / d) (the caller's function attributes apply to inlined code), and
-# the rounded integers were no longer numpy's.
-exact_parallel = njit(cache=True, nogil=True, parallel=True, error_model="numpy")
+# The kernels that round the activations themselves compile without fastmath (jit.exact): with it,
+# LLVM took the inlined x / d for x * (1 / d) (the caller's function attributes apply to inlined
+# code), and the rounded integers were no longer numpy's.
 
 
-# No fastmath: x / d must round as numpy's does, not as x * (1 / d). The numpy error model: no
-# zero check on each division (d is never 0 here), which kept LLVM from vectorizing the loop.
-@njit(cache=True, nogil=True, error_model="numpy")
+# No fastmath: x / d must round as numpy's does, not as x * (1 / d).
+@exact
 def _quantize_activations(x, q, d, sums):  # pragma: no cover - compiled
     """x [tokens, in] -> q int8 [tokens, blocks, 32], d float32 [tokens, blocks] (the scales) and
     sums int32 [tokens, blocks] (each block's sum of q), as int_dot.quantize_activations. The
@@ -69,7 +67,7 @@ def _quantize_activations(x, q, d, sums):  # pragma: no cover - compiled
             sums[r, b] = total
 
 
-@njit(cache=True, nogil=True)
+@exact
 def _quantized(x):  # pragma: no cover - compiled
     """x [tokens, in] -> (q, d, sums) of `_quantize_activations`, allocated here: inside the
     kernels' one compiled call (at 1 token, a call and three arrays more from Python cost about as
@@ -82,7 +80,7 @@ def _quantized(x):  # pragma: no cover - compiled
     return q, d, sums
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@exact
 def _round_activations(x, xt):  # pragma: no cover - compiled
     """xt [in, tokens] = q_x * d_x of `_quantize_activations` (one compiled call: for the few
     tokens this serves, numpy's steps around it cost more than the rounding)."""
