@@ -14,9 +14,8 @@ from vllmlite.kernels.numba.fast_exp import exp_shifted
 from vllmlite.kernels.numba.jit import exact, parallel, serial
 from vllmlite.kernels.reference import GELU_TANH_SCALE
 
-GELU_SERIAL_MAX_TOKENS = 8  # tokens up to which GELU runs on one thread (waking the others costs more)
-SILU_SERIAL_MAX_TOKENS = 128   # the same for SiLU, whose vectorized loops are cheaper (see _silu_and_mul)
-SILU_ROWS = 64         # feature rows of a parallel SiLU's part
+SERIAL_MAX_TOKENS = 128  # tokens up to which SiLU and GELU run on one thread (see _act_and_mul)
+PARALLEL_ROWS = 64       # feature rows of a part when they run in parallel
 
 # The model's activations are token-major views of C-contiguous feature-major arrays (see
 # model.Workspace): the wrappers below hand the elementwise kernels those arrays (x.T, [features,
@@ -60,19 +59,24 @@ def _rope(x, positions, cos, sin):  # pragma: no cover - compiled
 
 
 @serial
-def _silu_and_mul_rows(gate_up_t, out_t, first, last):  # pragma: no cover - compiled
-    """g * sigmoid(g) * up, the sigmoid from e = exp(-|g|) <= 1 (no overflow): 1 / (1 + e) for g >= 0,
-    e / (1 + e) below; e for all the rows first .. last - 1 in one exp_shifted call, whose loops
-    vectorize over that many values (over one row's few tokens they ran scalar). Rows are counted
-    from 0 here: with e indexed by (j - first) * num_tokens + i, j from first, LLVM kept a check for
-    negative indices and left these loops scalar (about 2.5x slower)."""
+def _act_and_mul_rows(gate_up_t, out_t, first, last, gelu):  # pragma: no cover - compiled
+    """g * sigmoid(z) * up, z = g (SiLU) or, with `gelu`, 2 sqrt(2 / pi) (g + 0.044715 g^3)
+    (gelu_tanh(g) = 0.5 g (1 + tanh(z / 2)) = g * sigmoid(z)); the sigmoid from e = exp(-|z|) <= 1
+    (no overflow): 1 / (1 + e) for z >= 0, e / (1 + e) below. e for all the rows first .. last - 1
+    in one exp_shifted call, whose loops vectorize over that many values (over one row's few
+    tokens they ran scalar, as math.tanh did for GELU). Rows are counted from 0 here: with e indexed
+    by (j - first) * num_tokens + i, j from first, LLVM kept a check for negative indices and left
+    these loops scalar (about 2.5x slower)."""
     inter, num_tokens = out_t.shape
-    dtype = out_t.dtype.type
+    dtype = out_t.dtype.type   # constants in the arrays' dtype: float32 stays float32
+    scale, cubic = dtype(2 * GELU_TANH_SCALE), dtype(0.044715)
     rows = last - first
-    e = np.empty(rows * num_tokens, out_t.dtype)      # [rows * num_tokens] exp(-|g|), row by row
+    e = np.empty(rows * num_tokens, out_t.dtype)      # [rows * num_tokens] exp(-|z|), row by row
     for j in range(rows):
         for i in range(num_tokens):
-            e[j * num_tokens + i] = -abs(gate_up_t[first + j, i])
+            g = gate_up_t[first + j, i]
+            e[j * num_tokens + i] = -abs(scale * (g + cubic * g * g * g) if gelu else g)
+    # z has g's sign (GELU's z is g times a positive factor): the select below tests g.
     exp_shifted(e, dtype(0), rows * num_tokens, np.empty(rows * num_tokens, np.int32))
     for j in range(rows):
         for i in range(num_tokens):
@@ -81,36 +85,19 @@ def _silu_and_mul_rows(gate_up_t, out_t, first, last):  # pragma: no cover - com
 
 
 @parallel
-def _silu_and_mul(gate_up_t, out_t):  # pragma: no cover - compiled
-    """On one thread up to SILU_SERIAL_MAX_TOKENS tokens (the branch that never reaches the prange
-    wakes no thread; one compiled function serves both, so the engine's warm-up compiles it):
-    waking the other threads cost more than the work. The default model's 1,536 features, 2-core
+def _act_and_mul(gate_up_t, out_t, gelu):  # pragma: no cover - compiled
+    """On one thread up to SERIAL_MAX_TOKENS tokens (the branch that never reaches the prange wakes
+    no thread; one compiled function serves both, so the engine's warm-up compiles it): waking the
+    other threads cost more than the work. SiLU at the default model's 1,536 features, 2-core
     EPYC: 21 us on one thread against 64 in parallel at 32 tokens, 93 against 117 at 128, 178
     against 158 at 256."""
     inter, num_tokens = out_t.shape
-    if num_tokens <= SILU_SERIAL_MAX_TOKENS:
-        _silu_and_mul_rows(gate_up_t, out_t, 0, inter)
+    if num_tokens <= SERIAL_MAX_TOKENS:
+        _act_and_mul_rows(gate_up_t, out_t, 0, inter, gelu)
         return
-    for part in prange((inter + SILU_ROWS - 1) // SILU_ROWS):
-        _silu_and_mul_rows(gate_up_t, out_t, part * SILU_ROWS, min(inter, part * SILU_ROWS + SILU_ROWS))
-
-
-@serial
-def _gelu_tanh_and_mul_rows(gate_up_t, out_t, first, last):  # pragma: no cover - compiled
-    inter, num_tokens = out_t.shape
-    dtype = out_t.dtype.type   # constants in the arrays' dtype: float32 stays float32
-    scale, cubic, half = dtype(GELU_TANH_SCALE), dtype(0.044715), dtype(0.5)
-    for j in range(first, last):
-        for i in range(num_tokens):
-            g = gate_up_t[j, i]
-            out_t[j, i] = half * g * (1 + math.tanh(scale * (g + cubic * g * g * g))) * gate_up_t[j + inter, i]
-
-
-@parallel
-def _gelu_tanh_and_mul(gate_up_t, out_t):  # pragma: no cover - compiled
-    inter = out_t.shape[0]
-    for part in prange((inter + 63) // 64):
-        _gelu_tanh_and_mul_rows(gate_up_t, out_t, part * 64, min(inter, part * 64 + 64))
+    for part in prange((inter + PARALLEL_ROWS - 1) // PARALLEL_ROWS):
+        _act_and_mul_rows(gate_up_t, out_t, part * PARALLEL_ROWS, min(inter, part * PARALLEL_ROWS + PARALLEL_ROWS),
+                          gelu)
 
 
 @serial
@@ -137,15 +124,12 @@ def rope(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray)
 
 
 def silu_and_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
-    _silu_and_mul(gate_up.T, out.T)
+    _act_and_mul(gate_up.T, out.T, False)
 
 
 def gelu_tanh_and_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
     """As silu_and_mul, with reference.gelu_tanh_and_mul's activation."""
-    if gate_up.shape[0] <= GELU_SERIAL_MAX_TOKENS:
-        _gelu_tanh_and_mul_rows(gate_up.T, out.T, 0, out.shape[1])
-    else:
-        _gelu_tanh_and_mul(gate_up.T, out.T)
+    _act_and_mul(gate_up.T, out.T, True)
 
 
 @exact
