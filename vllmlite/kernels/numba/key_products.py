@@ -8,9 +8,11 @@ Loops of plain numba left these to LLVM, which reduced each dot product's vector
 its own (eight instructions per key, more than its multiply-adds) and reloaded the accumulators
 of the weighted sum between keys. Here the KEYS dot products end in one transposing sum that
 leaves score j in lane j (45 shuffles and adds for 16 keys instead of 128), and the weighted sum
-keeps each 16-value chunk of its output in a register while all KEYS values are added to it.
+keeps each register's share of its output in a register while all KEYS values are added to it.
 
-Vectors are float32, LANES wide (an AVX-512 register; LLVM splits them on AVX2). Each array is
+Vectors are float32 registers, WIDTH wide: 16 with AVX-512, else 8 (AVX2), so that the
+accumulators fit the registers there are; head_dim goes in chunks of LANES (16), one or two
+registers each. Each array is
 addressed from its first element by an element offset the caller computes, as if it were flat
 and C-contiguous: the caller makes sure that it is (block_products.py's `_contiguous`); nothing here
 checks.
@@ -20,16 +22,33 @@ attention kernels (vllmlite/kernels/numba/__pycache__/attention.*.nb*).
 
 from __future__ import annotations
 
+import llvmlite.binding as llvm
+import numba
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-LANES = 16   # float32 values in a vector
-KEYS = 16    # keys a call handles: one vector of scores
+LANES = 16   # float32 values in a chunk of head_dim: an int8 group (kv_dtype.INT8_GROUP) shares a scale
+
+
+def _has_avx512() -> bool:
+    """Whether numba compiles for a CPU with AVX-512 (its NUMBA_CPU_FEATURES if set, else the host's)."""
+    if numba.config.CPU_FEATURES:
+        return "+avx512f" in numba.config.CPU_FEATURES.split(",")
+    return bool(llvm.get_host_cpu_features().get("avx512f", False))
+
+
+# float32 lanes of a register: the products keep their accumulators in vectors this wide, a chunk
+# in LANES // WIDTH of them. Without AVX-512 (16 registers of 8 floats) a LANES-wide accumulator
+# took two registers, and the int8 scores' 24 of them spilled to the stack (111 stack accesses in
+# a 242-instruction loop).
+WIDTH = 16 if _has_avx512() else 8
+KEYS = WIDTH   # keys a call handles: one vector of scores
+_PARTS = LANES // WIDTH
 
 _FLOAT = ir.FloatType()
-_VECTOR = ir.VectorType(_FLOAT, LANES)
+_VECTOR = ir.VectorType(_FLOAT, WIDTH)
 _INDEX = ir.IntType(64)
 _MASK = ir.IntType(32)
 
@@ -44,48 +63,63 @@ def _pointer(context, builder, array_type, array):
 
 
 def _vector_at(builder, base, offset):
-    """A pointer to the LANES floats at base[offset], for an unaligned vector load or store."""
+    """A pointer to the WIDTH floats at base[offset], for an unaligned vector load or store."""
     return builder.bitcast(builder.gep(base, [offset]), _VECTOR.as_pointer())
 
 
 def _fma(builder, a, b, c):
     """a * b + c in each lane, rounded once (llvm.fma: a vfmadd instruction)."""
-    fma = builder.module.declare_intrinsic(f"llvm.fma.v{LANES}f32", fnty=ir.FunctionType(_VECTOR, [_VECTOR] * 3))
+    fma = builder.module.declare_intrinsic(f"llvm.fma.v{WIDTH}f32", fnty=ir.FunctionType(_VECTOR, [_VECTOR] * 3))
     return builder.call(fma, [a, b, c])
 
 
 def _splat(builder, value):
     lane = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), value, ir.Constant(_MASK, 0))
-    return builder.shuffle_vector(lane, lane, ir.Constant(ir.VectorType(_MASK, LANES), [0] * LANES))
+    return builder.shuffle_vector(lane, lane, ir.Constant(ir.VectorType(_MASK, WIDTH), [0] * WIDTH))
+
+
+def _chunk_parts(builder, num_chunks):
+    """Loops over the chunks (a `for_range`), yielding (chunk index, element offset) of each
+    WIDTH-float part of each: one part a chunk with AVX-512, two without."""
+    with cgutils.for_range(builder, num_chunks) as loop:
+        for part in range(_PARTS):
+            yield loop.index, builder.add(builder.mul(loop.index, ir.Constant(_INDEX, LANES)), ir.Constant(_INDEX, part * WIDTH))
+
+
+def _pairwise_sum(builder, vectors):
+    """(v0 + v1) + (v2 + v3) ..., for a power-of-two count of vectors."""
+    while len(vectors) > 1:
+        vectors = [builder.fadd(vectors[i], vectors[i + 1]) for i in range(0, len(vectors), 2)]
+    return vectors[0]
 
 
 def lane_sums(builder, vectors):
-    """A vector of len(vectors) lanes (a power of two up to LANES) whose lane j is the sum of
+    """A vector of len(vectors) lanes (a power of two up to the vectors' width) whose lane j is the sum of
     vectors[j]'s lanes: pairs of vectors halve their runs of one key's partial sums (first a key in
     every lane, then 8 lanes each of 2 keys, then 4 lanes each of 4 ...) by adding their
-    interleaved halves, one shuffle each, until one vector is left; for fewer than LANES keys each
+    interleaved halves, one shuffle each, until one vector is left; for fewer keys than lanes each
     run of that one is then added to itself shifted by half a run until one lane a key is left;
     then a last shuffle puts key j in lane j."""
-    num = len(vectors)
-    owners = [[key] * LANES for key in range(num)]   # the key each lane's partial sum is of
-    run = LANES
+    num, lanes = len(vectors), vectors[0].type.count
+    owners = [[key] * lanes for key in range(num)]   # the key each lane's partial sum is of
+    run = lanes
     while len(vectors) > 1:
         half = run // 2
-        low = [i + part for start in range(0, LANES, run) for part in (0, LANES) for i in range(start, start + half)]
+        low = [i + part for start in range(0, lanes, run) for part in (0, lanes) for i in range(start, start + half)]
         high = [i + half for i in low]
         next_vectors, next_owners = [], []
         for k in range(0, len(vectors), 2):
             (a, b), (owner_a, owner_b) = vectors[k:k + 2], owners[k:k + 2]
             both = owner_a + owner_b
-            masks = [ir.Constant(ir.VectorType(_MASK, LANES), mask) for mask in (low, high)]
+            masks = [ir.Constant(ir.VectorType(_MASK, lanes), mask) for mask in (low, high)]
             next_vectors.append(builder.fadd(builder.shuffle_vector(a, b, masks[0]), builder.shuffle_vector(a, b, masks[1])))
             next_owners.append([both[i] for i in low])
         vectors, owners, run = next_vectors, next_owners, half
     vector, owner = vectors[0], owners[0]
     while run > 1:
         half = run // 2
-        shifted = [i + half if i % run < half else i - half for i in range(LANES)]
-        vector = builder.fadd(vector, builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_MASK, LANES), shifted)))
+        shifted = [i + half if i % run < half else i - half for i in range(lanes)]
+        vector = builder.fadd(vector, builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_MASK, lanes), shifted)))
         run = half
     order = [owner.index(key) for key in range(num)]
     return builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_MASK, num), order))
@@ -99,10 +133,9 @@ def dot_keys(typingctx, q, q_offset, keys, key_offset, key_stride, num_chunks, s
     def codegen(context, builder, signature, args):
         q_data, keys_data, scores_data = (_pointer(context, builder, signature.args[i], args[i]) for i in (0, 2, 6))
         q_offset, key_offset, key_stride, num_chunks, score_offset = (args[i] for i in (1, 3, 4, 5, 7))
-        zero = ir.Constant(_VECTOR, [0.0] * LANES)
+        zero = ir.Constant(_VECTOR, [0.0] * WIDTH)
         sums = [cgutils.alloca_once_value(builder, zero) for _ in range(KEYS)]   # registers once promoted
-        with cgutils.for_range(builder, num_chunks) as loop:
-            chunk = builder.mul(loop.index, ir.Constant(_INDEX, LANES))
+        for _, chunk in _chunk_parts(builder, num_chunks):
             query = builder.load(_vector_at(builder, q_data, builder.add(q_offset, chunk)), align=4)
             row = builder.add(key_offset, chunk)
             for j in range(KEYS):
@@ -120,16 +153,15 @@ def dot_keys(typingctx, q, q_offset, keys, key_offset, key_stride, num_chunks, s
 @intrinsic
 def add_weighted_values(typingctx, p, p_offset, values, value_offset, value_stride, num_chunks, acc, acc_offset):
     """acc[acc_offset:][:n] += sum over the KEYS keys j of p[p_offset + j] * values[value_offset +
-    j * value_stride:][:n], n = LANES * num_chunks: a chunk of acc at a time, in four registers
-    (keys j, j + 4, ... in the same one) added together at the chunk's end."""
+    j * value_stride:][:n], n = LANES * num_chunks: WIDTH floats of acc at a time, in four
+    registers (keys j, j + 4, ... in the same one) added together at the part's end."""
     def codegen(context, builder, signature, args):
         p_data, values_data, acc_data = (_pointer(context, builder, signature.args[i], args[i]) for i in (0, 2, 6))
         p_offset, value_offset, value_stride, num_chunks, acc_offset = (args[i] for i in (1, 3, 4, 5, 7))
         weights = [_splat(builder, builder.load(builder.gep(p_data, [builder.add(p_offset, ir.Constant(_INDEX, j))])))
                    for j in range(KEYS)]
-        zero = ir.Constant(_VECTOR, [0.0] * LANES)
-        with cgutils.for_range(builder, num_chunks) as loop:
-            chunk = builder.mul(loop.index, ir.Constant(_INDEX, LANES))
+        zero = ir.Constant(_VECTOR, [0.0] * WIDTH)
+        for _, chunk in _chunk_parts(builder, num_chunks):
             target = _vector_at(builder, acc_data, builder.add(acc_offset, chunk))
             partial = [builder.load(target, align=4), zero, zero, zero]
             row = builder.add(value_offset, chunk)
@@ -137,8 +169,7 @@ def add_weighted_values(typingctx, p, p_offset, values, value_offset, value_stri
                 value = builder.load(_vector_at(builder, values_data, row), align=4)
                 partial[j % 4] = _fma(builder, weights[j], value, partial[j % 4])
                 row = builder.add(row, value_stride)
-            total = builder.fadd(builder.fadd(partial[0], partial[1]), builder.fadd(partial[2], partial[3]))
-            builder.store(total, target, align=4)
+            builder.store(_pairwise_sum(builder, partial), target, align=4)
         return context.get_dummy_value()
     if not _floats(p, values, acc):
         return None
@@ -147,24 +178,29 @@ def add_weighted_values(typingctx, p, p_offset, values, value_offset, value_stri
 
 # int8 K and V straight from the cache: each group of LANES int8 values (kv_dtype.INT8_GROUP, one
 # float32 scale) is widened in registers, as kv_read's `_widen_lanes` does it (sign extension,
-# conversion, a product with the scale), and serves every query head of a pass before the next one
-# is read. Widening a block into scratch first and reading it back once a head cost a store and a
-# load a vector more; 32 x 513 int8 keys and values, default model's heads: 1.07-1.15 -> 0.90-0.94
-# ms a layer (2-core EPYC, one process, alternated).
-INT8_HEADS = 3                         # query heads a pass at most (scores: 3 x 8 accumulators in registers)
-INT8_SCORE_KEYS = 8   # keys a scores call takes for 2 or 3 heads (for 3, 0.90 ms a layer against 0.97 with 16 keys, 0.94 with 4); KEYS for 1
-_BYTES = ir.VectorType(ir.IntType(8), LANES)
+# conversion, a product with the scale), WIDTH values at a time, and serves every query head of a
+# pass before the next one is read. Widening a block into scratch first and reading it back once a
+# head cost a store and a load a vector more; 32 x 513 int8 keys and values, default model's heads:
+# 1.07-1.15 -> 0.90-0.94 ms a layer (2-core EPYC, one process, alternated).
+# How many accumulators the passes keep depends on the registers: AVX-512 (32 of 16 floats) holds
+# 3 heads x 8 keys; AVX2 (16 of 8 floats) 3 x 4, with a pass's query vectors and the key beside them.
+INT8_HEADS = 3                         # query heads a pass at most
+# keys a scores call takes for 2 or 3 heads (AVX-512, 3 heads: 0.90 ms a layer against 0.97 with
+# 16 keys, 0.94 with 4); one head takes KEYS
+INT8_SCORE_KEYS = 8 if WIDTH == 16 else 4
+_VALUE_PARTS = 4 if WIDTH == 16 else 2     # registers a head's weighted sum is split over (keys j, j + parts, ...)
+_BYTES = ir.VectorType(ir.IntType(8), WIDTH)
 
 
 def _widened(builder, data, scales, offset, scale_offset):
-    """The LANES int8 values at data[offset] times the float32 at scales[scale_offset]."""
+    """The WIDTH int8 values at data[offset] times the float32 at scales[scale_offset]."""
     packed = builder.load(builder.bitcast(builder.gep(data, [offset]), _BYTES.as_pointer()), align=1)
-    ints = builder.sext(packed, ir.VectorType(ir.IntType(32), LANES))
+    ints = builder.sext(packed, ir.VectorType(ir.IntType(32), WIDTH))
     return builder.fmul(builder.sitofp(ints, _VECTOR), _splat(builder, builder.load(builder.gep(scales, [scale_offset]))))
 
 
 def _head_chunks(builder, base, offset, chunk, head_dim, heads):
-    """Pointers to the vector at `chunk` of each of `heads` rows of head_dim from base[offset]."""
+    """Pointers to the WIDTH floats at `chunk` of each of `heads` rows of head_dim from base[offset]."""
     return [_vector_at(builder, base, builder.add(builder.add(offset, chunk), builder.mul(head_dim, ir.Constant(_INDEX, h))))
             for h in range(heads)]
 
@@ -180,18 +216,17 @@ def _int8_dot_keys(heads, keys):
         """scores[score_offset + h * score_row + j] = q[q_offset + h * n:][:n] . key j, for the
         `heads` heads h and `keys` keys j, n = LANES * num_chunks; key j is the int8 values at
         data[offset + j * stride:][:n], each LANES times its scale at scales[scale_offset + j *
-        scale_stride + chunk]."""
+        scale_stride + chunk]. One accumulator of WIDTH floats a head and key."""
         def codegen(context, builder, signature, args):
             q_data, k_data, s_data, out = (_pointer(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 9))
             q_offset, offset, stride, scale_offset, scale_stride, num_chunks, score_offset, score_row = \
                 (args[i] for i in (1, 4, 5, 6, 7, 8, 10, 11))
             head_dim = builder.mul(num_chunks, ir.Constant(_INDEX, LANES))
-            zero = ir.Constant(_VECTOR, [0.0] * LANES)
+            zero = ir.Constant(_VECTOR, [0.0] * WIDTH)
             sums = [[cgutils.alloca_once_value(builder, zero) for _ in range(keys)] for _ in range(heads)]
-            with cgutils.for_range(builder, num_chunks) as loop:
-                chunk = builder.mul(loop.index, ir.Constant(_INDEX, LANES))
+            for index, chunk in _chunk_parts(builder, num_chunks):
                 queries = [builder.load(at, align=4) for at in _head_chunks(builder, q_data, q_offset, chunk, head_dim, heads)]
-                row, scale_row = builder.add(offset, chunk), builder.add(scale_offset, loop.index)
+                row, scale_row = builder.add(offset, chunk), builder.add(scale_offset, index)
                 for j in range(keys):
                     key = _widened(builder, k_data, s_data, row, scale_row)
                     for h in range(heads):
@@ -214,29 +249,27 @@ def _int8_add_weighted_values(heads):
             acc, acc_offset):
         """acc[acc_offset + h * n:][:n] += sum over the KEYS keys j of p[p_offset + h * p_row + j]
         * value j, for the `heads` heads h, n = LANES * num_chunks, value j read as `_int8_dot_keys`
-        reads key j; per head and chunk four registers (keys j, j + 4, ... in the same one), as
-        `add_weighted_values`."""
+        reads key j; per head and WIDTH floats of a chunk _VALUE_PARTS registers (keys j, j +
+        _VALUE_PARTS, ... in the same one), as `add_weighted_values`."""
         def codegen(context, builder, signature, args):
             p_data, v_data, s_data, acc_data = (_pointer(context, builder, signature.args[i], args[i]) for i in (0, 3, 4, 10))
             p_offset, p_row, offset, stride, scale_offset, scale_stride, num_chunks, acc_offset = \
                 (args[i] for i in (1, 2, 5, 6, 7, 8, 9, 11))
             head_dim = builder.mul(num_chunks, ir.Constant(_INDEX, LANES))
-            zero = ir.Constant(_VECTOR, [0.0] * LANES)
-            with cgutils.for_range(builder, num_chunks) as loop:
-                chunk = builder.mul(loop.index, ir.Constant(_INDEX, LANES))
+            zero = ir.Constant(_VECTOR, [0.0] * WIDTH)
+            for index, chunk in _chunk_parts(builder, num_chunks):
                 targets = _head_chunks(builder, acc_data, acc_offset, chunk, head_dim, heads)
-                partial = [[builder.load(target, align=4), zero, zero, zero] for target in targets]
-                row, scale_row = builder.add(offset, chunk), builder.add(scale_offset, loop.index)
+                partial = [[builder.load(target, align=4)] + [zero] * (_VALUE_PARTS - 1) for target in targets]
+                row, scale_row = builder.add(offset, chunk), builder.add(scale_offset, index)
                 for j in range(KEYS):
                     value = _widened(builder, v_data, s_data, row, scale_row)
                     for h in range(heads):
                         at = builder.add(builder.add(p_offset, ir.Constant(_INDEX, j)), builder.mul(p_row, ir.Constant(_INDEX, h)))
                         weight = _splat(builder, builder.load(builder.gep(p_data, [at])))
-                        partial[h][j % 4] = _fma(builder, weight, value, partial[h][j % 4])
+                        partial[h][j % _VALUE_PARTS] = _fma(builder, weight, value, partial[h][j % _VALUE_PARTS])
                     row, scale_row = builder.add(row, stride), builder.add(scale_row, scale_stride)
                 for target, parts in zip(targets, partial):
-                    builder.store(builder.fadd(builder.fadd(parts[0], parts[1]), builder.fadd(parts[2], parts[3])),
-                                  target, align=4)
+                    builder.store(_pairwise_sum(builder, parts), target, align=4)
             return context.get_dummy_value()
         if not (_floats(p, acc) and _int8(data, scales)):
             return None
@@ -244,5 +277,6 @@ def _int8_add_weighted_values(heads):
     return add
 
 
-int8_dot_keys_1, int8_dot_keys_2, int8_dot_keys_3 = _int8_dot_keys(1, KEYS), *(_int8_dot_keys(h, INT8_SCORE_KEYS) for h in (2, 3))
+int8_dot_keys_1, int8_dot_keys_2, int8_dot_keys_3 = \
+    _int8_dot_keys(1, KEYS), *(_int8_dot_keys(h, INT8_SCORE_KEYS) for h in (2, 3))
 int8_add_values_1, int8_add_values_2, int8_add_values_3 = (_int8_add_weighted_values(h) for h in (1, 2, 3))
