@@ -49,6 +49,7 @@ _PARTS = LANES // WIDTH
 
 _FLOAT = ir.FloatType()
 _VECTOR = ir.VectorType(_FLOAT, WIDTH)
+_ZERO = ir.Constant(_VECTOR, [0.0] * WIDTH)
 _INDEX = ir.IntType(64)
 _MASK = ir.IntType(32)
 
@@ -133,8 +134,7 @@ def dot_keys(typingctx, q, q_offset, keys, key_offset, key_stride, num_chunks, s
     def codegen(context, builder, signature, args):
         q_data, keys_data, scores_data = (_pointer(context, builder, signature.args[i], args[i]) for i in (0, 2, 6))
         q_offset, key_offset, key_stride, num_chunks, score_offset = (args[i] for i in (1, 3, 4, 5, 7))
-        zero = ir.Constant(_VECTOR, [0.0] * WIDTH)
-        sums = [cgutils.alloca_once_value(builder, zero) for _ in range(KEYS)]   # registers once promoted
+        sums = [cgutils.alloca_once_value(builder, _ZERO) for _ in range(KEYS)]   # registers once promoted
         for _, chunk in _chunk_parts(builder, num_chunks):
             query = builder.load(_vector_at(builder, q_data, builder.add(q_offset, chunk)), align=4)
             row = builder.add(key_offset, chunk)
@@ -160,10 +160,9 @@ def add_weighted_values(typingctx, p, p_offset, values, value_offset, value_stri
         p_offset, value_offset, value_stride, num_chunks, acc_offset = (args[i] for i in (1, 3, 4, 5, 7))
         weights = [_splat(builder, builder.load(builder.gep(p_data, [builder.add(p_offset, ir.Constant(_INDEX, j))])))
                    for j in range(KEYS)]
-        zero = ir.Constant(_VECTOR, [0.0] * WIDTH)
         for _, chunk in _chunk_parts(builder, num_chunks):
             target = _vector_at(builder, acc_data, builder.add(acc_offset, chunk))
-            partial = [builder.load(target, align=4), zero, zero, zero]
+            partial = [builder.load(target, align=4), _ZERO, _ZERO, _ZERO]
             row = builder.add(value_offset, chunk)
             for j in range(KEYS):
                 value = builder.load(_vector_at(builder, values_data, row), align=4)
@@ -222,8 +221,7 @@ def _int8_dot_keys(heads, keys):
             q_offset, offset, stride, scale_offset, scale_stride, num_chunks, score_offset, score_row = \
                 (args[i] for i in (1, 4, 5, 6, 7, 8, 10, 11))
             head_dim = builder.mul(num_chunks, ir.Constant(_INDEX, LANES))
-            zero = ir.Constant(_VECTOR, [0.0] * WIDTH)
-            sums = [[cgutils.alloca_once_value(builder, zero) for _ in range(keys)] for _ in range(heads)]
+            sums = [[cgutils.alloca_once_value(builder, _ZERO) for _ in range(keys)] for _ in range(heads)]
             for index, chunk in _chunk_parts(builder, num_chunks):
                 queries = [builder.load(at, align=4) for at in _head_chunks(builder, q_data, q_offset, chunk, head_dim, heads)]
                 row, scale_row = builder.add(offset, chunk), builder.add(scale_offset, index)
@@ -256,10 +254,9 @@ def _int8_add_weighted_values(heads):
             p_offset, p_row, offset, stride, scale_offset, scale_stride, num_chunks, acc_offset = \
                 (args[i] for i in (1, 2, 5, 6, 7, 8, 9, 11))
             head_dim = builder.mul(num_chunks, ir.Constant(_INDEX, LANES))
-            zero = ir.Constant(_VECTOR, [0.0] * WIDTH)
             for index, chunk in _chunk_parts(builder, num_chunks):
                 targets = _head_chunks(builder, acc_data, acc_offset, chunk, head_dim, heads)
-                partial = [[builder.load(target, align=4)] + [zero] * (_VALUE_PARTS - 1) for target in targets]
+                partial = [[builder.load(target, align=4)] + [_ZERO] * (_VALUE_PARTS - 1) for target in targets]
                 row, scale_row = builder.add(offset, chunk), builder.add(scale_offset, index)
                 for j in range(KEYS):
                     value = _widened(builder, v_data, s_data, row, scale_row)
