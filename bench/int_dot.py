@@ -26,7 +26,7 @@ import numpy as np
 
 from bench.report import REPO_ROOT, machine_info, module_command, write_json
 from vllmlite.kernels.numba import linear
-from vllmlite.kernels.numba.int_linear import VNNI, int_dot_linear, rounded_activations
+from vllmlite.kernels.numba.int_linear import BYTES, int_dot_linear, rounded_activations
 from vllmlite.kernels.quant import BLOCK, BlockRows, QuantizedMatrix, quantize, tile
 
 SHAPES = ((1536, 576), (576, 1536), (2048, 8192))
@@ -45,8 +45,8 @@ def weights(shape: tuple[int, int], rng: np.random.Generator) -> dict[str, np.nd
 
 def paths(ws: dict, formats: tuple[str, ...]) -> dict[str, Callable[[np.ndarray, np.ndarray], None]]:
     """name -> a product x -> out: float32; each format today (float activations), through the
-    integer kernel (int-dot: vpdpbusd where the CPU has AVX-512 VNNI; int-dot int16: the int16
-    kernel on such a CPU), and as its rounded activations through today's kernels (int-dot
+    integer kernel (int-dot: the CPU's byte products, vpdpbusd with AVX-512 VNNI or vpmaddubsw with
+    AVX2; int-dot int16: the portable int16 kernel on such a CPU), and as its rounded activations through today's kernels (int-dot
     rounded: the same function, `linear(..., int_dot=True)` below INT_DOT_MIN_ROWS tokens)."""
     def product(w, route):
         return lambda x, out: route(x, w, out)
@@ -54,8 +54,8 @@ def paths(ws: dict, formats: tuple[str, ...]) -> dict[str, Callable[[np.ndarray,
     for fmt in formats:
         runs[f"{fmt} today"] = product(ws[fmt], linear)
         runs[f"{fmt} int-dot"] = product(ws[fmt], int_dot_linear)
-        if VNNI:
-            runs[f"{fmt} int-dot int16"] = product(ws[fmt], lambda x, w, out: int_dot_linear(x, w, out, use_vnni=False))
+        if BYTES:
+            runs[f"{fmt} int-dot int16"] = product(ws[fmt], lambda x, w, out: int_dot_linear(x, w, out, portable=True))
         runs[f"{fmt} int-dot rounded"] = product(ws[fmt], lambda x, w, out: linear(rounded_activations(x), w, out))
     return runs
 

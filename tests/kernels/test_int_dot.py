@@ -3,6 +3,7 @@ kernels that meet it (kernels/numba/int_linear.py), reached through `linear(...,
 
 from __future__ import annotations
 
+import collections
 import importlib
 import re
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from vllmlite.kernels.int_dot import int_dot_linear, quantize_activations, weight_integers
-from vllmlite.kernels.numba import int_linear, linear, vnni
+from vllmlite.kernels.numba import byte_dots, int_linear, linear
 from vllmlite.kernels.quant import BLOCK, TILE, BlockRows, QuantizedMatrix, dequantize, quantize, tile, untile
 
 EPS = np.finfo(np.float32).eps
@@ -159,13 +160,13 @@ def test_int_dot_leaves_float_weights_and_the_default_path_alone():
     assert not np.array_equal(run_numba(x, weight), default)   # the switch does change the quantized path
 
 
-def test_the_integer_kernel_runs_from_one_token_with_vnni_and_from_nine_without():
-    assert linear_module.INT_DOT_MIN_ROWS == (1 if int_linear.VNNI else 9)
+def test_the_integer_kernel_runs_from_one_token_with_byte_products_and_from_nine_without():
+    assert linear_module.INT_DOT_MIN_ROWS == (1 if int_linear.BYTES else 9)
 
 
 @pytest.mark.parametrize("num_tokens, integer_kernel", [(1, False), (8, False), (9, True), (48, True)])
 def test_int_dot_runs_the_integer_kernel_from_int_dot_min_rows_tokens(monkeypatch, num_tokens, integer_kernel):
-    """Below INT_DOT_MIN_ROWS tokens (9 here, as without VNNI) the rounded activations go through
+    """Below INT_DOT_MIN_ROWS tokens (9 here, as without byte products) the rounded activations go through
     the float kernels; from it on, the integer kernel."""
     calls = []
     monkeypatch.setattr(linear_module, "INT_DOT_MIN_ROWS", 9)
@@ -187,42 +188,43 @@ def test_rounded_activations_are_the_8_bit_integers_times_their_scales():
     np.testing.assert_array_equal(int_linear.rounded_activations(x), want.reshape(3, 96))
 
 
-needs_vnni = pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+needs_bytes = pytest.mark.skipif(byte_dots.ISA is None, reason="the CPU has neither AVX-512 VNNI nor AVX2")
 
 
 @numba.njit
-def _all_block_dots(grouped, words, is_int4, four_at_a_time):
-    """dots int32 [tokens, tiles, blocks, TILE] from vnni's block products, for every block: one
-    token per call, or (four_at_a_time) tokens 0-3 in one call and the rest one by one."""
+def _all_block_dots(grouped, words, is_int4, several_at_a_time):
+    """dots int32 [tokens, tiles, blocks, TILE] from byte_dots' block products, for every block: one
+    token per call, or (several_at_a_time) the first TOKENS_PER_CALL in one call and the rest one by one."""
     tiles, blocks, groups = grouped.shape[:3]
     num_tokens, stride = words.shape[0] // (blocks * 8), blocks * 8
     block_bytes = groups * TILE * 4
     dots = np.empty((num_tokens, tiles, blocks, TILE), np.int32)
-    four = np.empty(4 * TILE, np.int32)
+    group = byte_dots.TOKENS_PER_CALL
+    several = np.empty(group * TILE, np.int32)
     for t in range(tiles):
         w = grouped[t].reshape(blocks * block_bytes)
         for b in range(blocks):
             first = 0
-            if four_at_a_time:
+            if several_at_a_time:
                 if is_int4:
-                    vnni.int4_block_dots_4(w, b * block_bytes, words, b * 8, stride, four)
+                    byte_dots.int4_block_dots_n(w, b * block_bytes, words, b * 8, stride, several)
                 else:
-                    vnni.int8_block_dots_4(w, b * block_bytes, words, b * 8, stride, four)
-                for k in range(4):
-                    dots[k, t, b] = four[k * TILE:(k + 1) * TILE]
-                first = 4
+                    byte_dots.int8_block_dots_n(w, b * block_bytes, words, b * 8, stride, several)
+                for k in range(group):
+                    dots[k, t, b] = several[k * TILE:(k + 1) * TILE]
+                first = group
             for r in range(first, num_tokens):
                 if is_int4:
-                    vnni.int4_block_dots(w, b * block_bytes, words, r * stride + b * 8, 0, dots[r, t, b])
+                    byte_dots.int4_block_dots(w, b * block_bytes, words, r * stride + b * 8, 0, dots[r, t, b])
                 else:
-                    vnni.int8_block_dots(w, b * block_bytes, words, r * stride + b * 8, 0, dots[r, t, b])
+                    byte_dots.int8_block_dots(w, b * block_bytes, words, r * stride + b * 8, 0, dots[r, t, b])
     return dots
 
 
-@needs_vnni
+@needs_bytes
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-@pytest.mark.parametrize("four_at_a_time", [False, True])
-def test_vnni_block_products_are_the_exact_integer_sums(fmt, four_at_a_time):
+@pytest.mark.parametrize("several_at_a_time", [False, True])
+def test_byte_block_products_are_the_exact_integer_sums(fmt, several_at_a_time):
     """Every byte value, extremes included: q_w in [-128, 127] (int8; stored + 128) or [0, 15]
     (int4) times q_x in [-127, 127], summed in int32 with nothing lost."""
     rng = np.random.default_rng(6)
@@ -238,28 +240,28 @@ def test_vnni_block_products_are_the_exact_integer_sums(fmt, four_at_a_time):
         weight = tile(BlockRows("int8", q, np.ones((rows, blocks), np.float32), None))
     q_x = rng.integers(-127, 128, (num_tokens, blocks, BLOCK), dtype=np.int8)
     q_x[0, 0] = -127                                       # with q = -128: the largest product
-    dots = _all_block_dots(weight.grouped_qs, q_x.reshape(-1).view(np.int32), fmt == "int4", four_at_a_time)
-    if fmt == "int8":                                      # the stored bytes are q + 128
-        dots = dots - 128 * q_x.sum(axis=-1, dtype=np.int32)[:, None, :, None]
+    dots = _all_block_dots(weight.grouped_qs, q_x.reshape(-1).view(np.int32), fmt == "int4", several_at_a_time)
+    if fmt == "int8":                                      # VNNI multiplies the stored q + 128
+        dots = dots - int_linear.INT8_OFFSET * q_x.sum(axis=-1, dtype=np.int32)[:, None, :, None]
     want = np.einsum("rbj,tbj->trb", q.astype(np.int64), q_x.astype(np.int64))   # [tokens, rows, blocks]
     got = dots.transpose(0, 1, 3, 2).reshape(num_tokens, rows, blocks)
     np.testing.assert_array_equal(got, want)
 
 
-@needs_vnni
+@needs_bytes
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("num_tokens", [1, 6, 9, 48])   # calls of four tokens, and the rest one by one
-def test_vnni_kernel_and_int16_kernel_agree(fmt, num_tokens):
+@pytest.mark.parametrize("num_tokens", [1, 5, 6, 9, 48])   # calls of 2 or 4 tokens, and the rest one by one
+def test_byte_kernel_and_int16_kernel_agree(fmt, num_tokens):
     """The same exact integer sums, the same float32 expressions for the scales (LLVM may fuse
     them differently: a few ulps)."""
     rng = np.random.default_rng(num_tokens)
     weight = make_weight(fmt, 2 * TILE + 7, 192, rng)
     x = rng.standard_normal((192, num_tokens), dtype=np.float32).T
-    with_vnni, without = (np.full((num_tokens, weight.num_rows), np.nan, np.float32) for _ in range(2))
-    int_linear.int_dot_linear(x, weight, with_vnni, use_vnni=True)
-    int_linear.int_dot_linear(x, weight, without, use_vnni=False)
+    with_bytes, portable = (np.full((num_tokens, weight.num_rows), np.nan, np.float32) for _ in range(2))
+    int_linear.int_dot_linear(x, weight, with_bytes)
+    int_linear.int_dot_linear(x, weight, portable, portable=True)
     _, magnitude = exact_and_magnitude(x, weight)
-    assert (np.abs(with_vnni - without) <= 2 * (192 // BLOCK + 3) * EPS * magnitude).all()
+    assert (np.abs(with_bytes - portable) <= 2 * (192 // BLOCK + 3) * EPS * magnitude).all()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -272,20 +274,33 @@ def test_grouped_bytes_put_four_elements_of_one_row_in_each_32_bit_lane(fmt):
     assert grouped[0, block, element // 4, row, element % 4] == (byte if fmt == "int4" else byte ^ 128)
 
 
-@needs_vnni
-def test_the_block_product_compiles_to_vpdpbusd():
+@needs_bytes
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_the_block_product_compiles_to_the_byte_instructions(fmt):
+    """A block of 64 rows (32 bytes of a row: int8; 16: int4) times each token: VNNI, 64 byte
+    products a vpdpbusd; AVX2, 32 a vpmaddubsw, whose int16 pairs vpmaddwd widens (int8: every
+    group; int4: once a block), and no int16 multiplies (vpmullw: the portable kernel's)."""
+    product = byte_dots.int4_block_dots_n if fmt == "int4" else byte_dots.int8_block_dots_n
+
     @numba.njit
     def block(w, x, dots):
-        vnni.int4_block_dots_4(w, 0, x, 0, 8, dots)
-    w, x, dots = np.zeros(1024, np.uint8), np.zeros(32, np.int32), np.zeros(4 * TILE, np.int32)
+        product(w, 0, x, 0, 8, dots)
+    tokens = byte_dots.TOKENS_PER_CALL
+    w, x, dots = np.zeros(64 * BLOCK, np.uint8), np.zeros(8 * tokens, np.int32), np.zeros(tokens * TILE, np.int32)
     block(w, x, dots)
-    instructions = re.findall(r"^\s*(vpdpbusd|vpmullw|vpmaddubsw)\s", block.inspect_asm(block.signatures[0]), re.M)
-    assert set(instructions) == {"vpdpbusd"} and len(instructions) >= 128   # 4 groups x 4 registers x 2 nibbles x 4 tokens
+    found = collections.Counter(re.findall(r"^\s*(vpdpbusd|vpmullw|vpmaddubsw|vpmaddwd)\s",
+                                           block.inspect_asm(block.signatures[0]), re.M))
+    products = TILE * BLOCK * tokens               # byte products of the call
+    if byte_dots.ISA == "vnni":
+        assert found == {"vpdpbusd": products // 64}
+    else:
+        registers = TILE // 8 * tokens                 # 8 rows in a 256-bit register
+        assert found == {"vpmaddubsw": products // 32, "vpmaddwd": registers * (BLOCK // 4 if fmt == "int8" else 1)}
 
 
-@pytest.mark.parametrize("use_vnni", [pytest.param(True, marks=needs_vnni), False])
+@pytest.mark.parametrize("portable", [pytest.param(False, marks=needs_bytes), True])
 @pytest.mark.parametrize("num_tokens", [1, 5, 40])
-def test_the_kernels_round_activations_exactly_as_the_definition(use_vnni, num_tokens):
+def test_the_kernels_round_activations_exactly_as_the_definition(portable, num_tokens):
     """Through an identity weight (int8, scale 1), out[r, i] = d_x * q_x[r, i]: any rounding that
     is not numpy's (a division turned into a reciprocal's product, another tie rule) shows."""
     rng = np.random.default_rng(num_tokens)
@@ -296,5 +311,5 @@ def test_the_kernels_round_activations_exactly_as_the_definition(use_vnni, num_t
     x[:, 32:64] = np.arange(32, dtype=np.float32) - 15.5     # halves of the step: ties round to even
     q, d = quantize_activations(x)
     out = np.empty((num_tokens, cols), np.float32)
-    int_linear.int_dot_linear(x, identity, out, use_vnni=use_vnni)
+    int_linear.int_dot_linear(x, identity, out, portable=portable)
     np.testing.assert_array_equal(out, q * np.repeat(d, BLOCK, axis=1))

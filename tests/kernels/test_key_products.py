@@ -6,11 +6,6 @@ AVX2."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from numba import njit
@@ -110,28 +105,3 @@ def test_int8_add_values_adds_each_heads_weighted_sum_of_the_packed_values(heads
         num_kv_heads * head_dim, (first * num_kv_heads + kv) * chunks, num_kv_heads * chunks, chunks, acc,
         h0 * head_dim)
     np.testing.assert_allclose(acc, expected, rtol=1e-5, atol=1e-5)   # the heads outside the pass unchanged too
-
-
-REPO = Path(__file__).resolve().parents[2]
-# Numba compiling for a Haswell (AVX2 and FMA, no AVX-512), which any AVX-512 machine can run.
-AVX2_TARGET = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma"}
-
-
-@pytest.mark.skipif(key_products.WIDTH == 8, reason="this machine compiles at AVX2's width already: "
-                                                     "the file's other tests check it")
-def test_the_products_at_avx2s_width_on_an_avx512_machine(tmp_path):
-    """Without AVX-512 the products keep 8 floats a register (16 registers): this file's tests and
-    the int8 decode kernel against the reference, in a process whose numba compiles for AVX2, so an
-    AVX-512 machine checks both widths."""
-    script = ("import sys, pytest\n"
-              "from vllmlite.kernels.numba import key_products\n"
-              "assert key_products.WIDTH == 8 and key_products.KEYS == 8, key_products.WIDTH\n"
-              "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-n', '0', '-k', 'not avx2s_width', "
-              "'tests/kernels/test_key_products.py', "
-              "'tests/kernels/test_kv_cache_dtype.py::test_numba_int8_decodes_read_in_place_match_the_reference']))\n")
-    env = {**os.environ, **AVX2_TARGET, "NUMBA_CACHE_DIR": str(tmp_path)}
-    env.pop("PYTEST_XDIST_WORKER", None)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900, env=env,
-                            cwd=REPO)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and "failed" not in result.stdout, result.stdout[-3000:]

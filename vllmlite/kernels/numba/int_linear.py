@@ -7,12 +7,13 @@ One loop order serves every token count: a work item is a tile of TILE rows, and
 blocks is multiplied by every token's block before the next, so the weights are read from memory
 once whatever the batch. Two kernels:
 
-- `_int_dot_vnni` (CPUs with AVX-512 VNNI): the rows regrouped so that 4 bytes of one row fill a
-  32-bit lane (QuantizedMatrix.grouped_qs), 64 byte products per vpdpbusd instruction (vnni.py).
-- `_int_dot` (elsewhere): quant.py's layout (the rows side by side), each block widened to int16
-  once (32 x TILE, in L1); the innermost loop runs over the tile's rows with one activation integer
-  broadcast: LLVM multiplies 32 lanes at a time in int16 (vpmullw) and widens every second product
-  into int32 sums.
+- `_int_dot_bytes` (x86 CPUs with AVX-512 VNNI or AVX2): the rows regrouped so that 4 bytes of one
+  row fill a 32-bit lane (QuantizedMatrix.grouped_qs), multiplied a register of bytes per
+  instruction (vpdpbusd, or vpmaddubsw and vpmaddwd: byte_dots.py).
+- `_int_dot` (elsewhere, and the check on those): quant.py's layout (the rows side by side), each
+  block widened to int16 once (32 x TILE, in L1); the innermost loop runs over the tile's rows
+  with one activation integer broadcast: LLVM multiplies 32 lanes at a time in int16 (vpmullw) and
+  widens every second product into int32 sums.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from vllmlite.kernels.numba import vnni
+from vllmlite.kernels.numba import byte_dots
 from vllmlite.kernels.numba.jit import exact, exact_parallel, serial
 from vllmlite.kernels.quant import BLOCK, TILE, QuantizedMatrix
 
 I16, I32, F32 = np.int16, np.int32, np.float32
 HALF = BLOCK // 2
-VNNI = vnni.available()   # the compiling CPU has vpdpbusd (AVX-512 VNNI)
+BYTES = byte_dots.ISA is not None   # the compiling CPU multiplies bytes (`_int_dot_bytes` runs)
+# What the block products of int8 weights add to q_w . q_x: VNNI multiplies the stored q + 128.
+INT8_OFFSET = 128 if byte_dots.ISA == "vnni" else 0
 # The kernels that round the activations themselves compile without fastmath (jit.exact): with it,
 # LLVM took the inlined x / d for x * (1 / d) (the caller's function attributes apply to inlined
 # code), and the rounded integers were no longer numpy's.
@@ -175,12 +178,13 @@ def _int_dot(x, qs, scales, mins, out_t):  # pragma: no cover - compiled
 
 
 @exact_parallel
-def _int_dot_vnni(x, grouped, scales, mins, out_t):  # pragma: no cover - compiled
-    """`_int_dot` on AVX-512 VNNI: each block's 64 rows times four tokens at a time (the last few
-    one by one) in vpdpbusd (vnni.py), on the weights as grouped_qs lays them out; int8's bytes
-    are q + 128, so 128 * sum(q_x) comes off. Four tokens share each weight load (and int4's
-    nibble masks): 4.6 ns a block and token for int4 and 5.3 for int8 on one core, against 7.5
-    and 11.9 one token at a time. The same float32 expressions as `_int_dot` apply the scales."""
+def _int_dot_bytes(x, grouped, scales, mins, out_t):  # pragma: no cover - compiled
+    """`_int_dot` through byte_dots' products, on the weights as grouped_qs lays them out: each
+    block's 64 rows times byte_dots.TOKENS_PER_CALL tokens at a time (the last few one by one), so
+    those tokens share each weight load (and int4's nibble masks). With VNNI, int8's bytes are
+    q + 128, so 128 * sum(q_x) comes off. The same float32 expressions as `_int_dot` apply the
+    scales. One core, VNNI: 4.6 ns a block and token for int4 and 5.3 for int8, against 7.5 and
+    11.9 one token at a time."""
     q_x, d_x, s_x = _quantized(x)
     num_tiles, num_blocks = grouped.shape[0], grouped.shape[1]
     num_tokens, num_rows = q_x.shape[0], out_t.shape[0]
@@ -188,7 +192,7 @@ def _int_dot_vnni(x, grouped, scales, mins, out_t):  # pragma: no cover - compil
     block_bytes = grouped.shape[2] * TILE * 4
     words = q_x.reshape(num_tokens * num_blocks * BLOCK).view(np.int32)   # a block's 32 int8 as 8 int32
     stride = num_blocks * 8                                               # words from one token to the next
-    group = vnni.TOKENS_PER_CALL
+    group = byte_dots.TOKENS_PER_CALL
     for t in prange(num_tiles):
         acc = np.empty((num_tokens, TILE), dtype=F32)
         dots = np.empty(group * TILE, dtype=I32)   # [tokens of the call, TILE]
@@ -199,18 +203,18 @@ def _int_dot_vnni(x, grouped, scales, mins, out_t):  # pragma: no cover - compil
                 count = min(group, num_tokens - first)
                 start = first * stride + b * 8
                 if count == group and is_int4:
-                    vnni.int4_block_dots_4(w, b * block_bytes, words, start, stride, dots)
+                    byte_dots.int4_block_dots_n(w, b * block_bytes, words, start, stride, dots)
                 elif count == group:
-                    vnni.int8_block_dots_4(w, b * block_bytes, words, start, stride, dots)
+                    byte_dots.int8_block_dots_n(w, b * block_bytes, words, start, stride, dots)
                 else:
                     for k in range(count):
                         if is_int4:
-                            vnni.int4_block_dots(w, b * block_bytes, words, start + k * stride, 0, dots[k * TILE:])
+                            byte_dots.int4_block_dots(w, b * block_bytes, words, start + k * stride, 0, dots[k * TILE:])
                         else:
-                            vnni.int8_block_dots(w, b * block_bytes, words, start + k * stride, 0, dots[k * TILE:])
+                            byte_dots.int8_block_dots(w, b * block_bytes, words, start + k * stride, 0, dots[k * TILE:])
                 for k in range(count):
                     r = first + k
-                    offset = 0 if is_int4 else 128 * s_x[r, b]
+                    offset = 0 if is_int4 else INT8_OFFSET * s_x[r, b]
                     dx = d_x[r, b]
                     if mins is None:
                         for i in range(TILE):
@@ -225,11 +229,11 @@ def _int_dot_vnni(x, grouped, scales, mins, out_t):  # pragma: no cover - compil
                 out_t[t * TILE + i, r] = acc[r, i]
 
 
-def int_dot_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray, use_vnni: bool | None = None) -> None:
+def int_dot_linear(x: np.ndarray, weight: QuantizedMatrix, out: np.ndarray, portable: bool = False) -> None:
     """out [tokens, rows] = x [tokens, in] times `weight` with 8-bit activations (int_dot.py);
-    through vpdpbusd where the CPU has AVX-512 VNNI (`use_vnni` None: vnni.available()), else
+    through the CPU's byte products where it has them (byte_dots.ISA), else, or with `portable`,
     through int16 products."""
-    if VNNI if use_vnni is None else use_vnni:
-        _int_dot_vnni(x, weight.grouped_qs, weight.scales, weight.mins, out.T)
+    if BYTES and not portable:
+        _int_dot_bytes(x, weight.grouped_qs, weight.scales, weight.mins, out.T)
     else:
         _int_dot(x, weight.qs, weight.scales, weight.mins, out.T)

@@ -5,6 +5,8 @@ editing the options here, delete the cached kernels (vllmlite/kernels/numba/__py
 .numba_cache/ for the tests' workers), or they keep the code compiled with the old ones.
 """
 
+import llvmlite.binding as llvm
+import numba
 from numba import njit
 
 # Floating-point reassociation lets LLVM vectorize the dot products and sums; no "ninf"/"nnan",
@@ -20,3 +22,14 @@ parallel = njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_
 # No fast-math at all: for kernels whose results must be numpy's bit for bit (divisions, rounding).
 exact = njit(cache=True, nogil=True, error_model=ERRORS)
 exact_parallel = njit(cache=True, nogil=True, parallel=True, error_model=ERRORS)
+
+
+def cpu_features() -> frozenset[str]:
+    """The CPU features numba compiles for (e.g. "avx2", "avx512vnni"): its NUMBA_CPU_FEATURES if
+    set, none for another NUMBA_CPU_NAME without them, else the host's. For kernels that pick their
+    instructions or vector widths by what the compiled code may use."""
+    if numba.config.CPU_FEATURES:
+        return frozenset(f[1:] for f in numba.config.CPU_FEATURES.split(",") if f.startswith("+"))
+    if numba.config.CPU_NAME not in (None, "host"):
+        return frozenset()
+    return frozenset(name for name, on in llvm.get_host_cpu_features().items() if on)

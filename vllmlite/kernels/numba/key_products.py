@@ -22,28 +22,21 @@ attention kernels (vllmlite/kernels/numba/__pycache__/attention.*.nb*).
 
 from __future__ import annotations
 
-import llvmlite.binding as llvm
-import numba
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from vllmlite.kernels.numba.jit import cpu_features
+
 LANES = 16   # float32 values in a chunk of head_dim: an int8 group (kv_dtype.INT8_GROUP) shares a scale
-
-
-def _has_avx512() -> bool:
-    """Whether numba compiles for a CPU with AVX-512 (its NUMBA_CPU_FEATURES if set, else the host's)."""
-    if numba.config.CPU_FEATURES:
-        return "+avx512f" in numba.config.CPU_FEATURES.split(",")
-    return bool(llvm.get_host_cpu_features().get("avx512f", False))
 
 
 # float32 lanes of a register: the products keep their accumulators in vectors this wide, a chunk
 # in LANES // WIDTH of them. Without AVX-512 (16 registers of 8 floats) a LANES-wide accumulator
 # took two registers, and the int8 scores' 24 of them spilled to the stack (111 stack accesses in
 # a 242-instruction loop).
-WIDTH = 16 if _has_avx512() else 8
+WIDTH = 16 if "avx512f" in cpu_features() else 8
 KEYS = WIDTH   # keys a call handles: one vector of scores
 _PARTS = LANES // WIDTH
 

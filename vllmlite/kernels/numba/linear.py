@@ -12,7 +12,7 @@ import numpy as np
 from numba import prange
 
 from vllmlite.kernels import blas, reference
-from vllmlite.kernels.numba.int_linear import VNNI, int_dot_linear, rounded_activations
+from vllmlite.kernels.numba.int_linear import BYTES, int_dot_linear, rounded_activations
 from vllmlite.kernels.numba.jit import parallel, serial
 from vllmlite.kernels.quant import BLOCK, TILE, QuantizedMatrix
 
@@ -228,7 +228,7 @@ QUANTIZED_FEW_ROWS = 8
 # float32's time at 1 token where the rounded activations through the packed bytes took
 # 0.26-1.09x; 0.38-0.52x at 32 tokens); its int16 form was about even with them at 4-8 tokens
 # (0.83-0.98x against 0.85-1.05x) and faster from 16 (0.77-1.23x against 1.17-1.58x).
-INT_DOT_MIN_ROWS = 1 if VNNI else 9
+INT_DOT_MIN_ROWS = 1 if BYTES else 9
 DEQUANTIZE_TILES = 8  # tiles dequantized at a time for np.matmul, when numpy's BLAS is not OpenBLAS
 _scratch = threading.local()  # per thread: the float32 tiles dequantized into, reused across calls
 
