@@ -50,14 +50,24 @@ def _git(*args: str) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def _cpu_model() -> str | None:
+def _cpuinfo(field: str) -> str | None:
+    """The first CPU's `field` in /proc/cpuinfo (None off Linux)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.split(":", 1)[0].strip() == field:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return None
+
+
+# The vector extensions the kernels' speed depends on (the AVX-512 and AVX2 EPYCs differ by these).
+SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile")
+
+
+def _simd_flags() -> list[str] | None:
+    flags = _cpuinfo("flags")
+    return None if flags is None else [f for f in SIMD_FLAGS if f in flags.split()]
 
 
 def machine_info() -> dict:
@@ -68,7 +78,8 @@ def machine_info() -> dict:
         numpy_config = None
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {
-        "processor": platform.processor(), "cpu_model": _cpu_model(), "machine": platform.machine(),
+        "processor": platform.processor(), "cpu_model": _cpuinfo("model name"), "cpu_flags": _simd_flags(),
+        "machine": platform.machine(),
         "platform": platform.platform(), "cpu_count": os.cpu_count(),
         "python": sys.version.split()[0], "numpy": np.__version__, "numpy_config": numpy_config,
         "blas_env": {k: os.environ.get(k) for k in BLAS_ENV},

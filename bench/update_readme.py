@@ -509,14 +509,18 @@ def _sweep_headlines(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def _int_dot_burst_headlines(r: dict) -> list[tuple[str, str]]:
-    runs = {x["target"]: x["summary"]["output_throughput"] for x in r["runs"]}
-    llamas = [v for name, v in runs.items() if name.startswith(LLAMA_PREFIX)]
-    if "vllmlite_int4_intdot" not in runs or not llamas:
-        return []
-    return [("The same burst with `--quantization int4 --int-dot` (8-bit activations, integer products, as "
-             "llama.cpp) vs llama-server at its best `--parallel` in the same run",
-             f"{runs['vllmlite_int4_intdot'] / max(llamas):.2f}x")]
+def _int_dot_burst_headlines(isa: str):
+    """The int-dot burst row of a results file measured on a CPU with `isa`'s byte products."""
+    def rows(r: dict) -> list[tuple[str, str]]:
+        runs = {x["target"]: x["summary"]["output_throughput"] for x in r["runs"]}
+        llamas = [v for name, v in runs.items() if name.startswith(LLAMA_PREFIX)]
+        formats = [fmt for fmt in ("int4", "int8") if f"vllmlite_{fmt}_intdot" in runs]
+        if not formats or not llamas:
+            return []
+        return [(f"The same burst with `--quantization {' / '.join(formats)} --int-dot` (8-bit activations, integer "
+                 f"products, as llama.cpp; {isa}) vs llama-server at its best `--parallel` in the same run",
+                 " / ".join(f"{runs[f'vllmlite_{fmt}_intdot'] / max(llamas):.2f}x" for fmt in formats))]
+    return rows
 
 
 def _quant_headlines(r: dict) -> list[tuple[str, str]]:
@@ -551,7 +555,8 @@ def _gpu_headlines(r: dict) -> list[tuple[str, str]]:
 
 
 HEADLINES = [("bench_offline.json", "offline", _offline_headlines), ("serve_sweep.json", "serve-sweep", _sweep_headlines),
-             ("serve_burst_34_int_dot_repeat.json", None, _int_dot_burst_headlines),
+             ("serve_burst_34_int_dot_repeat.json", None, _int_dot_burst_headlines("AVX-512 VNNI")),
+             ("serve_burst_34_avx2_int_dot.json", None, _int_dot_burst_headlines("AVX2")),
              ("quant_speed.json", "quant-speed", _quant_headlines), ("bench_spec.json", "spec", _spec_headlines),
              ("bench_route_sim.json", None, _route_headlines), ("bench_gpu.json", "gpu", _gpu_headlines)]
 

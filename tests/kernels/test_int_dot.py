@@ -191,61 +191,99 @@ def test_rounded_activations_are_the_8_bit_integers_times_their_scales():
 needs_bytes = pytest.mark.skipif(byte_dots.ISA is None, reason="the CPU has neither AVX-512 VNNI nor AVX2")
 
 
-@numba.njit
-def _all_block_dots(grouped, words, is_int4, several_at_a_time):
-    """dots int32 [tokens, tiles, blocks, TILE] from byte_dots' block products, for every block: one
-    token per call, or (several_at_a_time) the first TOKENS_PER_CALL in one call and the rest one by one."""
-    tiles, blocks, groups = grouped.shape[:3]
-    num_tokens, stride = words.shape[0] // (blocks * 8), blocks * 8
-    block_bytes = groups * TILE * 4
-    dots = np.empty((num_tokens, tiles, blocks, TILE), np.int32)
-    group = byte_dots.TOKENS_PER_CALL
-    several = np.empty(group * TILE, np.int32)
-    for t in range(tiles):
-        w = grouped[t].reshape(blocks * block_bytes)
-        for b in range(blocks):
-            first = 0
-            if several_at_a_time:
-                if is_int4:
-                    byte_dots.int4_block_dots_n(w, b * block_bytes, words, b * 8, stride, several)
-                else:
-                    byte_dots.int8_block_dots_n(w, b * block_bytes, words, b * 8, stride, several)
-                for k in range(group):
-                    dots[k, t, b] = several[k * TILE:(k + 1) * TILE]
-                first = group
-            for r in range(first, num_tokens):
-                if is_int4:
-                    byte_dots.int4_block_dots(w, b * block_bytes, words, r * stride + b * 8, 0, dots[r, t, b])
-                else:
-                    byte_dots.int8_block_dots(w, b * block_bytes, words, r * stride + b * 8, 0, dots[r, t, b])
-    return dots
+# The byte products this machine runs, and VNNI's written out in plain IR (any CPU runs those).
+ISAS = [isa for isa in (byte_dots.ISA, "emulated-vnni") if isa]
+_FOLDS = {}
 
 
-@needs_bytes
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
-@pytest.mark.parametrize("several_at_a_time", [False, True])
-def test_byte_block_products_are_the_exact_integer_sums(fmt, several_at_a_time):
-    """Every byte value, extremes included: q_w in [-128, 127] (int8; stored + 128) or [0, 15]
-    (int4) times q_x in [-127, 127], summed in int32 with nothing lost."""
-    rng = np.random.default_rng(6)
-    rows, blocks, num_tokens = 2 * TILE, 3, 5
+def _all_blocks_folded(isa, is_int4):
+    """A compiled run(grouped, words, scales, mins, d_x, s_x, several_at_a_time) -> acc float32
+    [tiles, tokens * TILE]: every block of each tile folded in by `isa`'s products, one token per
+    call, or (several_at_a_time) the first TOKENS[isa] tokens in one call and the rest one by one."""
+    if (isa, is_int4) in _FOLDS:
+        return _FOLDS[isa, is_int4]
+    group = byte_dots.TOKENS[isa]
+    one, several = byte_dots.block_fold(is_int4, 1, isa), byte_dots.block_fold(is_int4, group, isa)
+
+    @numba.njit
+    def run(grouped, words, scales, mins, d_x, s_x, several_at_a_time):
+        tiles, blocks, groups = grouped.shape[:3]
+        num_tokens, stride = words.shape[0] // (blocks * 8), blocks * 8
+        block_bytes = groups * TILE * 4
+        acc = np.zeros((tiles, num_tokens * TILE), np.float32)
+        for t in range(tiles):
+            w, out = grouped[t].reshape(blocks * block_bytes), acc[t]
+            for b in range(blocks):
+                rows, first = (t * blocks + b) * TILE, 0
+                if several_at_a_time:
+                    several(w, b * block_bytes, words, b * 8, stride, scales, mins, rows, d_x, s_x, b, blocks, out, 0)
+                    first = group
+                for r in range(first, num_tokens):
+                    one(w, b * block_bytes, words, r * stride + b * 8, 0, scales, mins, rows, d_x, s_x, r * blocks + b,
+                        0, out, r * TILE)
+        return acc
+    _FOLDS[isa, is_int4] = run
+    return run
+
+
+def _integer_blocks(fmt, rng, rows, blocks, num_tokens):
+    """(q_w [rows, blocks, 32], its weight with unit scales and mins, q_x [tokens, blocks, 32]):
+    every byte value, extremes included: q_w in [-128, 127] (int8; stored + 128) or [0, 15] (int4),
+    q_x in [-127, 127]."""
+    ones = np.ones((rows, blocks), np.float32)
     if fmt == "int4":
         q = rng.integers(0, 16, (rows, blocks, BLOCK), dtype=np.uint8)
         q[0, 0] = 15
-        ones = np.ones((rows, blocks), np.float32)
         weight = tile(BlockRows("int4", q[..., :16] | (q[..., 16:] << 4), ones, ones))
     else:
         q = rng.integers(-128, 128, (rows, blocks, BLOCK), dtype=np.int8)
         q[0, 0] = -128
-        weight = tile(BlockRows("int8", q, np.ones((rows, blocks), np.float32), None))
+        weight = tile(BlockRows("int8", q, ones, None))
     q_x = rng.integers(-127, 128, (num_tokens, blocks, BLOCK), dtype=np.int8)
     q_x[0, 0] = -127                                       # with q = -128: the largest product
-    dots = _all_block_dots(weight.grouped_qs, q_x.reshape(-1).view(np.int32), fmt == "int4", several_at_a_time)
-    if fmt == "int8":                                      # VNNI multiplies the stored q + 128
-        dots = dots - int_linear.INT8_OFFSET * q_x.sum(axis=-1, dtype=np.int32)[:, None, :, None]
-    want = np.einsum("rbj,tbj->trb", q.astype(np.int64), q_x.astype(np.int64))   # [tokens, rows, blocks]
-    got = dots.transpose(0, 1, 3, 2).reshape(num_tokens, rows, blocks)
+    return q, weight, q_x
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("several_at_a_time", [False, True])
+def test_byte_block_products_are_the_exact_integer_sums(isa, fmt, several_at_a_time):
+    """With unit scales and no mins, the folded accumulators are the integer sums over the blocks,
+    exact in float32 (< 2^24): nothing lost to int16 lanes, VNNI's + 128 taken off."""
+    rng = np.random.default_rng(6)
+    rows, blocks, num_tokens = 2 * TILE, 3, 5
+    q, weight, q_x = _integer_blocks(fmt, rng, rows, blocks, num_tokens)
+    ones = np.ones((num_tokens, blocks), np.float32)
+    acc = _all_blocks_folded(isa, fmt == "int4")(weight.grouped_qs, q_x.reshape(-1).view(np.int32), weight.scales,
+                                                 None, ones, q_x.sum(axis=-1, dtype=np.int32), several_at_a_time)
+    want = np.einsum("rbj,tbj->tr", q.astype(np.int64), q_x.astype(np.int64))   # [tokens, rows]
+    got = acc.reshape(2, num_tokens, TILE).transpose(1, 0, 2).reshape(num_tokens, rows)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("several_at_a_time", [False, True])
+def test_byte_block_products_fold_the_scales_as_the_float32_expression(isa, fmt, several_at_a_time):
+    """acc += scale * (d_x * dot) + min * (d_x * sum(q_x)), block after block, each product and sum
+    rounded to float32 in that order (no fused multiply-add): numpy's float32 arithmetic, bit for bit."""
+    rng = np.random.default_rng(7)
+    num_tokens = 6
+    weight = make_weight(fmt, TILE, 4 * BLOCK, rng)
+    q_x = rng.integers(-127, 128, (num_tokens, 4, BLOCK), dtype=np.int8)
+    d_x = rng.uniform(0.001, 0.1, (num_tokens, 4)).astype(np.float32)
+    s_x = q_x.sum(axis=-1, dtype=np.int32)
+    acc = _all_blocks_folded(isa, fmt == "int4")(weight.grouped_qs, q_x.reshape(-1).view(np.int32), weight.scales,
+                                                 weight.mins, d_x, s_x, several_at_a_time)
+    q_w = weight_integers(weight).astype(np.int64)                         # [rows, blocks, 32]
+    dots = np.einsum("rbj,tbj->trb", q_w, q_x.astype(np.int64)).astype(np.float32)
+    want = np.zeros((num_tokens, TILE), np.float32)
+    for b in range(4):
+        term = weight.scales[0, b] * (d_x[:, b, None] * dots[:, :, b])
+        if weight.mins is not None:
+            term = term + weight.mins[0, b] * (d_x[:, b, None] * s_x[:, b, None].astype(np.float32))
+        want = want + term
+    np.testing.assert_array_equal(acc.reshape(num_tokens, TILE), want)
 
 
 @needs_bytes
@@ -280,14 +318,14 @@ def test_the_block_product_compiles_to_the_byte_instructions(fmt):
     """A block of 64 rows (32 bytes of a row: int8; 16: int4) times each token: VNNI, 64 byte
     products a vpdpbusd; AVX2, 32 a vpmaddubsw, whose int16 pairs vpmaddwd widens (int8: every
     group; int4: once a block), and no int16 multiplies (vpmullw: the portable kernel's)."""
-    product = byte_dots.int4_block_dots_n if fmt == "int4" else byte_dots.int8_block_dots_n
+    product = byte_dots.int4_block_fold_n if fmt == "int4" else byte_dots.int8_block_fold_n
 
     @numba.njit
-    def block(w, x, dots):
-        product(w, 0, x, 0, 8, dots)
+    def block(w, x, scales, d_x, s_x, acc):
+        product(w, 0, x, 0, 8, scales, None, 0, d_x, s_x, 0, 1, acc, 0)
     tokens = byte_dots.TOKENS_PER_CALL
-    w, x, dots = np.zeros(64 * BLOCK, np.uint8), np.zeros(8 * tokens, np.int32), np.zeros(tokens * TILE, np.int32)
-    block(w, x, dots)
+    block(np.zeros(64 * BLOCK, np.uint8), np.zeros(8 * tokens, np.int32), np.ones(TILE, np.float32),
+          np.ones(tokens, np.float32), np.zeros(tokens, np.int32), np.zeros(tokens * TILE, np.float32))
     found = collections.Counter(re.findall(r"^\s*(vpdpbusd|vpmullw|vpmaddubsw|vpmaddwd)\s",
                                            block.inspect_asm(block.signatures[0]), re.M))
     products = TILE * BLOCK * tokens               # byte products of the call

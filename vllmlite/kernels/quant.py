@@ -99,9 +99,9 @@ class QuantizedMatrix:
     @cached_property
     def grouped_qs(self) -> np.ndarray:
         """qs regrouped for 4-byte integer dot products (VNNI's vpdpbusd: unsigned bytes times signed
-        ones, each 4 summed into a 32-bit lane): uint8 [tiles, blocks, bytes / 4, TILE, 4], where
+        ones, each 4 summed into a 32-bit lane; AVX2's vpmaddubsw reads the same lanes): uint8 [tiles, blocks, bytes / 4, TILE, 4], where
         [t, b, g, lane, k] is qs[t, b, 4g + k, lane], offset by 128 for int8 (so unsigned: q + 128).
-        Made on the first integer product that reads it (vllmlite/kernels/numba/vnni.py), then kept:
+        Made on the first integer product that reads it (vllmlite/kernels/numba/byte_dots.py), then kept:
         as many bytes again as qs, not counted in nbytes."""
         tiles, blocks, num_bytes = self.qs.shape[:3]
         grouped = self.qs.reshape(tiles, blocks, num_bytes // 4, 4, TILE).transpose(0, 1, 2, 4, 3)

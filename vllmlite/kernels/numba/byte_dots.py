@@ -1,5 +1,6 @@
 """The integer kernel's inner product (int_linear.py) on x86: one block of a tile's TILE rows times
-a few tokens' 8-bit activations, exact int32 sums, in the instruction that multiplies bytes:
+a few tokens' 8-bit activations, exact int32 sums, in the instruction that multiplies bytes, then
+the scales applied in registers and the result added to the tokens' float32 accumulators:
 
 - AVX-512 VNNI: `vpdpbusd` multiplies 64 unsigned bytes by 64 signed bytes and adds each group of
   four products into one of 16 int32 lanes: 64 of a block's multiply-adds per instruction.
@@ -10,13 +11,14 @@ a few tokens' 8-bit activations, exact int32 sums, in the instruction that multi
   (`vpsignb`: 2 * 128 * 127 = 32512 fits a pair) and widen every group.
 
 Numba does not emit these from a loop, so each product is an `@intrinsic` that writes LLVM IR
-calling them. Knows nothing of scales or the model.
+calling them. The scales fold in as the portable kernel's float32 expressions (int_linear._int_dot),
+so both give the same bits. Knows nothing of the model.
 
 The weights must be regrouped (QuantizedMatrix.grouped_qs): byte k of row i's 32-bit lane in
 group g is element 4g + k of that row's block, the TILE rows side by side, one lane a row:
 
-    int8  [groups 8, TILE, 4] = q + 128 (unsigned for VNNI: the kernel subtracts 128 * sum(q_x)
-          after; AVX2 flips the top bit back to q in registers)
+    int8  [groups 8, TILE, 4] = q + 128 (unsigned for VNNI: 128 * sum(q_x) comes off the sums;
+          AVX2 flips the top bit back to q in registers)
     int4  [groups 4, TILE, 4] = the packed bytes 4g .. 4g + 3: low nibbles are elements
           4g .. 4g + 3 and high nibbles 16 + 4g .. 16 + 4g + 3 (masked and shifted in registers)
 
@@ -98,6 +100,20 @@ class _Vnni:
         return _call(self.builder, "llvm.x86.avx512.vpdpbusd.512", self.words, acc, w, x)
 
 
+class _EmulatedVnni(_Vnni):
+    """_Vnni with vpdpbusd written out in plain IR (widen 64 bytes each way, multiply, add each 4
+    into a lane), which any CPU runs: the tests check VNNI's products and folds on machines
+    without it. Not for speed."""
+
+    def _dot(self, acc, w, x):
+        b, wide = self.builder, ir.VectorType(I32, 64)
+        products = b.mul(b.zext(b.bitcast(w, ir.VectorType(I8, 64)), wide), b.sext(b.bitcast(x, ir.VectorType(I8, 64)), wide))
+        for k in range(GROUP):
+            acc = b.add(acc, b.shuffle_vector(products, products, ir.Constant(ir.VectorType(I32, 16),
+                                                                              list(range(k, 64, GROUP)))))
+        return acc
+
+
 class _Avx2:
     """256-bit registers; vpmaddubsw and vpmaddwd (module docstring)."""
     bits = 256
@@ -143,73 +159,115 @@ class _Avx2:
         return _call(self.builder, "llvm.x86.avx2.pmadd.wd", self.words, halves, self.ones)
 
 
-# Registers of a tile's rows accumulated at once: the whole tile (4) with VNNI's 32 registers; on
-# AVX2's 16, half the tile (4 of 8) times TOKENS_PER_CALL tokens.
-_CHUNK = {"vnni": TILE // 16, "avx2": 4}
+_UNITS = {"vnni": _Vnni, "avx2": _Avx2, "emulated-vnni": _EmulatedVnni}
 
 
-def _block_dots_codegen(isa: str, is_int4: bool, num_tokens: int):
-    """IR for one block of one tile times `num_tokens` tokens: dots[k * TILE + i] = the weights'
-    bytes . token k's bytes of row i (int4: the nibbles; int8: q + 128 with VNNI, q with AVX2),
-    unrolled. Each weight register is loaded (and split) once for all the tokens."""
+def _block_fold_codegen(isa: str, is_int4: bool, num_tokens: int, has_mins: bool):
+    """IR for one block of one tile times `num_tokens` tokens, unrolled: each register of rows'
+    integer sums (the weights' bytes . token k's bytes: int4's nibbles; int8's q, or q + 128 with
+    VNNI less 128 sum(q_x)) go to float32 and are folded into the token's accumulators as
+    acc += scale * (d_x * dot) + min * (d_x * sum(q_x)), in that order, no fused multiply-add (the
+    portable kernel's float32 expressions, so the same bits). Each weight register is loaded (and
+    split) once for all the tokens."""
     num_groups = BLOCK // GROUP // (2 if is_int4 else 1)
-    unit = _Vnni if isa == "vnni" else _Avx2
+    unit = _UNITS[isa]
     lanes = unit.bits // 32                  # rows of a register
-    registers, chunk = TILE // lanes, _CHUNK[isa]
+    # Registers of rows accumulated at once: the whole tile (4) in VNNI's 32 registers; in AVX2's 16,
+    # half the tile (4 of 8) times TOKENS_PER_CALL tokens.
+    registers = TILE // lanes
+    chunk = registers if issubclass(unit, _Vnni) else registers // 2
+    floats = ir.VectorType(ir.FloatType(), lanes)
+    offset = 128 if issubclass(unit, _Vnni) and not is_int4 else 0   # VNNI multiplies int8's q + 128
 
     def codegen(context, builder, signature, args):
-        w_type, _, x_type, _, _, dots_type = signature.args
-        w_arr = context.make_array(w_type)(context, builder, args[0])
-        x_arr = context.make_array(x_type)(context, builder, args[2])
-        dots_arr = context.make_array(dots_type)(context, builder, args[5])
-        w_base = builder.gep(w_arr.data, [args[1]])                         # uint8*
-        x_bases = [builder.gep(x_arr.data, [builder.add(args[3], builder.mul(args[4], ir.Constant(args[4].type, k)))])
-                   for k in range(num_tokens)]                              # int32* of each token's block
+        w, x, scales, mins, d_x, s_x, acc = (
+            context.make_array(signature.args[i])(context, builder, args[i]).data if i != 6 or has_mins else None
+            for i in (0, 2, 5, 6, 8, 9, 12))                                   # the arrays' data pointers
+        w_start, x_start, x_stride, s_start, d_start, d_stride, acc_start = (args[i] for i in (1, 3, 4, 7, 10, 11, 13))
+        w_base = builder.gep(w, [w_start])                                       # uint8*
+        x_bases, d_at = [], []
+        for k in range(num_tokens):
+            x_bases.append(builder.gep(x, [builder.add(x_start, builder.mul(x_stride, ir.Constant(I64, k)))]))
+            d_at.append(builder.add(d_start, builder.mul(d_stride, ir.Constant(I64, k))))
         ops = unit(builder, is_int4, num_tokens)
-        vector_ptr = ops.words.as_pointer()
+        vector_ptr, float_ptr = ops.words.as_pointer(), floats.as_pointer()
+
+        def splat(value, vector_type):
+            one = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(I32, 0))
+            return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
         def word(k, index):
             """Token k's word `index`, in every lane."""
-            value = builder.load(builder.gep(x_bases[k], [ir.Constant(I64, index)]))
-            one = builder.insert_element(ir.Constant(ops.words, ir.Undefined), value, ir.Constant(I32, 0))
-            return builder.shuffle_vector(one, one, ir.Constant(ops.words, [0] * lanes))
+            return splat(builder.load(builder.gep(x_bases[k], [ir.Constant(I64, index)])), ops.words)
 
+        def row_floats(base, row):
+            return builder.load(builder.bitcast(builder.gep(base, [builder.add(s_start, row)]), float_ptr), align=4)
+
+        sums = [builder.load(builder.gep(s_x, [d_at[k]])) for k in range(num_tokens)]     # sum(q_x), int32
+        dx = [splat(builder.load(builder.gep(d_x, [d_at[k]])), floats) for k in range(num_tokens)]
+        if has_mins:
+            dx_sums = [builder.fmul(dx[k], splat(builder.sitofp(sums[k], ir.FloatType()), floats)) for k in range(num_tokens)]
+        if offset:
+            offsets = [splat(builder.mul(sums[k], ir.Constant(I32, offset)), ops.words) for k in range(num_tokens)]
         for first in range(0, registers, chunk):
-            acc = [[ops.zero() for _ in range(chunk)] for _ in range(num_tokens)]
+            sums_int = [[ops.zero() for _ in range(chunk)] for _ in range(num_tokens)]
             for g in range(num_groups):
                 x_low = [word(k, g) for k in range(num_tokens)]
                 x_high = [word(k, num_groups + g) for k in range(num_tokens)] if is_int4 else [None] * num_tokens
                 for c in range(chunk):
-                    offset = ir.Constant(I64, (g * TILE + (first + c) * lanes) * GROUP)
-                    v = builder.load(builder.bitcast(builder.gep(w_base, [offset]), vector_ptr), align=1)
+                    at = ir.Constant(I64, (g * TILE + (first + c) * lanes) * GROUP)
+                    v = builder.load(builder.bitcast(builder.gep(w_base, [at]), vector_ptr), align=1)
                     operands = ops.operands(v)
                     for k in range(num_tokens):
-                        ops.add(acc[k][c], operands, x_low[k], x_high[k], g)
-            for k in range(num_tokens):
-                for c in range(chunk):
-                    ptr = builder.gep(dots_arr.data, [ir.Constant(I64, k * TILE + (first + c) * lanes)])
-                    builder.store(ops.total(acc[k][c]), builder.bitcast(ptr, vector_ptr), align=4)
+                        ops.add(sums_int[k][c], operands, x_low[k], x_high[k], g)
+            for c in range(chunk):
+                row = ir.Constant(I64, (first + c) * lanes)
+                scale = row_floats(scales, row)
+                low = row_floats(mins, row) if has_mins else None
+                for k in range(num_tokens):
+                    dot = ops.total(sums_int[k][c])
+                    if offset:
+                        dot = builder.sub(dot, offsets[k])
+                    term = builder.fmul(scale, builder.fmul(dx[k], builder.sitofp(dot, floats)))
+                    if has_mins:
+                        term = builder.fadd(term, builder.fmul(low, dx_sums[k]))
+                    at = builder.add(acc_start, ir.Constant(I64, k * TILE + (first + c) * lanes))
+                    ptr = builder.bitcast(builder.gep(acc, [at]), float_ptr)
+                    builder.store(builder.fadd(builder.load(ptr, align=4), term), ptr, align=4)
         return context.get_dummy_value()
     return codegen
 
 
-def _block_dots_intrinsic(is_int4: bool, num_tokens: int):
+def block_fold(is_int4: bool, num_tokens: int, isa: str | None = ISA):
+    """The intrinsic below for int4 or int8 weights, `num_tokens` at a time, written for `isa`
+    (this CPU's unless a test asks for "emulated-vnni")."""
     @intrinsic
-    def block_dots(typingctx, w, w_start, x, x_start, x_stride, dots):
-        """w uint8 1-D (C), x int32 1-D (C), dots int32 1-D (C, >= num_tokens * TILE):
-        dots[k * TILE:(k + 1) * TILE] = block w[w_start:] . x[x_start + k * x_stride:] for each
-        of the num_tokens tokens k (module docstring), on this CPU's ISA."""
-        arrays = ((w, types.uint8), (x, types.int32), (dots, types.int32))
-        if ISA is None or not all(isinstance(a, types.Array) and a.dtype == dtype and a.ndim == 1 and a.layout == "C"
-                                  for a, dtype in arrays):
+    def fold(typingctx, w, w_start, x, x_start, x_stride, scales, mins, s_start, d_x, s_x, d_start, d_stride, acc,
+             acc_start):
+        """One block of a tile times num_tokens tokens k, folded into acc (module docstring):
+
+            acc[acc_start + k * TILE + i] += scales[s_start + i] * (dx_k * (w[w_start:] . x[x_start + k * x_stride:])_i)
+                                             + mins[s_start + i] * (dx_k * s_x[d_start + k * d_stride])
+
+        with dx_k = d_x[d_start + k * d_stride], flat indices into C-contiguous arrays: w uint8,
+        x int32 (the activations' bytes as words), scales and mins float32 (mins None: no term),
+        d_x float32, s_x int32 (sum(q_x) of each block), acc float32 1-D."""
+        arrays = [(w, types.uint8), (x, types.int32), (scales, types.float32), (d_x, types.float32), (s_x, types.int32),
+                  (acc, types.float32)]
+        has_mins = not isinstance(mins, types.NoneType)
+        if has_mins:
+            arrays.append((mins, types.float32))
+        if isa is None or not all(isinstance(a, types.Array) and a.dtype == dtype and a.layout == "C" for a, dtype in arrays):
             return None
-        return (types.void(w, types.intp, x, types.intp, types.intp, dots),
-                _block_dots_codegen(ISA, is_int4, num_tokens))
-    return block_dots
+        i = types.intp
+        return (types.void(w, i, x, i, i, scales, mins, i, d_x, s_x, i, i, acc, i),
+                _block_fold_codegen(isa, is_int4, num_tokens, has_mins))
+    return fold
 
 
-TOKENS_PER_CALL = 4 if ISA == "vnni" else 2   # tokens the *_block_dots_n products take at once
-int4_block_dots = _block_dots_intrinsic(True, 1)
-int8_block_dots = _block_dots_intrinsic(False, 1)
-int4_block_dots_n = _block_dots_intrinsic(True, TOKENS_PER_CALL)
-int8_block_dots_n = _block_dots_intrinsic(False, TOKENS_PER_CALL)
+TOKENS = {"vnni": 4, "emulated-vnni": 4, "avx2": 2}   # tokens the *_block_fold_n products take at once
+TOKENS_PER_CALL = TOKENS.get(ISA, 1)
+int4_block_fold = block_fold(True, 1)
+int8_block_fold = block_fold(False, 1)
+int4_block_fold_n = block_fold(True, TOKENS_PER_CALL)
+int8_block_fold_n = block_fold(False, TOKENS_PER_CALL)
