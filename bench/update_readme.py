@@ -509,17 +509,28 @@ def _sweep_headlines(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def _int_dot_burst_headlines(isa: str):
-    """The int-dot burst row of a results file measured on a CPU with `isa`'s byte products."""
-    def rows(r: dict) -> list[tuple[str, str]]:
+def _int_dot_burst_headlines(isa: str, repeats: tuple[str, ...] = ()):
+    """The int-dot burst row of a results file measured on a CPU with `isa`'s byte products; with
+    `repeats` (more results files of the same command), the range over all the runs."""
+    def ratios(r: dict) -> dict[str, float]:
         runs = {x["target"]: x["summary"]["output_throughput"] for x in r["runs"]}
         llamas = [v for name, v in runs.items() if name.startswith(LLAMA_PREFIX)]
-        formats = [fmt for fmt in ("int4", "int8") if f"vllmlite_{fmt}_intdot" in runs]
-        if not formats or not llamas:
+        return {fmt: runs[f"vllmlite_{fmt}_intdot"] / max(llamas) for fmt in ("int4", "int8")
+                if llamas and f"vllmlite_{fmt}_intdot" in runs}
+
+    def rows(r: dict) -> list[tuple[str, str]]:
+        runs = [ratios(r)] + [ratios(x) for x in map(_load, repeats) if x is not None]
+        formats = list(runs[0])
+        if not formats:
             return []
+        cells = []
+        for fmt in formats:
+            low, high = min(x[fmt] for x in runs), max(x[fmt] for x in runs)
+            cells.append(f"{low:.2f}x" if len(runs) == 1 else f"{low:.2f}-{high:.2f}x")
+        times = f", {len(runs)} runs" if len(runs) > 1 else ""
         return [(f"The same burst with `--quantization {' / '.join(formats)} --int-dot` (8-bit activations, integer "
-                 f"products, as llama.cpp; {isa}) vs llama-server at its best `--parallel` in the same run",
-                 " / ".join(f"{runs[f'vllmlite_{fmt}_intdot'] / max(llamas):.2f}x" for fmt in formats))]
+                 f"products, as llama.cpp; {isa}) vs llama-server at its best `--parallel` in the same run{times}",
+                 " / ".join(cells))]
     return rows
 
 
@@ -556,7 +567,8 @@ def _gpu_headlines(r: dict) -> list[tuple[str, str]]:
 
 HEADLINES = [("bench_offline.json", "offline", _offline_headlines), ("serve_sweep.json", "serve-sweep", _sweep_headlines),
              ("serve_burst_34_int_dot_repeat.json", None, _int_dot_burst_headlines("AVX-512 VNNI")),
-             ("serve_burst_34_avx2_int_dot.json", None, _int_dot_burst_headlines("AVX2")),
+             ("serve_burst_34_avx2_int_dot.json", None,
+              _int_dot_burst_headlines("AVX2", repeats=("serve_burst_34_avx2_int_dot_repeat.json",))),
              ("quant_speed.json", "quant-speed", _quant_headlines), ("bench_spec.json", "spec", _spec_headlines),
              ("bench_route_sim.json", None, _route_headlines), ("bench_gpu.json", "gpu", _gpu_headlines)]
 

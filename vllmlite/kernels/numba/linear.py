@@ -223,11 +223,12 @@ def _quantized_gemm(qs, scales, mins, xp, tiles, gemm):  # pragma: no cover - co
 QUANTIZED_FEW_ROWS = 8
 # Tokens from which `linear(..., int_dot=True)` runs the integer kernel (int_linear.py); below, the
 # rounded activations go through the packed-bytes kernels above, the same function up to float32
-# rounding. With AVX-512 VNNI the integer kernel was as fast or faster from 1 token on (`python -m
-# bench.int_dot --tokens 1 2 4 8 16 32 48 --rounds 9`, results/int_dot.json, int4: 0.23-1.02x
-# float32's time at 1 token where the rounded activations through the packed bytes took
-# 0.26-1.09x; 0.38-0.52x at 32 tokens); its int16 form was about even with them at 4-8 tokens
-# (0.83-0.98x against 0.85-1.05x) and faster from 16 (0.77-1.23x against 1.17-1.58x).
+# rounding. With byte products the integer kernel was as fast or faster from 1 token on (`python -m
+# bench.int_dot`): with AVX-512 VNNI (results/int_dot.json, int4: 0.23-1.02x float32's time at 1
+# token where the rounded activations through the packed bytes took 0.26-1.09x; 0.38-0.52x at 32
+# tokens), with AVX2 (results/int_dot_avx2.json, int4: 0.15-0.65x at 1 token against 0.33-1.20x;
+# 0.46-0.62x at 32). The portable int16 form, on the VNNI machine, was about even with them at
+# 4-8 tokens (0.83-0.98x against 0.85-1.05x) and faster from 16 (0.77-1.23x against 1.17-1.58x).
 INT_DOT_MIN_ROWS = 1 if BYTES else 9
 DEQUANTIZE_TILES = 8  # tiles dequantized at a time for np.matmul, when numpy's BLAS is not OpenBLAS
 _scratch = threading.local()  # per thread: the float32 tiles dequantized into, reused across calls
