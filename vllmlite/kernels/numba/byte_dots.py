@@ -76,6 +76,7 @@ class _Vnni:
         self.num_sets = 2 if num_tokens == 1 else 1
 
     def zero(self):
+        """One register of rows' accumulators for one token (a list: `add` replaces its items)."""
         return [_splat(self.words, 0)] * self.num_sets
 
     def operands(self, v):
@@ -87,6 +88,8 @@ class _Vnni:
         return b.and_(v, nibble), b.and_(b.lshr(v, _splat(self.words, 4)), nibble)
 
     def add(self, acc, operands, x_low, x_high, g):
+        """Group g's products of one token (x_low: its word g in every lane; x_high: int4's word
+        of the high nibbles) into acc."""
         if self.is_int4:
             acc[0] = self._dot(acc[0], operands[0], x_low)
             acc[-1] = self._dot(acc[-1], operands[1], x_high)
@@ -94,6 +97,7 @@ class _Vnni:
             acc[g % self.num_sets] = self._dot(acc[g % self.num_sets], operands[0], x_low)
 
     def total(self, acc):
+        """The register's int32 sums."""
         return acc[0] if self.num_sets == 1 else self.builder.add(acc[0], acc[1])
 
     def _dot(self, acc, w, x):
