@@ -4,6 +4,7 @@ kernels that meet it (kernels/numba/int_linear.py), reached through `linear(...,
 from __future__ import annotations
 
 import collections
+import functools
 import importlib
 import re
 
@@ -193,15 +194,13 @@ needs_bytes = pytest.mark.skipif(byte_dots.ISA is None, reason="the CPU has neit
 
 # The byte products this machine runs, and VNNI's written out in plain IR (any CPU runs those).
 ISAS = [isa for isa in (byte_dots.ISA, "emulated-vnni") if isa]
-_FOLDS = {}
 
 
+@functools.cache
 def _all_blocks_folded(isa, is_int4):
     """A compiled run(grouped, words, scales, mins, d_x, s_x, several_at_a_time) -> acc float32
     [tiles, tokens * TILE]: every block of each tile folded in by `isa`'s products, one token per
     call, or (several_at_a_time) the first TOKENS[isa] tokens in one call and the rest one by one."""
-    if (isa, is_int4) in _FOLDS:
-        return _FOLDS[isa, is_int4]
     group = byte_dots.TOKENS[isa]
     one, several = byte_dots.block_fold(is_int4, 1, isa), byte_dots.block_fold(is_int4, group, isa)
 
@@ -222,7 +221,6 @@ def _all_blocks_folded(isa, is_int4):
                     one(w, b * block_bytes, words, r * stride + b * 8, 0, scales, mins, rows, d_x, s_x, r * blocks + b,
                         0, out, r * TILE)
         return acc
-    _FOLDS[isa, is_int4] = run
     return run
 
 
