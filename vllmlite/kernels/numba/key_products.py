@@ -80,6 +80,13 @@ def _chunk_parts(builder, num_chunks):
             yield loop.index, builder.add(builder.mul(loop.index, ir.Constant(_INDEX, LANES)), ir.Constant(_INDEX, part * WIDTH))
 
 
+def _parts(builder, num_chunks):
+    """Loops over the WIDTH-float parts of the chunks one at a time (a `for_range`), yielding (chunk
+    index, element offset) of each: a loop body holds one part's vectors, not a whole chunk's."""
+    with cgutils.for_range(builder, builder.mul(num_chunks, ir.Constant(_INDEX, _PARTS))) as loop:
+        yield builder.udiv(loop.index, ir.Constant(_INDEX, _PARTS)), builder.mul(loop.index, ir.Constant(_INDEX, WIDTH))
+
+
 def _pairwise_sum(builder, vectors):
     """(v0 + v1) + (v2 + v3) ..., for a power-of-two count of vectors."""
     while len(vectors) > 1:
@@ -175,11 +182,14 @@ def add_weighted_values(typingctx, p, p_offset, values, value_offset, value_stri
 # head cost a store and a load a vector more; 32 x 513 int8 keys and values, default model's heads:
 # 1.07-1.15 -> 0.90-0.94 ms a layer (2-core EPYC, one process, alternated).
 # How many accumulators the passes keep depends on the registers: AVX-512 (32 of 16 floats) holds
-# 3 heads x 8 keys; AVX2 (16 of 8 floats) 3 x 4, with a pass's query vectors and the key beside them.
+# 3 heads x 8 keys; AVX2 (16 of 8 floats) 3 x 2, with a part's query vectors, the key and its scale
+# beside them. At 3 x 4 the loop kept its 12 accumulators on the stack (34 stack accesses in a
+# 93-instruction loop) and took 1.13-1.32x as long (2-core Zen 3 EPYC, 256 keys x 9 heads, alternated
+# in one process: results/kv_decode_step_avx2_products.json).
 INT8_HEADS = 3                         # query heads a pass at most
 # keys a scores call takes for 2 or 3 heads (AVX-512, 3 heads: 0.90 ms a layer against 0.97 with
 # 16 keys, 0.94 with 4); one head takes KEYS
-INT8_SCORE_KEYS = 8 if WIDTH == 16 else 4
+INT8_SCORE_KEYS = 8 if WIDTH == 16 else 2
 _VALUE_PARTS = 4 if WIDTH == 16 else 2     # registers a head's weighted sum is split over (keys j, j + parts, ...)
 _BYTES = ir.VectorType(ir.IntType(8), WIDTH)
 
@@ -215,7 +225,7 @@ def _int8_dot_keys(heads, keys):
                 (args[i] for i in (1, 4, 5, 6, 7, 8, 10, 11))
             head_dim = builder.mul(num_chunks, ir.Constant(_INDEX, LANES))
             sums = [[cgutils.alloca_once_value(builder, _ZERO) for _ in range(keys)] for _ in range(heads)]
-            for index, chunk in _chunk_parts(builder, num_chunks):
+            for index, chunk in _parts(builder, num_chunks):
                 queries = [builder.load(at, align=4) for at in _head_chunks(builder, q_data, q_offset, chunk, head_dim, heads)]
                 row, scale_row = builder.add(offset, chunk), builder.add(scale_offset, index)
                 for j in range(keys):
