@@ -183,8 +183,8 @@ def add_weighted_values(typingctx, p, p_offset, values, value_offset, value_stri
 # 1.07-1.15 -> 0.90-0.94 ms a layer (2-core EPYC, one process, alternated).
 # How many accumulators the passes keep depends on the registers: AVX-512 (32 of 16 floats) holds
 # 3 heads x 8 keys; AVX2 (16 of 8 floats) 3 x 2, with a part's query vectors, the key and its scale
-# beside them. At 3 x 4 the loop kept its 12 accumulators on the stack (34 stack accesses in a
-# 93-instruction loop) and took 1.13-1.32x as long (2-core Zen 3 EPYC, 256 keys x 9 heads, alternated
+# beside them. At 3 x 4 the loop kept its 12 accumulators on the stack (32 stack accesses in a
+# 91-instruction loop) and took 1.13-1.32x as long (2-core Zen 3 EPYC, 256 keys x 9 heads, alternated
 # in one process: results/kv_decode_step_avx2_products.json).
 INT8_HEADS = 3                         # query heads a pass at most
 # keys a scores call takes for 2 or 3 heads (AVX-512, 3 heads: 0.90 ms a layer against 0.97 with
