@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for name in ROWS:
         unturned = name.endswith("unturned")
-        with mock.patch.object(kv_dtype, "rotation", lambda *_: None) if unturned else contextlib.nullcontext():
+        with mock.patch.object(kv_dtype, "turned", lambda _: False) if unturned else contextlib.nullcontext():
             rows.append(compare(name, continuations(loaded, prompts, name.split()[0]), ref))
         r = rows[-1]
         print(f"{name:14s} identical to float32 K/V: {r['identical']}/{r['of']} (text {r['identical_text_windows']}"

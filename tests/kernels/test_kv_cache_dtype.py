@@ -5,6 +5,8 @@ block copies that carry int8's scales."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -198,12 +200,38 @@ def test_the_int8_rotation_is_orthogonal_and_hadamard(head_dim):
     assert kv_dtype.rotation(7) is None
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("head_dim", [8, 12, 64, 128, 80, 96, 7])
+def test_the_turn_is_the_rotation_and_numba_turns_bit_for_bit_as_numpy(dtype, head_dim):
+    """kv_dtype.turn (butterflies) is x @ rotation(head_dim) within rounding, and numba's turn_heads
+    gives its bits exactly, from strided views (rows of head_dim apart, and feature-major as the
+    model's workspace lays them out) into another array and in place (head_dims of whole
+    8-element vectors take its vector path, the others its element loop)."""
+    from vllmlite.kernels.numba.hadamard import turn_heads
+    rng = np.random.default_rng(head_dim)
+    wide = (rng.standard_normal((5, 4, head_dim + 3)) * rng.uniform(0.1, 50, (5, 4, 1))).astype(dtype)
+    x = wide[:, 1:, 2:2 + head_dim]                       # strided along tokens and heads
+    expected = kv_dtype.turn(x)
+    matrix = kv_dtype.rotation(head_dim, dtype)
+    if matrix is None:
+        assert expected is x
+    else:
+        np.testing.assert_allclose(expected, x @ matrix, rtol=0, atol=np.abs(x).max() * head_dim * np.finfo(dtype).eps)
+        assert not np.array_equal(expected, x)
+    np.testing.assert_array_equal(turn_heads(x), expected)
+    in_place = x.copy()
+    turn_heads(in_place, in_place)
+    np.testing.assert_array_equal(in_place, expected)
+    feature_major = np.ascontiguousarray(x.transpose(2, 1, 0)).transpose(2, 1, 0)   # the workspace's views
+    np.testing.assert_array_equal(turn_heads(feature_major), expected)
+
+
 class Unturned:
-    """A backend's write_kv and paged_attention without int8's rotation (what they wrap)."""
+    """A backend's write_kv and paged_attention without int8's rotation (unturned=True)."""
 
     def __init__(self, kernels) -> None:
-        self.write_kv = kernels.write_kv.__wrapped__
-        self.paged_attention = kernels.paged_attention.__wrapped__
+        self.write_kv = functools.partial(kernels.write_kv, unturned=True)
+        self.paged_attention = functools.partial(kernels.paged_attention, unturned=True)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "numba"])

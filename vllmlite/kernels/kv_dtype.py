@@ -23,8 +23,9 @@ caches: a channel far larger than the rest is spread over all of them, so the gr
 finer. Attention does not change under a rotation of q, K and V together: the backends' write_kv
 stores k R and v R (`storing`), their paged_attention attends with q R and turns the output back
 by R^T (`attending`), and the kernels in between are the ones every dtype uses. So a PackedKV's
-int8 values are k R, not k. The four 64 x 64 products cost a 32 x 512 decode step of the default
-model about 4 ms, 6% of its matrix products' time (results/kv_rotation_step.json).
+int8 values are k R, not k. As four 64 x 64 products a layer the turns cost a 32 x 512 decode step of
+the default model about 4 ms, 6% of its matrix products' time (results/kv_rotation_step.json); as
+butterflies (`turn`, and numba/hadamard.py) about 1.4 ms (results/kv_turn_butterflies.json).
 
 Why per token (and head and group), not per block: a token's stored K/V depends on that token alone. A write
 never touches earlier tokens (no requantizing a block's earlier tokens when a larger value comes,
@@ -166,37 +167,50 @@ def rotation(head_dim: int, dtype=np.float32) -> np.ndarray | None:
     return np.kron(np.eye(head_dim // n), block / np.sqrt(n)).astype(dtype)
 
 
-def _turn(x: np.ndarray, matrix: np.ndarray) -> np.ndarray:
-    """x [..., head_dim] @ matrix, as one product over all of x's rows."""
-    return (x.reshape(-1, x.shape[-1]) @ matrix).reshape(x.shape)
+def turn(x: np.ndarray) -> np.ndarray:
+    """x [..., head_dim] @ rotation(head_dim) as butterflies (a fast Walsh-Hadamard transform): steps 1,
+    2, 4, ..., n / 2, each replacing the pair (j, j + step) within blocks of 2 * step by their sum
+    and difference, then the scale 1 / sqrt(n): 6 additions an element at n = 64 where the product
+    takes 64 multiply-adds. The numba backend (numba/hadamard.py) keeps this order, bit for bit.
+    A new array; x itself where the rotation is None."""
+    head_dim = x.shape[-1]
+    n = head_dim & -head_dim
+    if n == 1:
+        return x
+    y, step = x.reshape(-1, head_dim), 1
+    while step < n:
+        pairs = y.reshape(len(y), head_dim // (2 * step), 2, step)
+        y = np.stack((pairs[:, :, 0] + pairs[:, :, 1], pairs[:, :, 0] - pairs[:, :, 1]), axis=2).reshape(len(y), head_dim)
+        step *= 2
+    return (y * x.dtype.type(1 / np.sqrt(n))).reshape(x.shape)
 
 
-def _rotated(cache, x: np.ndarray) -> np.ndarray | None:
-    """R in x's dtype if `cache` stores turned K/V (int8), else None."""
-    return rotation(x.shape[-1], x.dtype.type) if isinstance(cache, PackedKV) and cache.kind == "int8" else None
+def turned(cache) -> bool:
+    """Whether `cache` stores turned K/V (int8's)."""
+    return isinstance(cache, PackedKV) and cache.kind == "int8"
 
 
 def storing(write_kv):
-    """A backend's write_kv that stores k R and v R in an int8 cache (module docstring)."""
+    """A backend's write_kv that stores k R and v R in an int8 cache (module docstring); with
+    unturned=True it stores them as they are (what the tests measure the rotation against)."""
     @functools.wraps(write_kv)
-    def write(k_cache, v_cache, k, v, slot_mapping) -> None:
-        matrix = _rotated(k_cache, k)
-        if matrix is not None:
-            k, v = _turn(k, matrix), _turn(v, matrix)
+    def write(k_cache, v_cache, k, v, slot_mapping, unturned: bool = False) -> None:
+        if turned(k_cache) and not unturned:
+            k, v = turn(k), turn(v)
         write_kv(k_cache, v_cache, k, v, slot_mapping)
     return write
 
 
 def attending(paged_attention):
-    """A backend's paged_attention over an int8 cache: with q R, its output turned back by R^T."""
+    """A backend's paged_attention over an int8 cache: with q R, its output turned back by R^T = R
+    (R is symmetric); unturned=True as `storing`'s."""
     @functools.wraps(paged_attention)
-    def attend(q, k_cache, v_cache, meta, out, **options) -> None:
-        matrix = _rotated(k_cache, q)
-        if matrix is None:
+    def attend(q, k_cache, v_cache, meta, out, unturned: bool = False, **options) -> None:
+        if not turned(k_cache) or unturned:
             paged_attention(q, k_cache, v_cache, meta, out, **options)
             return
-        paged_attention(_turn(q, matrix), k_cache, v_cache, meta, out, **options)
-        out[...] = _turn(out, matrix.T)
+        paged_attention(turn(q), k_cache, v_cache, meta, out, **options)
+        out[...] = turn(out)
     return attend
 
 

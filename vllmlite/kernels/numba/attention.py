@@ -16,6 +16,7 @@ from vllmlite.kernels import blas, kv_dtype
 from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionMetadata, check_attention_options
 from vllmlite.kernels.numba.block_products import block_scores, block_values, packed_scores, packed_values, reads_packed
 from vllmlite.kernels.numba.fast_exp import exp_shifted
+from vllmlite.kernels.numba.hadamard import turn_heads
 from vllmlite.kernels.numba.jit import parallel, serial
 from vllmlite.kernels.numba.kv_read import block_scratch, cache_arrays, load_block, prefetch_block
 from vllmlite.kernels.prefill_attention import prepare_chunk
@@ -298,13 +299,14 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
 
 def attend_short_queries(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
                          out: np.ndarray, scale: float | None = None, sliding_window: int | None = None,
-                         softcap: float | None = None) -> None:
+                         softcap: float | None = None, turn_out: bool = False) -> None:
     """The compiled kernel's part of paged_attention: out's rows of the decodes and short queries
     (the long chunks' rows are left to the caller, holding anything).
 
     The kernel sees C-contiguous q and out only: a strided view (the engine's q and out are views of
     its workspace) would be one more compiled kernel for each dtype, kind and option (29 in a test
-    run instead of 15, each about 8 s to compile); the copies cost a few microseconds a decode step."""
+    run instead of 15, each about 8 s to compile); the copies cost a few microseconds a decode step.
+    turn_out: out's rows turned back (hadamard.py) before they are copied there."""
     dtype = q.dtype.type
     window = None if sliding_window is None else int(sliding_window)
     parts = meta.kernel_cache.get(f"decode_parts {window}")
@@ -315,14 +317,15 @@ def attend_short_queries(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray
                      meta.seq_lens, meta.block_tables, meta.block_size, MAX_BATCHED_QUERY_LEN,
                      dtype(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), window,
                      None if softcap is None else dtype(softcap), *parts, compact)
+    if turn_out:
+        turn_heads(compact, compact)
     if compact is not out:
         out[...] = compact
 
 
-@kv_dtype.attending
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
                     out: np.ndarray, *, scale: float | None = None, sliding_window: int | None = None,
-                    softcap: float | None = None) -> None:
+                    softcap: float | None = None, unturned: bool = False) -> None:
     """Decodes and short queries (speculative verification, short chunks) in the compiled kernel;
     each long prefill chunk in query tiles with BLAS products (prefill_attention.py), since the
     kernel's inner loops ran there at about half BLAS speed (48 vs 24 ms a layer for a 512-token
@@ -338,12 +341,20 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     bench.prefill_attention`).
 
     Options as reference.paged_attention's; a window bounds every query's keys, so a decode with
-    one costs O(window) and blocks wholly before it are never read."""
+    one costs O(window) and blocks wholly before it are never read. Over int8 K/V, stored turned,
+    q is turned on its way in (the contiguous copy the kernel takes anyway) and the output back on
+    its way out (hadamard.py), as kv_dtype.attending does; unturned=True as its."""
     check_attention_options(scale, sliding_window, softcap)
-    attend_short_queries(q, k_cache, v_cache, meta, out, scale, sliding_window, softcap)
+    turning = kv_dtype.turned(k_cache) and not unturned
+    if turning:
+        q = turn_heads(q)
+    attend_short_queries(q, k_cache, v_cache, meta, out, scale, sliding_window, softcap, turn_out=turning)
     if len(meta.long_seqs):
         _attend_long_chunks(q, k_cache, v_cache, meta, out,
                             dict(scale=scale, sliding_window=sliding_window, softcap=softcap))
+        for seq in meta.long_seqs if turning else ():
+            rows = out[meta.query_start[seq]:meta.query_start[seq + 1]]
+            rows[...] = turn_heads(rows)
 
 
 # Query-key pairs per tile (`Chunk.num_pairs` over the step's tiles) from which a step's long

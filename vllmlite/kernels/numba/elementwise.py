@@ -11,6 +11,7 @@ from numba import prange
 
 from vllmlite.kernels import kv_dtype
 from vllmlite.kernels.numba.fast_exp import exp_shifted
+from vllmlite.kernels.numba.hadamard import turn_heads
 from vllmlite.kernels.numba.jit import exact, parallel, serial
 from vllmlite.kernels.reference import GELU_TANH_SCALE
 
@@ -154,11 +155,14 @@ def _write_int8(data, scales, x, slot_mapping):  # pragma: no cover - compiled
                     data[slot, h, d] = np.int8(min(max(level, -kv_dtype.INT8_MAX), kv_dtype.INT8_MAX))
 
 
-@kv_dtype.storing
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
-             slot_mapping: np.ndarray) -> None:
-    if isinstance(k_cache, kv_dtype.PackedKV):   # int8 compiled (its numpy took ~5 ms a decode step); halves in numpy
+             slot_mapping: np.ndarray, unturned: bool = False) -> None:
+    """As kv_dtype.storing's: int8 K/V turned (hadamard.py) then written, both compiled (numpy's
+    encoding took ~5 ms a decode step, the turns as BLAS products ~1 ms); the halves in numpy."""
+    if isinstance(k_cache, kv_dtype.PackedKV):
         if k_cache.kind == "int8":
+            if kv_dtype.turned(k_cache) and not unturned:
+                k, v = turn_heads(k), turn_heads(v)
             _write_int8(k_cache.data, k_cache.scales, k, slot_mapping)
             _write_int8(v_cache.data, v_cache.scales, v, slot_mapping)
         else:
