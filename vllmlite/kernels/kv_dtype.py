@@ -22,7 +22,8 @@ Hadamard matrix, or its blocks where head_dim is no power of two), as QuaRot doe
 caches: a channel far larger than the rest is spread over all of them, so the group scales step
 finer. Attention does not change under a rotation of q, K and V together: the backends' write_kv
 stores k R and v R (`storing`), their paged_attention attends with q R and turns the output back
-by R^T (`attending`), and the kernels in between are the ones every dtype uses. So a PackedKV's
+by R^T (`attending`; the numba backend does both inside its write_kv and paged_attention), and
+the kernels in between are the ones every dtype uses. So a PackedKV's
 int8 values are k R, not k. As four 64 x 64 products a layer the turns cost a 32 x 512 decode step of
 the default model about 4 ms, 6% of its matrix products' time (results/kv_rotation_step.json); as
 butterflies (`turn`, and numba/hadamard.py) about 1.4 ms (results/kv_turn_butterflies.json).

@@ -157,8 +157,8 @@ def _write_int8(data, scales, x, slot_mapping):  # pragma: no cover - compiled
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
              slot_mapping: np.ndarray, unturned: bool = False) -> None:
-    """As kv_dtype.storing's: int8 K/V turned (hadamard.py) then written, both compiled (numpy's
-    encoding took ~5 ms a decode step, the turns as BLAS products ~1 ms); the halves in numpy."""
+    """kv_dtype.storing's write, compiled for int8: K/V turned (hadamard.py), then encoded (numpy's
+    encoding took ~5 ms a decode step); the halves in numpy. unturned=True as storing's."""
     if isinstance(k_cache, kv_dtype.PackedKV):
         if k_cache.kind == "int8":
             if kv_dtype.turned(k_cache) and not unturned:
