@@ -158,19 +158,11 @@ def test_any_number_of_splits_matches_the_reference(device, num_splits, window):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("num_splits,window", [(1, None), (3, None), (2, 40)])
 def test_32_keys_a_tile_match_the_reference(device, num_splits, window):
-    """The tile a large decode batch at head_dim >= 128 gets (block_n_for): contexts around
-    multiples of 32 keys, split or not, windowed or not, at head_dim 128."""
+    """Tiles of 32 keys (the plan gives BLOCK_N; bench/gpu_attention.py sweeps others): contexts
+    around multiples of 32 keys, split or not, windowed or not, at head_dim 128."""
     error, got = run_splits(device, [1, 1, 1, 1], [5, 32, 95, 161], num_splits, head_dim=128, block_n=32,
                             sliding_window=window)
     assert not np.isnan(got).any() and error < 1e-5
-
-
-def test_32_keys_a_tile_only_for_wide_heads_and_many_programs():
-    block_n_for = paged_attention_kernel().block_n_for
-    assert block_n_for(head_dim=128, num_programs=2048, num_sms=132) == 32    # 256 decodes, 8 KV heads
-    assert block_n_for(head_dim=128, num_programs=256, num_sms=132) == 64     # 32 decodes
-    assert block_n_for(head_dim=64, num_programs=2048, num_sms=132) == 64     # Llama-3.2-1B's heads
-    assert block_n_for(head_dim=256, num_programs=4096, num_sms=0) == 64      # the CPU
 
 
 def test_eight_warps_only_for_launches_of_few_programs():
@@ -179,8 +171,8 @@ def test_eight_warps_only_for_launches_of_few_programs():
     assert ta.warps_for(num_programs=396, num_sms=132) == 8      # up to 3 a multiprocessor
     assert ta.warps_for(num_programs=397, num_sms=132) == 4
     assert ta.warps_for(num_programs=8, num_sms=0) == 4          # the CPU
-    assert ta.short_query_plan(8, 64, 1168, 132) == (10, 64, 8)  # a graph's plan for one Llama-3.2-1B decode
-    assert ta.short_query_plan(2048, 64, 1168, 132) == (1, 64, 4)
+    assert ta.short_query_plan(8, 1168, 132) == (10, 64, 8)  # a graph's plan for one Llama-3.2-1B decode
+    assert ta.short_query_plan(2048, 1168, 132) == (1, 64, 4)   # 256 decodes, 8 KV heads
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -219,15 +211,24 @@ def test_the_last_split_combines_and_leaves_the_counters_at_zero(device):
     assert first[0] < 1e-5 and np.array_equal(first[1], again[1])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_64_bit_offsets_into_a_large_cache_match_the_reference(device, monkeypatch):
+    """Caches past NARROW_CACHE elements are read through 64-bit offsets (a smaller limit here makes
+    these small ones take that path): decodes, a split context and a prefill chunk over cached context."""
+    monkeypatch.setattr(paged_attention_kernel(), "NARROW_CACHE", 1000)
+    error, _ = run(device, [1, 1, 40], [900, 37, 300], 16, 8, 2, 64, num_sms=64)
+    assert error < 1e-5
+
+
 def test_more_splits_than_the_combine_unrolls_are_refused():
     with pytest.raises(ValueError, match="num_splits must be in"):
         run_splits("cpu", [1], [512], paged_attention_kernel().MAX_SPLITS + 1)
 
 
-def test_tiles_cut_each_sequence_into_runs_of_rows():
+def test_tiles_cut_each_sequence_into_runs_of_rows_longest_context_first():
     from vllmlite.kernels.torch.triton_attention import make_tiles
     tiles = make_tiles(np.array([0, 1, 6]), np.array([9, 0, 1, 2, 3, 4]), np.array([0, 1]), 4)
-    assert tiles.tolist() == [[0, 1, 0, 9], [1, 4, 1, 0], [5, 1, 1, 4]]
+    assert tiles.tolist() == [[0, 1, 0, 9], [5, 1, 1, 4], [1, 4, 1, 0]]
 
 
 @pytest.mark.cuda

@@ -158,9 +158,10 @@ class DecodeGraphs:
         self.view("positions", False, staged)[:batch] = np.concatenate([positions, np.zeros(batch - n, np.int64)])
         self.view("slots", False, staged)[:batch] = np.concatenate([slots, np.full(batch - n, scratch_slot)])
         tiles = self.view("tiles", False, staged).reshape(-1, 4)[:batch]  # (first row, rows, sequence, position)
-        tiles[:, 0] = tiles[:, 2] = np.arange(batch)
+        order = np.concatenate([np.argsort(-positions, kind="stable"), np.arange(n, batch)])   # as make_tiles'
+        tiles[:, 0] = tiles[:, 2] = order
         tiles[:, 1] = 1
-        tiles[:n, 3], tiles[n:, 3] = positions, 0
+        tiles[:n, 3], tiles[n:, 3] = positions[order[:n]], 0
         table = self.view("tables", False, staged).reshape(-1, self.max_blocks)[:batch]
         table[:n, :tables.shape[1]] = tables
         table[n:] = self.scratch_block
@@ -174,7 +175,7 @@ class DecodeGraphs:
                                  self.block_size)
         # The attention launch the torch kernels would plan for this batch, on the static tiles.
         rows = triton_attention.tile_rows(c.num_heads, c.num_kv_heads, long=False)
-        plan = triton_attention.short_query_plan(batch * c.num_kv_heads, c.head_dim, self.max_model_len,
+        plan = triton_attention.short_query_plan(batch * c.num_kv_heads, self.max_model_len,
                                                  self.model.kernels.num_sms)
         meta.kernel_cache["torch.tiles"] = [(self.view("tiles").view(-1, 4)[:batch], rows, *plan)]
         meta.kernel_cache["torch.block_tables"] = meta.block_tables

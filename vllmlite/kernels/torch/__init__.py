@@ -265,7 +265,7 @@ class TorchKernels:
         if self._triton(q):
             tiles = meta.kernel_cache.get("torch.tiles")
             if tiles is None:
-                tiles = meta.kernel_cache["torch.tiles"] = self.attention_tiles(meta, *q.shape[1:], k_cache.shape[1])
+                tiles = meta.kernel_cache["torch.tiles"] = self.attention_tiles(meta, q.shape[1], k_cache.shape[1])
             block_tables = self._index(meta, "block_tables")
             kernel = paged_attention_kernel().paged_attention_tiles
             for step_tiles, rows, num_splits, block_n, num_warps in tiles:   # type: ignore[union-attr]
@@ -278,8 +278,7 @@ class TorchKernels:
         for group in meta.kernel_cache[key]:  # type: ignore[union-attr]
             self._attend_group(q, k_cache, v_cache, group, meta.block_size, out, **options)
 
-    def attention_tiles(self, meta: AttentionMetadata, num_heads: int, head_dim: int,
-                        num_kv_heads: int) -> list[tuple]:
+    def attention_tiles(self, meta: AttentionMetadata, num_heads: int, num_kv_heads: int) -> list[tuple]:
         """The step's Triton launches: (tiles on the device, rows per tile, number of splits, keys
         per tile, warps a program) for the short queries (decodes, guesses; split over the context when they are too
         few to fill the device) and for the long prefill chunks."""
@@ -294,7 +293,7 @@ class TorchKernels:
             tiles = ta.make_tiles(meta.query_start, meta.positions, seqs, rows)
             context = int(meta.seq_lens[seqs].max())
             plan = (1, ta.BLOCK_N, 4) if long else \
-                ta.short_query_plan(len(tiles) * num_kv_heads, head_dim, context, self.num_sms)
+                ta.short_query_plan(len(tiles) * num_kv_heads, context, self.num_sms)
             launches.append((self.to_device(tiles), rows, *plan))
         return launches
 

@@ -45,6 +45,7 @@ MIN_SPLIT_KEYS = 128  # the shortest stretch of context worth a program of its o
 MAX_SPLITS = 16     # the most splits of one program's context (the combine unrolls over them)
 FEW_PROGRAMS_PER_SM = 3   # programs a multiprocessor up to which a launch's programs get 8 warps (warps_for)
 TILE_FIELDS = 4     # first row, number of rows, sequence, position of the first row
+NARROW_CACHE = 2**31   # the most elements a K or V cache may have for the kernel's 32-bit offsets into it
 
 
 @triton.jit(do_not_specialize=["stride_q_tok", "stride_o_tok", "stride_bt_seq", "num_splits", "window"])
@@ -53,7 +54,8 @@ def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block
                       stride_bt_seq, block_size, num_kv_heads, num_splits, window, softcap,
                       SPLIT: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr,
                       HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                      WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr):
+                      WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, MAX_SPLITS: tl.constexpr, WIDE: tl.constexpr,
+                      PDL: tl.constexpr):
     pdl.start(PDL)
     t = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -87,7 +89,10 @@ def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, block
         n = start + tl.arange(0, BLOCK_N)                              # [BLOCK_N] context positions
         valid = n < key_end
         block_id = tl.load(block_tables_ptr + seq * stride_bt_seq + n // block_size, mask=valid, other=0)
-        slot = block_id.to(tl.int64) * block_size + n % block_size
+        if WIDE:   # a cache of 2**31 elements or more: 64-bit offsets
+            slot = block_id.to(tl.int64) * block_size + n % block_size
+        else:      # 32-bit offsets: fewer instructions a key (see paged_attention_tiles)
+            slot = block_id.to(tl.int32) * block_size + n % block_size
         kv_offset = (slot[:, None] * num_kv_heads + kv_head) * HEAD_DIM + d[None, :]   # [BLOCK_N, HEAD_PAD]
         if HEAD_PAD == HEAD_DIM:   # a mask constant along the head: the loads stay vectorized
             kv_mask = valid[:, None]
@@ -180,16 +185,20 @@ def tile_rows(num_heads: int, num_kv_heads: int, long: bool) -> int:
 
 def make_tiles(query_start: np.ndarray, positions: np.ndarray, seqs: np.ndarray, rows: int) -> np.ndarray:
     """[num_tiles, 4] int64 tiles (first row, rows, sequence, first position) cutting the queries of
-    sequences `seqs` into runs of at most `rows` consecutive rows.
+    sequences `seqs` into runs of at most `rows` consecutive rows, the longest context (first
+    position + rows) first: the programs that read the most keys start first, so the launch does not
+    end on a few long ones (a batch of 256 decodes of 100-1,280 keys at Llama-3.1-8B's shapes on an
+    H200: 0.95x the time in sequence order, results/gpu_attention_decode_offsets.json).
     Example: query_start [0, 1, 6], positions [9, 0, 1, 2, 3, 4], seqs [0, 1], rows 4
-      -> [[0, 1, 0, 9], [1, 4, 1, 0], [5, 1, 1, 4]]."""
+      -> [[0, 1, 0, 9], [5, 1, 1, 4], [1, 4, 1, 0]]."""
     lens = query_start[seqs + 1] - query_start[seqs]                     # [S]
     per_seq = -(-lens // rows)                                           # [S] tiles of each sequence
     seq = np.repeat(seqs, per_seq)                                       # [T]
     k = np.arange(len(seq)) - np.repeat(np.cumsum(per_seq) - per_seq, per_seq)   # tile index in its sequence
     row0 = query_start[seq] + k * rows
     count = np.minimum(rows, query_start[seq + 1] - row0)
-    return np.stack([row0, count, seq, positions[row0]], axis=1).astype(np.int64)
+    tiles = np.stack([row0, count, seq, positions[row0]], axis=1).astype(np.int64)
+    return tiles[np.argsort(-(tiles[:, 3] + count), kind="stable")]
 
 
 def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tiles: torch.Tensor,
@@ -208,6 +217,9 @@ def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     scale, sliding_window, softcap: as reference.paged_attention's. With a window a tile's context
     starts at its first row's first key (and its splits cut only that); without one or the other
     the kernel is compiled without their code.
+    Offsets into caches of up to NARROW_CACHE elements are computed in 32 bits: at Llama-3.1-8B's
+    shapes on an H200, 256 decodes of 100-1,280 keys read K/V at 3.50 TB/s with 64 keys a tile,
+    against 2.99 TB/s in 64 bits (results/gpu_attention_decode_offsets.json).
     """
     num_tiles = tiles.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -229,7 +241,7 @@ def paged_attention_tiles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         *q.stride(), *out.stride(), block_tables.stride(0), block_size, num_kv_heads, num_splits,
         sliding_window or 0, softcap or 0.0, SPLIT=num_splits > 1, BLOCK_N=block_n,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WINDOWED=sliding_window is not None,
-        SOFTCAP=softcap is not None, MAX_SPLITS=MAX_SPLITS, **pdl.options(q),
+        SOFTCAP=softcap is not None, MAX_SPLITS=MAX_SPLITS, WIDE=k_cache.numel() > NARROW_CACHE, **pdl.options(q),
         num_warps=num_warps, num_stages=num_stages, **shape)
 
 
@@ -257,13 +269,17 @@ def split_counters(num: int, device: torch.device) -> torch.Tensor:
     return counters
 
 
-def short_query_plan(num_programs: int, head_dim: int, max_context: int, num_sms: int) -> tuple[int, int, int]:
+def short_query_plan(num_programs: int, max_context: int, num_sms: int) -> tuple[int, int, int]:
     """(splits, keys per tile, warps) of a launch of short queries (decodes, guesses) whose tiles
-    times KV heads make `num_programs`: split_plan's, then block_n_for's and warps_for's over the
-    split programs."""
+    times KV heads make `num_programs`: split_plan's, BLOCK_N, and warps_for's over the split programs.
+
+    Keys per tile: BLOCK_N at every shape. With 64-bit offsets 32 keys were faster for heads of 128
+    and a batch of 256 (3.15-3.20 against 2.88-2.94 TB/s); with 32-bit ones 64 keys are the fastest
+    at the three bench shapes and batches 1/32/256: 0.80x the old plan's time for 256 decodes of
+    100-1,280 keys at Llama-3.1-8B's heads, 0.89x at Llama-3.2-1B's, never slower
+    (results/gpu_attention_decode_offsets.json)."""
     num_splits = split_plan(num_programs, max_context, num_sms)
-    return num_splits, block_n_for(head_dim, num_programs * num_splits, num_sms), warps_for(num_programs * num_splits,
-                                                                                          num_sms)
+    return num_splits, BLOCK_N, warps_for(num_programs * num_splits, num_sms)
 
 
 def warps_for(num_programs: int, num_sms: int) -> int:
@@ -278,18 +294,6 @@ def warps_for(num_programs: int, num_sms: int) -> int:
     run41_attention_warps.json): 1,010 decode tok/s against 978-989 at the 1B shapes, 1,053-1,068
     against 946-995 at 0.6B."""
     return 8 if num_sms and num_programs <= FEW_PROGRAMS_PER_SM * num_sms else 4
-
-
-def block_n_for(head_dim: int, num_programs: int, num_sms: int) -> int:
-    """Keys per tile for a launch of `num_programs` programs: 32 for heads of 128 or more when the
-    programs are many (8 a multiprocessor or more: a decode batch of 256), else BLOCK_N.
-
-    Why: on an H200 (scratch A/B, CUDA events over 20 launches, bf16, context 512) a batch of 256
-    decodes read K/V at 3.15-3.20 TB/s with 32 keys a tile at head_dim 128 (Qwen3-0.6B's and
-    Llama-3.1-8B's shapes), 2.88-2.94 TB/s with 64: smaller tiles let more programs stay resident.
-    With few programs (a batch of 32: 256 programs) 64 was faster (46.7 against 54.2 us at the 8B
-    shape), and at head_dim 64 (Llama-3.2-1B's) 64 was best at every batch."""
-    return 32 if head_dim >= 128 and num_sms and num_programs >= 8 * num_sms else BLOCK_N
 
 
 def split_plan(num_programs: int, max_context: int, num_sms: int) -> int:
