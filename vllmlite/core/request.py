@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -123,8 +124,14 @@ class Request:
         return () if self.cache_salt is None else (self.cache_salt,)
 
     def append_token(self, token_id: int) -> None:
-        self.token_ids.append(token_id)
-        self.output_token_ids.append(token_id)
+        self.extend_tokens((token_id,))
+
+    def extend_tokens(self, token_ids: Sequence[int]) -> None:
+        """Append output tokens of one step (none: nothing changes)."""
+        if not token_ids:
+            return
+        self.token_ids.extend(token_ids)
+        self.output_token_ids.extend(token_ids)
         now = time.monotonic()
         if self.first_token_time is None:
             self.first_token_time = now

@@ -170,7 +170,7 @@ class Scheduler:
         num_drafts = self._num_draft_slots(request, budget)
         if num_drafts and not self._allocate(request, num_new + num_drafts):
             num_drafts = 0  # under memory pressure, guesses go before any request is preempted
-        while not self._allocate(request, num_new + num_drafts):
+        while not num_drafts and not self._allocate(request, num_new):   # (with drafts: allocated above)
             victim = self.running[-1]
             if victim is request and index == 0:
                 # Alone and still no room: the cache is too small for this sequence to grow.

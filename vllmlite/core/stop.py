@@ -29,6 +29,8 @@ def append_tokens(request: Request, token_ids: Sequence[int], logprobs: list | N
 
     tokens [5, 2, 7] where 2 is EOS -> 5 and 2 appended, Stop(STOP); 7 is dropped.
     """
+    if request.grammar is None and logprobs is None:
+        return _append_plain(request, token_ids, stop_token_ids, max_model_len)
     for i, token_id in enumerate(token_ids):
         if request.grammar is not None and not request.grammar.accept(token_id):
             # The mask allowed the token, so the grammar broke one of llguidance's limits building
@@ -59,3 +61,31 @@ def check_stop(request: Request, token_id: int, stop_token_ids: frozenset[int], 
     if num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
         return Stop(FinishReason.LENGTH)
     return None
+
+
+def _append_plain(request: Request, token_ids: Sequence[int], stop_token_ids: frozenset[int],
+                  max_model_len: int) -> Stop | None:
+    """append_tokens for a sample with no grammar and no logprobs, the tokens kept appended at once:
+    check_stop's conditions, in its order, found by arithmetic and a scan of the stop tokens alone.
+    (Multi-step decoding hands every request 8 tokens a step; at 256 requests the per-token loop
+    took about a fifth of the CPU's work between a GPU's decode steps, under cProfile.)"""
+    params = request.sampling_params
+    num_outputs = request.num_output_tokens
+    # Token i makes num_outputs + i + 1 outputs and request.num_tokens + i + 1 tokens in all.
+    length_at = max(0, min(request.max_tokens - num_outputs, max_model_len - request.num_tokens) - 1)
+    stops = params.stop_token_ids or ()
+    eos = () if params.ignore_eos else stop_token_ids
+    stop_at, stop = None, None
+    if stops or eos:   # from the first token that meets min_tokens, up to the length limit
+        for i in range(max(0, params.min_tokens - num_outputs - 1), min(len(token_ids), length_at + 1)):
+            token_id = token_ids[i]
+            if token_id in stops:
+                stop_at, stop = i, Stop(FinishReason.STOP, token_id)
+                break
+            if token_id in eos:
+                stop_at, stop = i, Stop(FinishReason.STOP)
+                break
+    if stop is None and length_at < len(token_ids):
+        stop_at, stop = length_at, Stop(FinishReason.LENGTH)
+    request.extend_tokens(token_ids if stop_at is None else token_ids[:stop_at + 1])
+    return stop
