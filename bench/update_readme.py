@@ -583,7 +583,9 @@ HEADLINES = [("bench_offline.json", "offline", _offline_headlines), ("serve_swee
              ("serve_burst_34_avx2_int_dot.json", None,
               _int_dot_burst_headlines("AVX2", repeats=("serve_burst_34_avx2_int_dot_repeat.json",
                                                         "serve_burst_34_avx2_int_dot_repeat2.json",
-                                                        "serve_burst_34_avx2_int_dot_repeat3.json"))),
+                                                        "serve_burst_34_avx2_int_dot_repeat3.json",
+                                                        "serve_burst_34_avx2_int_dot_repeat4.json",
+                                                        "serve_burst_34_avx2_int_dot_repeat5.json"))),
              ("quant_speed.json", "quant-speed", _quant_headlines), ("bench_spec.json", "spec", _spec_headlines),
              ("bench_route_sim.json", None, _route_headlines), ("bench_gpu.json", "gpu", _gpu_headlines)]
 
