@@ -203,18 +203,20 @@ def workload(num_requests: int, vocab: int, seed: int = 0) -> list[list[int]]:
 
 
 def engine_knobs(device: str, max_num_seqs: int, max_len: int, num_scheduler_steps: int = 1,
-                 kv_cache_dtype: str = "auto") -> dict:
+                 kv_cache_dtype: str = "auto", async_scheduling: bool = False) -> dict:
     """The engine's knobs in every run, offline and served (on the CPU the KV cache takes its default size)."""
     knobs = dict(model="random", device=device, max_num_seqs=max_num_seqs, max_model_len=max_len,
-                 max_num_batched_tokens=8192, num_scheduler_steps=num_scheduler_steps, kv_cache_dtype=kv_cache_dtype)
+                 max_num_batched_tokens=8192, num_scheduler_steps=num_scheduler_steps, kv_cache_dtype=kv_cache_dtype,
+                 async_scheduling=async_scheduling)
     if device == "cuda":
         return knobs | dict(dtype="bfloat16", gpu_memory_utilization=0.85)
     return knobs | dict(dtype="float32")
 
 
 def make_engine(loaded: LoadedModel, max_num_seqs: int, max_len: int, num_scheduler_steps: int = 1,
-                device: str = "cuda", kv_cache_dtype: str = "auto") -> LLMEngine:
-    args = EngineArgs(**engine_knobs(device, max_num_seqs, max_len, num_scheduler_steps, kv_cache_dtype))
+                device: str = "cuda", kv_cache_dtype: str = "auto", async_scheduling: bool = False) -> LLMEngine:
+    args = EngineArgs(**engine_knobs(device, max_num_seqs, max_len, num_scheduler_steps, kv_cache_dtype,
+                                     async_scheduling))
     return LLMEngine(args.create_engine_config(), loaded)
 
 
@@ -262,7 +264,8 @@ def run_hf(hf, prompts: list[list[int]], output_len: int) -> dict:
 
 
 def http_burst(model: LoadedModel | ModelLoader, prompts: list[list[int]], output_len: int, device: str = "cuda",
-               num_scheduler_steps: int = 1, kv_cache_dtype: str = "auto", bursts: int = 1) -> dict:
+               num_scheduler_steps: int = 1, kv_cache_dtype: str = "auto", bursts: int = 1,
+               async_scheduling: bool = False) -> dict:
     """The offline workload as a burst of HTTP requests: the OpenAI server (its app and uvicorn in this
     process, as `python -m vllmlite.api.server` runs them) on an engine built as make_engine's, every
     request sent at once from a client in another process (/v1/completions with the prompt's token ids,
@@ -278,7 +281,8 @@ def http_burst(model: LoadedModel | ModelLoader, prompts: list[list[int]], outpu
     from vllmlite.api.cli import ServerArgs
     from vllmlite.engine.factory import make_async_engine, make_process_engine
     from vllmlite.utils.heap import freeze_startup_heap
-    args = ServerArgs(**engine_knobs(device, 256, 1024 + output_len + 16, num_scheduler_steps, kv_cache_dtype),
+    args = ServerArgs(**engine_knobs(device, 256, 1024 + output_len + 16, num_scheduler_steps, kv_cache_dtype,
+                                     async_scheduling),
                       max_queue=4 * len(prompts))
     in_process = isinstance(model, LoadedModel)
     engine = make_async_engine(args, model) if in_process else make_process_engine(args, model)
@@ -490,7 +494,19 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
                 "prompt_tokens": sum(map(len, prompts)), "output_len": args.output_len,
                 "kv_cache_dtype": args.kv_cache_dtype})
     row["num_scheduler_steps"] = steps = args.num_scheduler_steps
+    row["async_scheduling"] = ahead = args.async_scheduling
     max_len = 1024 + args.output_len + 16
+    if cuda and ahead and not args.skip_sync:   # the same run with each step waited for before the next, beside
+        engine = make_engine(loaded, max_num_seqs=256, max_len=max_len, num_scheduler_steps=steps,
+                             kv_cache_dtype=args.kv_cache_dtype)
+        run_ours(engine, warm, 4, "warm")
+        row["ours_sync"] = run_ours(engine, prompts, args.output_len)
+        row["single_sync"] = single_stream(engine, loaded.config.vocab_size, args.output_len, bandwidth)
+        save()
+        print(f"{shape}: ours without async scheduling {row['ours_sync']['output_tok_s']:.0f} out tok/s, "
+              f"one stream {row['single_sync']['decode_tok_s']:.0f}", flush=True)
+        del engine
+        free_device_memory()
     if cuda and args.kv_cache_dtype != "auto" and not args.skip_auto_kv:   # the same run with the model's dtype's K/V
         engine = make_engine(loaded, max_num_seqs=256, max_len=max_len, num_scheduler_steps=steps)
         run_ours(engine, warm, 4, "warm")
@@ -510,7 +526,7 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
         del engine
         free_device_memory()
     engine = make_engine(loaded, max_num_seqs=256, max_len=max_len, num_scheduler_steps=steps, device=args.device,
-                         kv_cache_dtype=args.kv_cache_dtype)
+                         kv_cache_dtype=args.kv_cache_dtype, async_scheduling=ahead)
     run_ours(engine, warm, 4, "warm")
     offline_log = args.timeline / f"offline_{shape}.jsonl" if args.timeline else None
     undo = record_steps(offline_log)
@@ -546,7 +562,8 @@ def bench_shape(shape: str, args, bandwidth: float, row: dict, save) -> dict:
         else:
             served, undo = loaded, record_steps(http_log)
         row["http"] = http_burst(served, prompts, args.output_len, args.device, num_scheduler_steps=steps,
-                                 kv_cache_dtype=args.kv_cache_dtype, bursts=2 if args.repeat else 1)
+                                 kv_cache_dtype=args.kv_cache_dtype, bursts=2 if args.repeat else 1,
+                                 async_scheduling=ahead)
         undo()
         if http_log and "start" in row["http"]:
             row["http"]["timeline"] = step_summary(http_log, row["http"]["start"], row["http"]["end"])
@@ -633,6 +650,11 @@ def main() -> None:
     parser.add_argument("--num-scheduler-steps", type=int, default=8,
                         help="multi-step decoding's passes per step for our runs (offline, single, HTTP); "
                              "above 1 the offline and single runs are also made with one pass a step")
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="our runs with async scheduling (the next decode step queued while one runs); the "
+                             "offline and single runs are also made without it, beside")
+    parser.add_argument("--skip-sync", action="store_true",
+                        help="with --async-scheduling, leave out the runs without it")
     parser.add_argument("--skip-one-pass", action="store_true",
                         help="leave out the one-pass-a-step runs beside multi-step decoding")
     parser.add_argument("--skip-hf", action="store_true", help="leave out transformers (generate_batch and one stream)")
@@ -681,6 +703,9 @@ def main() -> None:
 def summary_line(row: dict) -> str:
     hf = row.get("transformers", {}).get("output_tok_s")
     line = f"{row['shape']:>14}: ours {row['ours']['output_tok_s']:8.0f} tok/s"
+    if "ours_sync" in row:
+        line += (f" (async scheduling; without: {row['ours_sync']['output_tok_s']:.0f}, one stream "
+                 f"{row['single_sync']['decode_tok_s']:.0f})")
     if hf:
         line += f", transformers {hf:8.0f}, x{row['ratio_vs_transformers']:.1f}"
     if "decode" in row:

@@ -38,6 +38,7 @@ VALUES = {"model": "random", "tokenizer": "random", "dtype": "float64", "seed": 
 NOT_IN_VALUES = {"gpu_memory_utilization",  # exclusive with kv_cache_memory; tested on its own
                  "device",  # cuda needs a GPU to build an engine; tested below and in tests/models/test_torch_backend.py
                  "num_scheduler_steps",  # exclusive with speculative_config; tested below
+                 "async_scheduling",  # exclusive with adaptive chunking; tested below
                  "int_dot"}  # needs quantization int8/int4 (float32); tested below and in tests/engine/test_int_dot_engine.py
 
 
@@ -162,6 +163,15 @@ def test_flags_variables_kwargs_and_the_factory_build_the_same_engine_config(mak
     assert LLM(**VALUES).engine.config == expected
     factory_values = {k: v for k, v in VALUES.items() if k != "model"}
     assert make_engine(**factory_values).config == expected
+
+
+def test_async_scheduling_from_flag_variable_or_keyword_and_needs_fixed_chunking():
+    for args in (parse_config(["--async-scheduling"], {}), parse_config([], {"VLLMLITE_ASYNC_SCHEDULING": "1"}),
+                 EngineArgs(async_scheduling=True)):
+        assert args.create_engine_config().scheduler.async_scheduling is True
+    assert EngineArgs().create_engine_config().scheduler.async_scheduling is False
+    with pytest.raises(ValueError, match="async_scheduling needs prefill_chunking 'fixed'"):
+        EngineArgs(async_scheduling=True, prefill_chunking="adaptive").create_engine_config()
 
 
 def test_num_scheduler_steps_from_flag_variable_or_keyword():

@@ -134,6 +134,10 @@ class EngineArgs:
                                     "cuda: decode passes replayed back to back per scheduling step when every "
                                     "sequence decodes greedily (multi-step decoding: less host time per token, "
                                     "tokens arrive in groups; ignored without CUDA graphs)")
+    async_scheduling: bool = knob(SchedulerConfig.async_scheduling,
+                                  "cuda: schedule and launch the next greedy decode step while the device runs "
+                                  "this one, so the host's work between steps overlaps the device's (requests "
+                                  "that arrive wait one step more; ignored without CUDA graphs)")
     speculative_config: dict | str | None = knob(
         None, "speculative decoding as JSON (a dict in LLM()), e.g. "
               "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' (methods: ngram, draft_model, self_draft)",
@@ -269,6 +273,9 @@ class EngineArgs:
         if self.num_scheduler_steps > 1 and (self.device == "cpu" or self.enforce_eager):
             yield logging.INFO, (f"ignoring num_scheduler_steps={self.num_scheduler_steps}: multi-step decoding "
                                  "replays CUDA graphs (device cuda, not enforce_eager)")
+        if self.async_scheduling and (self.device == "cpu" or self.enforce_eager):
+            yield logging.INFO, ("ignoring async_scheduling=True: it launches CUDA graphs ahead "
+                                 "(device cuda, not enforce_eager)")
         if self.dtype in HALF_DTYPES and not self.uses_torch:
             yield logging.WARNING, f"dtype {self.dtype!r} computes in float32 (no half-precision CPU kernels)"
         for f in fields(EngineArgs):

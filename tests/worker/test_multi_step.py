@@ -8,7 +8,7 @@ its interpreter); under the `cuda` mark they are captured and replayed."""
 from __future__ import annotations
 
 import pytest
-from conftest import engine_on, greedy, make_prompts, run_to_completion
+from conftest import assert_no_leaks, engine_on, greedy, make_prompts, run_to_completion
 
 torch = pytest.importorskip("torch")
 from torch_facade import triton_interpreted_without_a_gpu  # noqa: E402  (needs torch)
@@ -28,27 +28,33 @@ def numpy_tokens(tiny_model, requests) -> list[list[int]]:
     return [r.outputs[0].token_ids for r in run_to_completion(engine, requests)]
 
 
-def spy_passes(engine, shortest: list[int] | None = None) -> list[int]:
-    """The number of passes of every multi-step replay the engine makes, appended as they run (and
-    to `shortest`, the passes its shortest-lookahead row takes part in)."""
+def spy_passes(engine, shortest: list[int] | None = None, ahead: list[bool] | None = None) -> list[int]:
+    """The number of passes of every multi-step replay the engine makes, appended as they are
+    queued (and to `shortest`, the passes its shortest-lookahead row takes part in; to `ahead`,
+    whether its inputs were a step's still on the device: async scheduling)."""
     graphs, passes = engine.runner.graphs, []
-    run_steps = graphs.run_steps
+    launch_steps = graphs.launch_steps
 
-    def spy(ids, meta, lookahead):
-        tokens = run_steps(ids, meta, lookahead)
-        passes.append(len(tokens))
+    def spy(ids, meta, lookahead, after=None):
+        passes.append(int(lookahead.max()) + 1)
         if shortest is not None:
             shortest.append(int(lookahead.min()) + 1)
-        return tokens
-    graphs.run_steps = spy
+        if ahead is not None:
+            ahead.append(after is not None)
+        return launch_steps(ids, meta, lookahead, after)
+    graphs.launch_steps = spy
     return passes
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
-def test_multi_step_gives_the_numpy_paths_tokens_and_stops_where_it_should(tiny_model, device, monkeypatch):
+def test_multi_step_gives_the_numpy_paths_tokens_and_stops_where_it_should(tiny_model, device, async_scheduling,
+                                                                           monkeypatch):
     """Seven requests with output budgets 3..15 and five passes a step (so runs end mid-step at
     max_tokens), one stopped by a token it generates on its way and one by a stop string: every
-    token, and every stop, equals the numpy path's (tokens past a stop string are dropped)."""
+    token, and every stop, equals the numpy path's (tokens past a stop string are dropped). With
+    async scheduling the steps after the first are queued ahead, fed on the device, and the
+    requests a stop ends have their passes ahead dropped."""
     prompts = make_prompts(7, seed=5, min_len=2, max_len=40)
     requests = [(p, greedy(max_tokens=3 + 2 * i)) for i, p in enumerate(prompts)]
     plain = numpy_tokens(tiny_model, requests)
@@ -58,15 +64,28 @@ def test_multi_step_gives_the_numpy_paths_tokens_and_stops_where_it_should(tiny_
     requests[5] = (prompts[5], greedy(max_tokens=13, stop=[text], detokenize=True))
     expected = numpy_tokens(tiny_model, requests)
     assert expected[6] == plain[6][:plain[6].index(stop) + 1] and len(expected[5]) < len(plain[5])
-    engine = graph_engine(tiny_model, device, monkeypatch, max_num_seqs=8, num_scheduler_steps=5)
+    engine = graph_engine(tiny_model, device, monkeypatch, max_num_seqs=8, num_scheduler_steps=5,
+                          async_scheduling=async_scheduling)
     shortest: list[int] = []
-    passes = spy_passes(engine, shortest)
+    ahead: list[bool] = []
+    passes = spy_passes(engine, shortest, ahead)
+    step = engine.step
+
+    def checked_step():   # a step queued ahead never passes a request's max_tokens
+        outputs = step()
+        for seq in engine._in_flight.scheduled.scheduled if engine._in_flight else ():
+            r = seq.request
+            assert r.is_finished or r.num_output_tokens + 1 + seq.num_draft_slots <= r.max_tokens
+        return outputs
+    engine.step = checked_step
     assert [r.outputs[0].token_ids for r in run_to_completion(engine, requests)] == expected
     assert max(passes) == 5 and any(a < b for a, b in zip(shortest, passes))   # rows cut short by max_tokens
+    assert any(ahead) == async_scheduling and not ahead[0]
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
-def test_multi_step_under_preemption_and_with_prefix_caching(tiny_model, device, monkeypatch):
+def test_multi_step_under_preemption_and_with_prefix_caching(tiny_model, device, async_scheduling, monkeypatch):
     """A pool too small for every sequence's lookahead (preemption and dropped lookahead), and
     requests sharing a prompt prefix that arrive later (prefix hits on blocks that multi-step
     passes filled): the numpy path's tokens, and the cache was hit."""
@@ -75,7 +94,7 @@ def test_multi_step_under_preemption_and_with_prefix_caching(tiny_model, device,
     requests = [(p, greedy(max_tokens=12)) for p in prompts]
     expected = numpy_tokens(tiny_model, requests)
     engine = graph_engine(tiny_model, device, monkeypatch, max_num_seqs=8, num_scheduler_steps=6,
-                          num_blocks=24, block_size=4, enable_prefix_caching=True)
+                          num_blocks=24, block_size=4, enable_prefix_caching=True, async_scheduling=async_scheduling)
     passes = spy_passes(engine)
     outputs = run_to_completion(engine, requests, arrivals={4: 6, 5: 9})
     assert [r.outputs[0].token_ids for r in outputs] == expected
@@ -83,15 +102,17 @@ def test_multi_step_under_preemption_and_with_prefix_caching(tiny_model, device,
     assert any(r.num_cached_tokens for r in outputs[4:])
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_request_that_needs_the_sampler_runs_one_pass_a_step(tiny_model, device, monkeypatch):
+def test_a_request_that_needs_the_sampler_runs_one_pass_a_step(tiny_model, device, async_scheduling, monkeypatch):
     """Logprobs need the sampler: while such a request decodes, steps run one pass and its lookahead
     slots are returned; once it is done, the others go back to several."""
     prompts = make_prompts(3, seed=4, min_len=3, max_len=20)
     requests = [(prompts[0], greedy(max_tokens=4, logprobs=2)), (prompts[1], greedy(max_tokens=14)),
                 (prompts[2], greedy(max_tokens=14))]
     expected = numpy_tokens(tiny_model, requests)
-    engine = graph_engine(tiny_model, device, monkeypatch, max_num_seqs=4, num_scheduler_steps=3)
+    engine = graph_engine(tiny_model, device, monkeypatch, max_num_seqs=4, num_scheduler_steps=3,
+                          async_scheduling=async_scheduling)
     passes = spy_passes(engine)
     outputs = run_to_completion(engine, requests)
     assert [r.outputs[0].token_ids for r in outputs] == expected
@@ -134,3 +155,64 @@ def test_a_row_past_its_lookahead_writes_only_the_scratch_block(tiny_model, devi
     k_multi, k_single = engines[0].runner.kv_cache[0][0], engines[1].runner.kv_cache[0][0]
     assert torch.equal(k_multi[slot[0]], k_single[slot[0]])
     assert torch.equal(k_multi[slot[1:]], before[slot[1:]])
+
+
+def async_engine_on(tiny_model, device, monkeypatch, **overrides):
+    return graph_engine(tiny_model, device, monkeypatch, async_scheduling=True, **overrides)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_async_scheduling_one_pass_a_step_and_a_request_arriving_while_a_step_runs_ahead(tiny_model, device,
+                                                                                           monkeypatch):
+    """One pass a step, each queued behind the last: the numpy path's tokens; a request that arrives
+    while a step runs ahead waits for it, then joins, and gets its own tokens too."""
+    prompts = make_prompts(4, seed=12, min_len=3, max_len=30)
+    requests = [(p, greedy(max_tokens=9 + i)) for i, p in enumerate(prompts)]
+    expected = numpy_tokens(tiny_model, requests)
+    engine = async_engine_on(tiny_model, device, monkeypatch, max_num_seqs=4)
+    ahead: list[bool] = []
+    passes = spy_passes(engine, ahead=ahead)
+    outputs = run_to_completion(engine, requests, arrivals={3: 5})
+    assert [r.outputs[0].token_ids for r in outputs] == expected
+    assert set(passes) == {1} and sum(ahead) > 5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_async_scheduling_a_request_aborted_while_its_step_runs_ahead(tiny_model, device, monkeypatch):
+    """A request aborted while a step holding it runs ahead: its tokens from that step are dropped,
+    its blocks freed, and the others get the numpy path's tokens; nothing leaks."""
+    prompts = make_prompts(3, seed=13, min_len=3, max_len=20)
+    requests = [(p, greedy(max_tokens=24)) for p in prompts]
+    expected = numpy_tokens(tiny_model, requests)
+    engine = async_engine_on(tiny_model, device, monkeypatch, max_num_seqs=4, num_scheduler_steps=4)
+    for i, (prompt, params) in enumerate(requests):
+        engine.add_request(str(i), prompt, params)
+    finished = {}
+    while engine._in_flight is None:
+        engine.step()
+    tokens_before = len(engine.scheduler.requests["1"].output_token_ids)
+    engine.abort_request("1")
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output
+        engine.block_manager.check_invariants()
+    assert_no_leaks(engine)
+    assert [finished[i].outputs[0].token_ids for i in ("0", "2")] == [expected[0], expected[2]]
+    assert "1" not in finished and 0 < tokens_before < 24
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_async_scheduling_when_the_step_ahead_finds_no_room(tiny_model, device, monkeypatch):
+    """A pool that holds the running steps but not always the one ahead: then the engine waits for
+    the step, schedules as usual (preempting), and goes on ahead when there is room again. Every
+    token is the numpy path's."""
+    prompts = make_prompts(3, seed=14, min_len=7, max_len=7)
+    requests = [(p, greedy(max_tokens=20)) for p in prompts]
+    expected = numpy_tokens(tiny_model, requests)
+    engine = async_engine_on(tiny_model, device, monkeypatch, max_num_seqs=4, num_scheduler_steps=4,
+                             num_blocks=14, block_size=4)
+    ahead: list[bool] = []
+    spy_passes(engine, ahead=ahead)
+    assert [r.outputs[0].token_ids for r in run_to_completion(engine, requests)] == expected
+    assert any(ahead) and engine.scheduler.num_preemptions > 0

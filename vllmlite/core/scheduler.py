@@ -126,6 +126,38 @@ class Scheduler:
         out.blocks_to_copy = self.block_manager.take_copies()
         return out
 
+    def schedule_ahead(self, current: SchedulerOutput) -> SchedulerOutput | None:
+        """Async scheduling: the step after `current`, a step of greedy decodes still running,
+        scheduled before its tokens are known. Each sequence is taken to run on through all of
+        current's passes; one that max_tokens or the context ends there is left out, and one that
+        a stop token or string ends there is dropped when its update comes (its passes here are
+        wasted). Each sequence's token is a placeholder (-1): the runner takes it from current's
+        tokens on the device. None (the caller waits for current and schedules as usual) unless
+        current holds every running request and nothing else wants the step: no request waiting or
+        swapped out, and room for every sequence's slots without preempting anyone."""
+        if self.waiting or self.swapped or len(current.scheduled) != len(self.running):
+            return None
+        out = SchedulerOutput()
+        for seq in current.scheduled:
+            request = seq.request
+            if request.is_finished:
+                continue
+            # The request once current's passes are applied: its k + 1 tokens out, k + 1 more computed.
+            emitted = 1 + seq.num_draft_slots
+            num_outputs, num_tokens = request.num_output_tokens + emitted, request.num_tokens + emitted
+            if num_outputs >= request.max_tokens or num_tokens >= self.max_model_len:
+                continue
+            start = seq.seq_len + seq.num_draft_slots
+            k = max(0, min(self.num_lookahead_slots, request.max_tokens - num_outputs - 1,
+                           self.max_model_len - num_tokens - 1))
+            if not self._allocate(request, 1 + k, start):
+                return None   # the slots taken so far go back when current's update trims
+            self.tracer.scheduled(request, start, 1)
+            out.scheduled.append(ScheduledSequence(request, [-1], start, self.block_manager.block_table(request.request_id),
+                                                   k, [request]))
+        out.blocks_to_copy = self.block_manager.take_copies()
+        return out if out.scheduled else None
+
     def _step_load(self) -> StepLoad:
         """The decodes this step will run and the prompts in line behind them (adaptive chunking's input)."""
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
@@ -285,11 +317,11 @@ class Scheduler:
             return PrefixHit([], 0)  # prompt logprobs and mean pooling need every prompt position computed
         return self.block_manager.find_prefix_hit(request.token_ids, request.extra_keys)
 
-    def _allocate(self, request: Request, num_new: int) -> bool:
-        """Room for `num_new` more tokens; an allocation that raises MemoryError is no room (the
-        caller preempts), never a crash. Blocks it took before failing stay in the request's table
-        and count toward its next try."""
-        start = request.num_computed_tokens
+    def _allocate(self, request: Request, num_new: int, start: int | None = None) -> bool:
+        """Room for `num_new` more tokens (after `start` computed ones; default: the request's
+        count); an allocation that raises MemoryError is no room (the caller preempts), never a
+        crash. Blocks it took before failing stay in the request's table and count toward its next try."""
+        start = request.num_computed_tokens if start is None else start
         try:
             return self.block_manager.allocate(request.request_id, start, start + num_new)
         except MemoryError:
@@ -344,16 +376,18 @@ class Scheduler:
 
     # --- update ---------------------------------------------------------------------------------
 
-    def update(self, out: SchedulerOutput, result: RunnerOutput) -> list[Request]:
+    def update(self, out: SchedulerOutput, result: RunnerOutput, ahead: SchedulerOutput | None = None) -> list[Request]:
         """Apply a step's results: advance computed counts, publish full blocks, append sampled tokens,
         apply stop conditions. Returns every request that produced a token or finished. A sequence
-        whose update raises ends in error with its samples; the others are unaffected."""
+        whose update raises ends in error with its samples; the others are unaffected. `ahead`: the
+        step after this one, already running (schedule_ahead's), whose slots stay allocated."""
         touched: list[Request] = list(out.finished)
+        keep = {s.request.request_id: s.seq_len + s.num_draft_slots for s in ahead.scheduled} if ahead else {}
         for seq in out.scheduled:
             if seq.request.is_finished:
                 continue
             try:
-                self._update_one(seq, result, touched)
+                self._update_one(seq, result, touched, keep.get(seq.request.request_id, 0))
             except Exception as error:
                 logger.exception("request %s failed while its step was applied", seq.request.request_id)
                 for request in (seq.request, *seq.samplers[1:]):
@@ -363,7 +397,7 @@ class Scheduler:
                         touched.append(request)
         return touched
 
-    def _update_one(self, seq: ScheduledSequence, result: RunnerOutput, touched: list[Request]) -> None:
+    def _update_one(self, seq: ScheduledSequence, result: RunnerOutput, touched: list[Request], keep: int) -> None:
         request = seq.request
         error = result.errors.get(request.request_id)
         if error is not None:
@@ -371,8 +405,8 @@ class Scheduler:
             touched.append(request)
             touched.extend(seq.samplers[1:])  # pending forks share the parent's fate
             return
-        if seq.num_draft_slots:
-            self._apply_speculative(seq, result)
+        if seq.num_draft_slots or keep:
+            self._apply_speculative(seq, result, keep)
             touched.append(request)
             return
         request.num_computed_tokens += len(seq.token_ids)
@@ -392,9 +426,10 @@ class Scheduler:
                                 result.logprobs.get(sampler.request_id))
             touched.append(sampler)
 
-    def _apply_speculative(self, seq: ScheduledSequence, result: RunnerOutput) -> None:
+    def _apply_speculative(self, seq: ScheduledSequence, result: RunnerOutput, keep: int = 0) -> None:
         """A verified round: the last token and the accepted guesses now have KV; the tokens emitted
-        are the accepted guesses plus one. Slots of rejected or unproposed guesses are returned."""
+        are the accepted guesses plus one. Slots of rejected or unproposed guesses are returned,
+        except the first `keep` slots (a step running ahead writes them)."""
         request = seq.request
         num_accepted = result.num_accepted.get(request.request_id, 0)
         self.spec_counts.record(request, result.num_drafts.get(request.request_id, 0), num_accepted)
@@ -402,7 +437,7 @@ class Scheduler:
         self._append_tokens(request, result.sampled_token_ids.get(request.request_id, ()),
                             result.logprobs.get(request.request_id))
         if not request.is_finished:  # a stop mid-round already freed everything
-            self.block_manager.trim(request.request_id, request.num_computed_tokens)
+            self.block_manager.trim(request.request_id, max(request.num_computed_tokens, keep))
             self._computed_advanced(request)
 
     def _computed_advanced(self, request: Request) -> None:

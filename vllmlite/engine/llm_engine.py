@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from vllmlite.config import DTYPE_BYTES, EngineConfig
@@ -34,7 +34,7 @@ from vllmlite.sampling_params import SamplingParams
 from vllmlite.stats import EngineDebugSnapshot, EngineStats, KVOccupancy
 from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.threads import THREAD_ENV, THREAD_ENV_APPLIED
-from vllmlite.worker.runner import ModelRunner
+from vllmlite.worker.runner import ModelRunner, PendingStep
 from vllmlite.worker.speculative import make_proposer
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,8 @@ class LLMEngine:
                                    spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking, steps - 1)
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
         self.runner = ModelRunner(model, num_blocks, config.cache.block_size, num_host_blocks, stop_ids,
-                                  proposer, (sched.max_num_seqs, self.max_model_len, steps) if graphs else None,
+                                  proposer,
+                                  (sched.max_num_seqs, self.max_model_len, steps, sched.async_scheduling) if graphs else None,
                                   kv_kind)
         if backend == "numba":  # the others have nothing to compile; said before the wait, terminal or not
             logger.info("kernels: %s, compiling kernels (first start only, about 25 s on 2 quiet cores; "
@@ -106,6 +107,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(self.tokenizer, self.request_limits, PoolingType(config.pooling),
                                               config.seed)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self._in_flight: InFlight | None = None   # async scheduling: the step queued and not yet applied
 
     def _num_blocks(self, bytes_per_block: int) -> int:
         """The device pool's blocks: the configured count or budget, or on a GPU what
@@ -200,7 +202,9 @@ class LLMEngine:
         self._forget_finished(samples)
 
     def has_unfinished_requests(self) -> bool:
-        return self.output_processor.num_unfinished_requests > 0
+        """Whether step() has work: a request unfinished, or a step still running ahead (async
+        scheduling), its requests perhaps finished since."""
+        return self.output_processor.num_unfinished_requests > 0 or self._in_flight is not None
 
     @property
     def num_unfinished_requests(self) -> int:
@@ -251,13 +255,50 @@ class LLMEngine:
         of the engine itself: it propagates."""
         failed = self._start_compiled_requests()
         started = time.perf_counter()  # the step's time, as the chunking model and the tracer count it
-        scheduled = self.scheduler.schedule()
-        result = self._execute(scheduled)
-        touched = failed + self.scheduler.update(scheduled, result)
+        current = self._in_flight
+        if current is None:
+            scheduled = self.scheduler.schedule()
+            current = self._launch(scheduled)
+            if current is None:   # run and waited for, as every step is without async scheduling
+                touched = failed + self.scheduler.update(scheduled, self._execute(scheduled))
+                return self._step_done(started, scheduled, touched)
+        # Async scheduling: the next step is queued behind this one before its tokens are back.
+        self._in_flight = self._launch_ahead(current)
+        result = current.step.result()
+        ahead = self._in_flight.scheduled if self._in_flight is not None else None
+        touched = failed + self.scheduler.update(current.scheduled, result, ahead)
+        return self._step_done(started, current.scheduled, touched)
+
+    def _step_done(self, started: float, scheduled: SchedulerOutput, touched: list[Request]):
         outputs = self._process_outputs(touched)
         self.chunking.observe(scheduled, time.perf_counter() - started)
         self.tracer.step_done(started, scheduled)
         return outputs
+
+    def _launch(self, scheduled: SchedulerOutput) -> InFlight | None:
+        """Async scheduling: `scheduled` queued on the device, not waited for; None if async
+        scheduling is off or the runner cannot queue it (the caller executes it)."""
+        if not self.config.scheduler.async_scheduling or not self.runner.can_launch(scheduled):
+            return None
+        self.runner.copy_blocks(scheduled)
+        try:
+            return InFlight(scheduled, self.runner.launch(scheduled))
+        except Exception:   # _execute runs it again, and alone each sequence that still fails
+            logger.exception("queueing a decode step failed; running it in the foreground")
+            return None
+
+    def _launch_ahead(self, current: InFlight) -> InFlight | None:
+        """The step after `current`, scheduled and queued behind it (scheduler.schedule_ahead), or
+        None: the next step() schedules as usual once current's tokens are applied."""
+        ahead = self.scheduler.schedule_ahead(current.scheduled)
+        if ahead is None or not self.runner.can_launch(ahead):
+            return None
+        self.runner.copy_blocks(ahead)
+        try:
+            return InFlight(ahead, self.runner.launch(ahead, after=current.step))
+        except Exception:   # current's update trims the slots taken for it; the next step retries
+            logger.exception("queueing a decode step ahead failed; scheduling it after the step before")
+            return None
 
     def _start_compiled_requests(self) -> list[Request]:
         """Queue the requests whose grammar has compiled; return the samples of those whose grammar
@@ -322,6 +363,13 @@ class LLMEngine:
             for request in requests:
                 if request.is_finished:
                     proposer.forget(request.request_id)
+
+
+@dataclass
+class InFlight:
+    """A step queued on the device whose tokens are not yet applied (async scheduling)."""
+    scheduled: SchedulerOutput
+    step: PendingStep
 
 
 def _generator_states(scheduled: SchedulerOutput) -> dict[str, dict]:

@@ -21,6 +21,11 @@ ids, so the host waits once, for every pass's tokens, instead of once a token: i
 update and output work is paid once for the passes together. Off a GPU nothing is captured and
 `run` executes the same padded pass on the same static buffers eagerly: how the tests check all
 of this but the capture on the CPU.
+
+Async scheduling (`launch_steps` with `after`): the next step's passes are queued behind a step
+still running, their first input ids gathered on the device from that step's tokens, whose copy to
+the host was queued before them. The staging and the host copy of the tokens alternate between two
+pinned buffers, so a launch never overwrites what a launch still queued will read.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def batch_ladder(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: DecoderModel, kv_cache: KVCache, block_size: int, scratch_block: int,
-                 max_batch: int, max_model_len: int, max_steps: int = 1) -> None:
+                 max_batch: int, max_model_len: int, max_steps: int = 1, pipelined: bool = False) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
@@ -67,12 +72,16 @@ class DecodeGraphs:
         self._host = torch.zeros(size, dtype=torch.int64, pin_memory=self.replay)
         self._staged = self._host.numpy()
         self._device = torch.zeros(size, dtype=torch.int64, device=device)
-        # Multi-step decoding: every pass's staging, and every pass's tokens, [passes, ...].
+        # Multi-step decoding: every pass's staging, and every pass's tokens, [passes, ...]; the host's
+        # buffers twice (for the launch queued behind a running one: async scheduling).
         self.max_steps = max_steps
-        if max_steps > 1:
-            self._steps_host = torch.zeros((max_steps, size), dtype=torch.int64, pin_memory=self.replay)
+        self.pipelined = pipelined
+        if max_steps > 1 or pipelined:
+            self._steps_host = torch.zeros((2, max_steps, size), dtype=torch.int64, pin_memory=self.replay)
             self._steps_device = torch.zeros((max_steps, size), dtype=torch.int64, device=device)
             self._tokens = torch.zeros((max_steps, b), dtype=torch.int64, device=device)
+            self._tokens_host = torch.zeros((2, max_steps, b), dtype=torch.int64, pin_memory=self.replay)
+            self._num_launches = 0
         self._workspace = Workspace.allocate(model.config, max_batch, model.dtype, model.kernels)
         self._rows = torch.arange(max_batch, device=model.kernels.device)   # every row's logits
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -119,26 +128,46 @@ class DecodeGraphs:
 
     def run_steps(self, input_ids: np.ndarray, meta: AttentionMetadata, lookahead: np.ndarray) -> np.ndarray:
         """Greedy tokens of 1 + lookahead.max() decode passes replayed back to back, [passes, num_seqs]
-        on the host. Pass j gives row i the token pass j - 1 chose for it, at position + j, while
-        j <= lookahead[i] (the slots its block table holds); past that the row repeats its last
-        position with its K/V sent to the scratch block, and its tokens are not to be used."""
-        num_seqs, num_steps = len(input_ids), int(lookahead.max()) + 1
+        on the host (`launch_steps`, waited for)."""
+        return self.launch_steps(input_ids, meta, lookahead).wait()
+
+    def launch_steps(self, input_ids: np.ndarray, meta: AttentionMetadata, lookahead: np.ndarray,
+                     after: np.ndarray | None = None) -> PendingTokens:
+        """Queue 1 + lookahead.max() greedy decode passes back to back; their tokens, [passes,
+        num_seqs], come from the returned PendingTokens. Pass j gives row i the token pass j - 1
+        chose for it, at position + j, while j <= lookahead[i] (the slots its block table holds);
+        past that the row repeats its last position with its K/V sent to the scratch block, and its
+        tokens are not to be used.
+
+        `after` (async scheduling): instead of input_ids, each row's first token is the previous
+        launch's token at (pass after[i][0], row after[i][1]), read on the device."""
+        num_seqs, num_steps = len(meta.positions), int(lookahead.max()) + 1
         batch = next(b for b in self.sizes if b >= num_seqs)
         rows, scratch_slot = np.arange(num_seqs), self.scratch_block * self.block_size
-        staged = self._steps_host.numpy()
+        parity = self._num_launches % 2
+        self._num_launches += 1
+        host = self._steps_host[parity]
+        staged = host.numpy()
+        # With `after`, pass 0's ids are indices into the previous launch's tokens, flattened.
+        first = input_ids if after is None else after[:, 0] * self._tokens.shape[1] + after[:, 1]
         for j in range(num_steps):
             positions = meta.positions + np.minimum(j, lookahead)
             slots = meta.block_tables[rows, positions // self.block_size] * self.block_size + positions % self.block_size
-            self._stage(input_ids, positions, np.where(j <= lookahead, slots, scratch_slot), meta.block_tables,
+            self._stage(first, positions, np.where(j <= lookahead, slots, scratch_slot), meta.block_tables,
                         batch, staged[j])
-        self._steps_device[:num_steps].copy_(self._steps_host[:num_steps], non_blocking=True)
+        self._steps_device[:num_steps].copy_(host[:num_steps], non_blocking=True)
         tokens = self._tokens[:num_steps, :batch]
         for j in range(num_steps):
             self._device.copy_(self._steps_device[j])
+            ids = self.view("ids")[:batch]
             if j:
-                self.view("ids")[:batch].copy_(tokens[j - 1])
+                ids.copy_(tokens[j - 1])
+            elif after is not None:
+                ids.copy_(self._tokens.view(-1)[ids])
             self.model.kernels.device_argmax(self._launch(batch), out=tokens[j])
-        return tokens[:, :num_seqs].cpu().numpy()
+        out = self._tokens_host[parity, :num_steps]
+        out.copy_(self._tokens[:num_steps], non_blocking=True)   # whole rows: one contiguous copy, not waited for
+        return PendingTokens(out[:, :num_seqs], _recorded_event() if self.replay else None)
 
     def _launch(self, batch: int) -> torch.Tensor:
         """The logits [batch, vocab] of the pass staged on the device: the graph replayed (off a GPU,
@@ -181,3 +210,23 @@ class DecodeGraphs:
         meta.kernel_cache["torch.block_tables"] = meta.block_tables
         return self.model.forward_logits(self.view("ids")[:batch], meta, self.kv_cache, self._rows[:batch],
                                          workspace=self._workspace)
+
+
+class PendingTokens:
+    """The tokens [passes, num_seqs] of a launch of decode passes, on their way to the host."""
+
+    def __init__(self, host: torch.Tensor, done: torch.cuda.Event | None) -> None:
+        self._host = host
+        self._done = done
+
+    def wait(self) -> np.ndarray:
+        """The tokens, once the device has made them (a copy: the buffer serves a later launch)."""
+        if self._done is not None:
+            self._done.synchronize()
+        return self._host.numpy().copy()
+
+
+def _recorded_event() -> torch.cuda.Event:
+    event = torch.cuda.Event()
+    event.record()
+    return event

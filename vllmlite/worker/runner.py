@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,16 +22,19 @@ from vllmlite.worker.sampling import Sampler, SamplingBatch
 from vllmlite.worker.speculative import Draft, Proposer, verify, verify_greedy
 from vllmlite.worker.structured_output import GrammarMasker
 
+if TYPE_CHECKING:
+    from vllmlite.worker.cuda_graphs import PendingTokens
+
 logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
     def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, num_host_blocks: int,
                  stop_token_ids: frozenset[int], proposer: Proposer | None = None,
-                 cuda_graphs: tuple[int, int, int] | None = None, kv_kind: str = "auto") -> None:
-        """cuda_graphs: (largest batch, max_model_len, passes per multi-step decode) of the decode steps
-        to replay as CUDA graphs (worker/cuda_graphs.py; captured by `capture_graphs`), None to run
-        every step eagerly. kv_kind: what K/V are stored as, auto (the model's dtype) or a packed
+                 cuda_graphs: tuple[int, int, int, bool] | None = None, kv_kind: str = "auto") -> None:
+        """cuda_graphs: (largest batch, max_model_len, passes per multi-step decode, async scheduling)
+        of the decode steps to replay as CUDA graphs (worker/cuda_graphs.py; captured by
+        `capture_graphs`), None to run every step eagerly. kv_kind: what K/V are stored as, auto (the model's dtype) or a packed
         kind of kernels/kv_dtype.py (fp16, bf16, int8; numpy memory only), in both device and host caches."""
         c = model.config
         self.model = model
@@ -136,32 +140,52 @@ class ModelRunner:
         return (self.graphs is not None and len(meta.positions) == len(seqs) and not prompt_owners
                 and not any(d.token_ids for d in drafts) and self.graphs.fits(len(seqs), int(meta.seq_lens.max())))
 
-    def _multi_step(self, seqs: list[ScheduledSequence]) -> bool:
-        """Whether this step replays several decode passes: every sequence decodes one token for
-        itself alone, plainly greedy, some with lookahead slots, within the captured graphs."""
+    def _multi_step(self, seqs: list[ScheduledSequence], passes_wanted: bool = True) -> bool:
+        """Whether this step replays decode passes back to back: every sequence decodes one token for
+        itself alone, plainly greedy, within the captured graphs; and (`passes_wanted`) some have
+        lookahead slots."""
         graphs = self.graphs
-        if graphs is None or graphs.max_steps == 1 or self.proposer is not None:
+        if graphs is None or self.proposer is not None:
             return False
-        if not any(s.num_draft_slots for s in seqs):
+        if passes_wanted and (graphs.max_steps == 1 or not any(s.num_draft_slots for s in seqs)):
+            return False
+        if not passes_wanted and not graphs.pipelined:
             return False
         return (all(len(s.token_ids) == 1 and s.pooling is None and len(s.samplers) == 1 and is_plain_greedy(s.request)
                     for s in seqs)
                 and graphs.fits(len(seqs), max(s.seq_len + s.num_draft_slots for s in seqs)))
 
     def _execute_multi_step(self, seqs: list[ScheduledSequence]) -> RunnerOutput:
-        """1 + k decode passes for a sequence with k lookahead slots: its k + 1 greedy tokens, of which
-        the first k now have K/V (reported as accepted, as a verified guess is)."""
+        return self._launch_multi_step(seqs).result()
+
+    def _launch_multi_step(self, seqs: list[ScheduledSequence], after: PendingStep | None = None) -> PendingStep:
+        """1 + k decode passes for a sequence with k lookahead slots, queued on the device: its k + 1
+        greedy tokens, of which the first k will have K/V. `after`: the step still running whose
+        last token of each of these sequences is its input (async scheduling)."""
         lookahead = np.fromiter((s.num_draft_slots for s in seqs), dtype=np.int64, count=len(seqs))
-        input_ids = np.fromiter((s.token_ids[0] for s in seqs), dtype=np.int64, count=len(seqs))
         meta = build_metadata([1] * len(seqs), [s.seq_len for s in seqs], [s.block_table for s in seqs],
                               self.block_size)
-        tokens = self.graphs.run_steps(input_ids, meta, lookahead).T.tolist()   # [num_seqs][passes]
+        if after is None:
+            input_ids = np.fromiter((s.token_ids[0] for s in seqs), dtype=np.int64, count=len(seqs))
+            tokens = self.graphs.launch_steps(input_ids, meta, lookahead)
+        else:   # (pass, row) of each sequence's last token in `after`
+            last = np.array([after.last_token[s.request.request_id] for s in seqs], dtype=np.int64).reshape(-1, 2)
+            tokens = self.graphs.launch_steps(None, meta, lookahead, after=last)
         self.num_forward_passes += int(lookahead.max()) + 1
-        result = RunnerOutput()
-        for seq, k, row in zip(seqs, lookahead.tolist(), tokens):
-            result.sampled_token_ids[seq.request.request_id] = row[:k + 1]
-            result.num_accepted[seq.request.request_id] = k
-        return result
+        return PendingStep(seqs, lookahead, tokens)
+
+    def can_launch(self, out: SchedulerOutput) -> bool:
+        """Whether `launch` can queue this step: async scheduling is on and the graphs replay its
+        passes (greedy decodes only); else it is to be `execute`d."""
+        return bool(out.scheduled) and self._multi_step(out.scheduled, passes_wanted=False)
+
+    def launch(self, out: SchedulerOutput, after: PendingStep | None = None) -> PendingStep:
+        """Queue a decode step's passes (`can_launch`) without waiting for its tokens (async
+        scheduling). `after`: the step still running whose last tokens are this one's inputs
+        (scheduler.schedule_ahead's). The step's block copies must be applied first (`copy_blocks`)."""
+        if self.fault_hook is not None:
+            self.fault_hook(out)
+        return self._launch_multi_step(out.scheduled, after)
 
     def is_model_healthy(self) -> bool:
         """Whether the model runs a forward pass that holds no request (the warm-up's, on scratch K/V):
@@ -325,3 +349,24 @@ def _prompt_logprob_rows(seqs: list, ends: list[int]) -> tuple[np.ndarray, np.nd
             next_ids.append(request.token_ids[position + 1])
             owners.append(request)
     return np.array(rows, dtype=np.int64), np.array(next_ids, dtype=np.int64), owners
+
+
+class PendingStep:
+    """A multi-step decode step queued on the device: its tokens, once `result` waits for them."""
+
+    def __init__(self, seqs: list[ScheduledSequence], lookahead: np.ndarray, tokens: PendingTokens) -> None:
+        self.seqs = seqs
+        self._lookahead = lookahead
+        self._tokens = tokens
+        # Where each sequence's last token will be among the step's tokens: (pass, row).
+        self.last_token = {s.request.request_id: (k, row) for row, (s, k) in enumerate(zip(seqs, lookahead.tolist()))}
+
+    def result(self) -> RunnerOutput:
+        """Wait for the tokens: a sequence with k lookahead slots gets its k + 1 greedy tokens, of
+        which the first k now have K/V (reported as accepted, as a verified guess is)."""
+        tokens = self._tokens.wait().T.tolist()    # [num_seqs][passes]
+        result = RunnerOutput()
+        for seq, k, row in zip(self.seqs, self._lookahead.tolist(), tokens):
+            result.sampled_token_ids[seq.request.request_id] = row[:k + 1]
+            result.num_accepted[seq.request.request_id] = k
+        return result
