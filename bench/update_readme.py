@@ -386,13 +386,18 @@ def gpu_section(report: dict) -> list[str]:
     cached = [row["http"]["fraction_of_offline_repeat"] for row in report["rows"]
               if "repeat_note" in row and "fraction_of_offline_repeat" in row.get("http", {})]
     final_only = shares(lambda row: int(row["run"].split()[0]) >= FINAL_ONLY_RUN)
+    ahead = [f"{row['shape']} {row['ours_sync']['output_tok_s']:,.0f} -> {row['ours']['output_tok_s']:,.0f} tok/s "
+             f"offline, one stream {row['single_sync']['decode_tok_s']:,.0f} -> {row['single']['decode_tok_s']:,.0f} "
+             f"(run {row['run']})" for row in report["rows"] if "ours_sync" in row]
     one_pass = [f"{row['shape']} {row['ours_one_pass_a_step']['output_tok_s']:,.0f} tok/s offline, "
                 f"{row['single_one_pass_a_step']['tok_s']:.0f} tok/s one stream"
                 for row in report["rows"] if "ours_one_pass_a_step" in row]
     lines += ["", f"256 requests of 100-1024 random prompt tokens, {report['rows'][0]['output_len']} output tokens each "
               f"(ignore_eos), greedy; decode steps at context 512; multi-step decoding replays "
               f"{report['rows'][0]['num_scheduler_steps']} passes a step (`--num-scheduler-steps`); one pass a step: "
-              + "; ".join(one_pass) + ". * offline rate from the run's printed HTTP line (its JSON was lost; "
+              + "; ".join(one_pass) + ". From run 54 our rows are with async scheduling (`--async-scheduling`: "
+              "the next decode step queued while one runs); without it, in the same run: " + "; ".join(ahead)
+              + ". * offline rate from the run's printed HTTP line (its JSON was lost; "
               "results/gpu_runs/ has the printed lines). Against the issue's targets: 20x transformers holds at "
               + (", ".join(met) or "no shape") + (f", not at {missed}" if missed else "") + ". A batch-256 decode step "
               "at context 512 must also read the K/V of 131k tokens; GEMM-only time plus that read at the copy "
