@@ -35,18 +35,17 @@ def record_steps(engine, prompts: list[list[int]], output_len: int, tag: str,
     """Each step's record; `first_steps` profiles the first three."""
     runner, graphs = engine.runner, engine.runner.graphs
     replays = [0]
-    graph_run, graph_run_steps, execute = graphs.run, graphs.run_steps, runner.execute
+    graph_run, graph_launch_steps, execute = graphs.run, graphs.launch_steps, runner.execute
     timing: dict = {}
 
     def counting_run(*args):
         replays[0] += 1
         return graph_run(*args)
 
-    def counting_run_steps(*args):
+    def counting_launch_steps(ids, meta, lookahead, after=None):
         replays[0] += 1
-        tokens = graph_run_steps(*args)
-        timing["passes"] = len(tokens)
-        return tokens
+        timing["passes"] = int(lookahead.max()) + 1
+        return graph_launch_steps(ids, meta, lookahead, after)
 
     def timed_execute(out):
         start = time.perf_counter()
@@ -56,7 +55,7 @@ def record_steps(engine, prompts: list[list[int]], output_len: int, tag: str,
         timing["seqs"] = len(out.scheduled)
         return result
 
-    graphs.run, graphs.run_steps, runner.execute = counting_run, counting_run_steps, timed_execute
+    graphs.run, graphs.launch_steps, runner.execute = counting_run, counting_launch_steps, timed_execute
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True, detokenize=False)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"{tag}-{i}", prompt, params)
@@ -74,7 +73,7 @@ def record_steps(engine, prompts: list[list[int]], output_len: int, tag: str,
             first_steps.disable()
         steps.append({"wall": time.perf_counter() - start, "execute": timing["execute"], "rows": timing["rows"],
                       "seqs": timing["seqs"], "graph": replays[0] > before, "passes": timing["passes"]})
-    graphs.run, graphs.run_steps, runner.execute = graph_run, graph_run_steps, execute
+    graphs.run, graphs.launch_steps, runner.execute = graph_run, graph_launch_steps, execute
     return steps
 
 

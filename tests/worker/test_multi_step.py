@@ -1,5 +1,5 @@
 """Multi-step decoding (`num_scheduler_steps`): greedy decode steps replay their CUDA graph several
-times back to back (worker/cuda_graphs.py `run_steps`), the device feeding each pass the last one's
+times back to back (worker/cuda_graphs.py `launch_steps`), the device feeding each pass the last one's
 tokens. It must never change a token: stops mid-run, max_tokens, prefix caching, preemption and
 requests that cannot take part all give the numpy path's tokens, and no block leaks (checked after
 every step by run_to_completion). On the CPU the passes run eagerly on the graphs' buffers (Triton in

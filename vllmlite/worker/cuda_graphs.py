@@ -14,7 +14,7 @@ passes', which grows and moves.
 Only decode-only steps replay (no prefill chunk, guesses, pooling or prompt logprobs): everything
 else runs eagerly, as does every step with `enforce_eager`.
 
-Multi-step decoding (`num_scheduler_steps` > 1, `run_steps`): a greedy decode step replays its graph
+Multi-step decoding (`num_scheduler_steps` > 1, `launch_steps`): a greedy decode step replays its graph
 up to that many times back to back. The host stages every pass's positions and slots at once (one
 copy to the device); between passes the device copies each row's argmax into the next pass's input
 ids, so the host waits once, for every pass's tokens, instead of once a token: its scheduling,
@@ -125,11 +125,6 @@ class DecodeGraphs:
         self._stage(input_ids, meta.positions, meta.slot_mapping, meta.block_tables, batch)
         self._device.copy_(self._host, non_blocking=True)
         return self._launch(batch)[:num_seqs]
-
-    def run_steps(self, input_ids: np.ndarray, meta: AttentionMetadata, lookahead: np.ndarray) -> np.ndarray:
-        """Greedy tokens of 1 + lookahead.max() decode passes replayed back to back, [passes, num_seqs]
-        on the host (`launch_steps`, waited for)."""
-        return self.launch_steps(input_ids, meta, lookahead).wait()
 
     def launch_steps(self, input_ids: np.ndarray, meta: AttentionMetadata, lookahead: np.ndarray,
                      after: np.ndarray | None = None) -> PendingTokens:
