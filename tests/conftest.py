@@ -189,6 +189,19 @@ def run_to_completion(engine: LLMEngine, requests: list[tuple[list[int], Samplin
     return [finished[str(i)] for i in range(len(requests))]
 
 
+def step_to_completion(engine: LLMEngine) -> dict[str, RequestOutput]:
+    """Step until nothing is left, checking block invariants after every step; the finished
+    outputs by request id, once nothing leaked."""
+    finished: dict[str, RequestOutput] = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output
+        engine.block_manager.check_invariants()
+    assert_no_leaks(engine)
+    return finished
+
+
 def assert_no_leaks(engine: LLMEngine) -> None:
     """Every block is free or cached, and no request state remains anywhere."""
     engine.block_manager.check_invariants()

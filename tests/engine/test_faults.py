@@ -15,7 +15,7 @@ import time
 
 import httpx
 import pytest
-from conftest import assert_no_leaks, engine_on, greedy, make_prompts, run_to_completion
+from conftest import engine_on, greedy, make_prompts, run_to_completion, step_to_completion
 from server_util import running_server, wait_until
 
 from vllmlite.engine.exceptions import EngineDeadError
@@ -149,16 +149,10 @@ INJECTIONS = {
 def run_with_fault(engine: LLMEngine, requests, inject) -> dict:
     """Like `run`, with `inject(engine, poisoned request's id)` applied once the requests are queued."""
     victim = poison_id(requests)
-    finished: dict = {}
     for i, (_, prompt, params) in enumerate(requests):
         engine.add_request(str(i), prompt, params)
     inject(engine, victim)
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.finished:
-                finished[output.request_id] = output
-        engine.block_manager.check_invariants()
-    assert_no_leaks(engine)
+    finished = step_to_completion(engine)
     return {rid: finished[str(i)] for i, (rid, _, _) in enumerate(requests)}
 
 

@@ -8,7 +8,7 @@ its interpreter); under the `cuda` mark they are captured and replayed."""
 from __future__ import annotations
 
 import pytest
-from conftest import assert_no_leaks, engine_on, greedy, make_prompts, run_to_completion
+from conftest import engine_on, greedy, make_prompts, run_to_completion, step_to_completion
 
 torch = pytest.importorskip("torch")
 from torch_facade import triton_interpreted_without_a_gpu  # noqa: E402  (needs torch)
@@ -187,17 +187,11 @@ def test_async_scheduling_a_request_aborted_while_its_step_runs_ahead(tiny_model
     engine = async_engine_on(tiny_model, device, monkeypatch, max_num_seqs=4, num_scheduler_steps=4)
     for i, (prompt, params) in enumerate(requests):
         engine.add_request(str(i), prompt, params)
-    finished = {}
     while engine._in_flight is None:
         engine.step()
     tokens_before = len(engine.scheduler.requests["1"].output_token_ids)
     engine.abort_request("1")
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.finished:
-                finished[output.request_id] = output
-        engine.block_manager.check_invariants()
-    assert_no_leaks(engine)
+    finished = step_to_completion(engine)
     assert [finished[i].outputs[0].token_ids for i in ("0", "2")] == [expected[0], expected[2]]
     assert "1" not in finished and 0 < tokens_before < 24
 
