@@ -562,6 +562,14 @@ def _route_headlines(r: dict) -> list[tuple[str, str]]:
              f"{t['hit_rate_ratio']:.2f}x")]
 
 
+def _gpu_serve_headlines(r: dict) -> list[tuple[str, str]]:
+    rate = {run["target"]: run["summary"]["output_throughput"] for run in r["runs"]}
+    return [(f"On an NVIDIA H200, the serving benchmark's {r['runs'][0]['summary']['num_requests']}-request burst with "
+             "the default model (`--device cuda`): output tok/s with `--num-scheduler-steps 8 --async-scheduling` vs "
+             f"the defaults ({rate['cuda_ms8_async']:,.0f} vs {rate['cuda']:,.0f})",
+             f"{rate['cuda_ms8_async'] / rate['cuda']:.2f}x")]
+
+
 def _transformers_ratios(report: dict) -> dict[str, list[float]]:
     """Each shape's ratios to transformers' generate_batch, one per run that measured both (in row order)."""
     ratios: dict[str, list[float]] = {}
@@ -592,7 +600,8 @@ HEADLINES = [("bench_offline.json", "offline", _offline_headlines), ("serve_swee
                                                         "serve_burst_34_avx2_int_dot_repeat4.json",
                                                         "serve_burst_34_avx2_int_dot_repeat5.json"))),
              ("quant_speed.json", "quant-speed", _quant_headlines), ("bench_spec.json", "spec", _spec_headlines),
-             ("bench_route_sim.json", None, _route_headlines), ("bench_gpu.json", "gpu", _gpu_headlines)]
+             ("bench_route_sim.json", None, _route_headlines), ("bench_gpu.json", "gpu", _gpu_headlines),
+             ("serve_burst_gpu_default.json", None, _gpu_serve_headlines)]
 
 
 def headline_block() -> list[str]:
