@@ -251,11 +251,7 @@ class SchedulerConfig:
     # replays its CUDA graph this many times back to back, each pass fed the last one's tokens on
     # the device, before the host schedules again (worker/cuda_graphs.py). 1: one pass per step.
     num_scheduler_steps: int = 1
-    # Async scheduling (vLLM's --async-scheduling): while a graph-replayed greedy decode step runs on
-    # the device, the host schedules and launches the next one, its input tokens the running step's
-    # last, still on the device; the host's update and output work then overlaps the device's. A
-    # sequence that a stop token or string ends has its passes in the step ahead wasted; requests
-    # that arrive wait one step more (core/scheduler.py `schedule_ahead`). Needs the CUDA graphs.
+    # vLLM's --async-scheduling: queue the next greedy decode step while one runs (core/async_scheduler.py)
     async_scheduling: bool = False
 
     def __post_init__(self) -> None:
@@ -273,7 +269,6 @@ class SchedulerConfig:
         _require(type(self.num_scheduler_steps) is int and 1 <= self.num_scheduler_steps <= MAX_SCHEDULER_STEPS,
                  f"num_scheduler_steps must be an integer in [1, {MAX_SCHEDULER_STEPS}], "
                  f"got {self.num_scheduler_steps!r}")
-        _require(type(self.async_scheduling) is bool, f"async_scheduling must be a bool, got {self.async_scheduling!r}")
         _require(not self.async_scheduling or self.prefill_chunking == "fixed",
                  "async_scheduling needs prefill_chunking 'fixed': adaptive chunking times each step alone")
         _require(self.num_scheduler_steps == 1 or self.prefill_chunking == "fixed",

@@ -136,8 +136,8 @@ class EngineArgs:
                                     "tokens arrive in groups; ignored without CUDA graphs)")
     async_scheduling: bool = knob(SchedulerConfig.async_scheduling,
                                   "cuda: schedule and launch the next greedy decode step while the device runs "
-                                  "this one, so the host's work between steps overlaps the device's (requests "
-                                  "that arrive wait one step more; ignored without CUDA graphs)")
+                                  "this one, so the host's work between steps overlaps the device's (a request "
+                                  "arriving at a free seat waits one step more; ignored without CUDA graphs)")
     speculative_config: dict | str | None = knob(
         None, "speculative decoding as JSON (a dict in LLM()), e.g. "
               "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' (methods: ngram, draft_model, self_draft)",

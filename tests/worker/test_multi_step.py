@@ -210,3 +210,33 @@ def test_async_scheduling_when_the_step_ahead_finds_no_room(tiny_model, device, 
     spy_passes(engine, ahead=ahead)
     assert [r.outputs[0].token_ids for r in run_to_completion(engine, requests)] == expected
     assert any(ahead) and engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_async_scheduling_runs_ahead_while_requests_wait_for_a_seat(tiny_model, device, monkeypatch):
+    """More requests than seats: while every seat is taken and none comes free by max_tokens, steps
+    still run ahead with requests waiting; a seat that comes free lets the head of the queue in.
+    Every token is the numpy path's."""
+    prompts = make_prompts(5, seed=15, min_len=3, max_len=25)
+    requests = [(p, greedy(max_tokens=10 + 3 * i)) for i, p in enumerate(prompts)]
+    expected = numpy_tokens(tiny_model, requests)
+    engine = async_engine_on(tiny_model, device, monkeypatch, max_num_seqs=2, num_scheduler_steps=3)
+    waiting_when_ahead: list[int] = []
+    launch_steps = engine.runner.graphs.launch_steps
+
+    def spy(ids, meta, lookahead, after=None):
+        if after is not None:
+            waiting_when_ahead.append(len(engine.scheduler.waiting))
+        return launch_steps(ids, meta, lookahead, after)
+    engine.runner.graphs.launch_steps = spy
+    schedule_ahead = engine.scheduler.schedule_ahead
+
+    def checked(current):   # never ahead past a seat that max_tokens frees in current while one waits
+        ahead = schedule_ahead(current)
+        if ahead is not None and engine.scheduler.waiting:
+            assert all(s.request.num_output_tokens + 1 + s.num_draft_slots < s.request.max_tokens
+                       for s in current.scheduled)
+        return ahead
+    engine.scheduler.schedule_ahead = checked
+    assert [r.outputs[0].token_ids for r in run_to_completion(engine, requests)] == expected
+    assert any(waiting_when_ahead)

@@ -126,38 +126,6 @@ class Scheduler:
         out.blocks_to_copy = self.block_manager.take_copies()
         return out
 
-    def schedule_ahead(self, current: SchedulerOutput) -> SchedulerOutput | None:
-        """Async scheduling: the step after `current`, a step of greedy decodes still running,
-        scheduled before its tokens are known. Each sequence is taken to run on through all of
-        current's passes; one that max_tokens or the context ends there is left out, and one that
-        a stop token or string ends there is dropped when its update comes (its passes here are
-        wasted). Each sequence's token is a placeholder (-1): the runner takes it from current's
-        tokens on the device. None (the caller waits for current and schedules as usual) unless
-        current holds every running request and nothing else wants the step: no request waiting or
-        swapped out, and room for every sequence's slots without preempting anyone."""
-        if self.waiting or self.swapped or len(current.scheduled) != len(self.running):
-            return None
-        out = SchedulerOutput()
-        for seq in current.scheduled:
-            request = seq.request
-            if request.is_finished:
-                continue
-            # The request once current's passes are applied: its k + 1 tokens out, k + 1 more computed.
-            emitted = 1 + seq.num_draft_slots
-            num_outputs, num_tokens = request.num_output_tokens + emitted, request.num_tokens + emitted
-            if num_outputs >= request.max_tokens or num_tokens >= self.max_model_len:
-                continue
-            start = seq.seq_len + seq.num_draft_slots
-            k = max(0, min(self.num_lookahead_slots, request.max_tokens - num_outputs - 1,
-                           self.max_model_len - num_tokens - 1))
-            if not self._allocate(request, 1 + k, start):
-                return None   # the slots taken so far go back when current's update trims
-            self.tracer.scheduled(request, start, 1)
-            out.scheduled.append(ScheduledSequence(request, [-1], start, self.block_manager.block_table(request.request_id),
-                                                   k, [request]))
-        out.blocks_to_copy = self.block_manager.take_copies()
-        return out if out.scheduled else None
-
     def _step_load(self) -> StepLoad:
         """The decodes this step will run and the prompts in line behind them (adaptive chunking's input)."""
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]

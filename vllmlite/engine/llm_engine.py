@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from vllmlite.config import DTYPE_BYTES, EngineConfig
+from vllmlite.core.async_scheduler import AsyncScheduler
 from vllmlite.core.batch import RunnerOutput, ScheduledSequence, SchedulerOutput
 from vllmlite.core.block_manager import BlockManager
 from vllmlite.core.chunking import ChunkingPolicy
@@ -83,7 +84,8 @@ class LLMEngine:
             logger.info("CUDA graphs: off for %s (its MoE layers route on the host)", loaded.config.architecture)
             graphs = False
         steps = sched.num_scheduler_steps if graphs else 1   # multi-step decoding replays the graphs
-        self.scheduler = Scheduler(sched, self.block_manager, self.max_model_len,
+        scheduler = AsyncScheduler if sched.async_scheduling else Scheduler
+        self.scheduler = scheduler(sched, self.block_manager, self.max_model_len,
                                    config.cache.preemption_mode, stop_ids,
                                    spec.num_speculative_tokens if spec else 0, self.tracer, self.chunking, steps - 1)
         proposer = make_proposer(spec, loaded, config, num_blocks, self.max_model_len, kernels) if spec else None
