@@ -106,6 +106,17 @@ def test_the_definition_is_the_float_product_up_to_rounding_the_activations(fmt)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_no_tokens_give_no_rows(fmt):
+    """A step whose chunk ends mid-prompt wants no logits: the LM head's product over 0 tokens (the
+    numpy engine with int_dot once failed there, reshaping an empty array by -1)."""
+    weight = make_weight(fmt, TILE + 1, 64, np.random.default_rng(0))
+    x = np.zeros((0, 64), np.float32)
+    assert int_dot_linear(x, weight).shape == (0, TILE + 1)
+    got = run_numba(x, weight)
+    assert got.shape == (0, TILE + 1)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("num_rows", [1, TILE + 1, 3 * TILE - 5])
 @pytest.mark.parametrize("num_tokens", [1, 3, 16, 33])
 def test_compiled_int_dot_matches_the_definition(fmt, num_rows, num_tokens):

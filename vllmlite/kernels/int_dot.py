@@ -48,9 +48,9 @@ def weight_integers(weight: QuantizedMatrix) -> np.ndarray:
 def int_dot_linear(x: np.ndarray, weight: QuantizedMatrix) -> np.ndarray:
     """out [tokens, rows] = x [tokens, in] times `weight` [rows, in] with 8-bit activations, as
     the module docstring defines it."""
-    num_tokens = x.shape[0]
+    num_tokens, cols = x.shape
     q_x, d_x = quantize_activations(x)
-    q_x = q_x.reshape(num_tokens, -1, BLOCK).astype(np.int32)              # [tokens, blocks, 32]
+    q_x = q_x.reshape(num_tokens, cols // BLOCK, BLOCK).astype(np.int32)   # [tokens, blocks, 32]; none too
     rows = untile(weight)
     dots = np.einsum("rbj,tbj->trb", weight_integers(weight), q_x)        # int32 [tokens, rows, blocks]
     terms = rows.scales[None] * (d_x[:, None, :] * dots.astype(np.float32))  # [tokens, rows, blocks]
