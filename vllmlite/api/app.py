@@ -351,16 +351,32 @@ def _client_id(request: Request, user: str | None) -> str | None:
 
 
 async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    """`work`'s result, or None once the client disconnects (`work` is cancelled then).
+
+    `work` runs in this task, not one of its own: its requests reach the engine in the same turn of
+    the event loop as their parsing. A task would start a turn later, after every other request of a
+    burst had been parsed (run 57 on the H200: 228 of 256 reached the engine together 0.4 s in)."""
+    handler = asyncio.current_task()
+    assert handler is not None
+    disconnected = False
+
+    async def watch() -> None:
+        nonlocal disconnected
+        await _wait_for_disconnect(request)
+        disconnected = True
+        handler.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
+        return await work
+    except asyncio.CancelledError:
+        if not disconnected:
+            raise
+        if hasattr(handler, "uncancel"):  # Python >= 3.11: this cancel was ours, and is handled
+            handler.uncancel()
         return None
     finally:
         watcher.cancel()
-        task.cancel()
 
 
 async def _wait_for_disconnect(request: Request) -> None:
