@@ -63,12 +63,14 @@ def test_a_final_only_request_finishes_with_the_output_it_gets_without(tiny_mode
 
 def test_a_final_only_request_decodes_its_text_once_unless_it_has_stop_strings(tiny_model, monkeypatch):
     calls: dict[int, int] = {}
-    add_tokens = IncrementalDetokenizer.add_tokens
 
-    def counting(self, token_ids):
-        calls[id(self)] = calls.get(id(self), 0) + 1
-        return add_tokens(self, token_ids)
-    monkeypatch.setattr(IncrementalDetokenizer, "add_tokens", counting)
+    def counted(method):
+        def counting(self, token_ids):
+            calls[id(self)] = calls.get(id(self), 0) + 1
+            return method(self, token_ids)
+        return counting
+    monkeypatch.setattr(IncrementalDetokenizer, "add_tokens", counted(IncrementalDetokenizer.add_tokens))
+    monkeypatch.setattr(IncrementalDetokenizer, "finish", counted(IncrementalDetokenizer.finish))
     engine = engine_on(tiny_model, max_num_batched_tokens=16)
     prompt = make_prompts(1, seed=2, min_len=30, max_len=30)[0]
     for stop, final_only in [(None, True), (None, False), (["zz"], True)]:

@@ -273,3 +273,45 @@ def test_a_run_that_never_closes_a_character_keeps_the_window_bounded(garbage, s
     # a window: the last run's tokens as prefix, then at most MAX_OPEN_TOKENS + a chunk before a cut
     # (which keeps up to CUT_KEEP_TOKENS + 3): bounded, whatever the output's length (1200 here)
     assert tokenizer.max_decode_len <= 2 * (MAX_OPEN_TOKENS + CUT_KEEP_TOKENS + 3 + 4)
+
+
+# ---- finish(): a finished request's remaining tokens in one decode ----
+
+def assert_finish_is_the_stream(tokenizer: Tokenizer, prompt: list[int], output: list[int], skip: bool, rng) -> None:
+    """finish() after some streamed tokens gives what streaming the rest and flushing gives."""
+    split = 3 * rng.randint(0, len(output) // 3)
+    streamed = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=skip)
+    finished = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=skip)
+    head = "".join(finished.add_tokens(output[i:i + 3]).text for i in range(0, split, 3))
+    tail = finished.finish(output[split:])
+    assert head + tail == finished.output_text == "".join(stream(streamed, output, rng)) == streamed.output_text
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_finish_gives_the_streamed_text(seed):
+    rng = random.Random(seed)
+    text_ids = byte_ids("".join(rng.choice("ab é€你🎉\n") for _ in range(rng.randint(0, 60))))
+    output = [rng.choice((rng.randrange(258), t)) if rng.random() < 0.2 else t for t in text_ids]
+    output += [0xE2] * rng.choice((0, MAX_OPEN_TOKENS + 5))   # a run that never closes a character
+    prompt = [rng.randrange(258) for _ in range(rng.randint(0, 8))]
+    assert_finish_is_the_stream(BYTES, prompt, output, seed % 2 == 0, rng)
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("seed", range(10))
+def test_finish_gives_the_streamed_text_with_a_real_tokenizer(smollm2, seed):
+    rng = random.Random(seed)
+    partial = [i for i in range(17, 400) if "\ufffd" in smollm2.decode([i])]
+    output = [rng.choice((rng.randrange(49152), rng.choice(partial), rng.randrange(17))) for _ in range(80)]
+    prompt = [rng.randrange(49152) for _ in range(rng.randint(0, 10))]
+    assert_finish_is_the_stream(smollm2, prompt, output, seed % 2 == 0, rng)
+
+
+def test_finish_decodes_once_and_refuses_stop_strings():
+    tokenizer = RecordingTokenizer()
+    detok = IncrementalDetokenizer(tokenizer, byte_ids("prompt"))
+    tokenizer.num_decodes = 0
+    assert detok.finish(byte_ids("the whole output at once")) == "the whole output at once"
+    assert tokenizer.num_decodes == 1
+    with pytest.raises(ValueError, match="stop strings"):
+        IncrementalDetokenizer(BYTES, [], stop=["x"]).finish([1])

@@ -225,6 +225,9 @@ class OutputProcessor:
         sample.num_detokenized = request.num_output_tokens
         if new_ids and self._ends_on_stop_token(request):
             new_ids = new_ids[:-1]  # EOS or a stop token id: kept in token_ids, never in the text
+        if sample.deferred:   # finished, and no stop strings (deferred has none)
+            sample.detokenizer.finish(new_ids)
+            return None
         delta = sample.detokenizer.add_tokens(new_ids) if new_ids else None
         hit = None
         if delta is not None and delta.stop_str is not None:

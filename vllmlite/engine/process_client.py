@@ -37,6 +37,7 @@ from vllmlite.engine.inspection import EngineInspector, RunOnEngine
 from vllmlite.engine.llm_engine import LLMEngine
 from vllmlite.engine.metrics import EngineMetrics
 from vllmlite.engine.request_stream import GenerateRequest, RequestStream, StreamItem, put_many
+from vllmlite.outputs import OutputProgress
 from vllmlite.stats import EngineStats
 from vllmlite.structured_output_params import StructuredOutputsParams
 from vllmlite.worker.structured_output import GrammarCompiler
@@ -283,7 +284,7 @@ class ProcessEngine(RemoteFactsViews):
             self._cond.notify_all()
         if self.metrics is not None:
             self.metrics.record_stats(update.stats)
-            self.metrics.record_outputs([*update.outputs, *update.progress], now)
+            self.metrics.record_outputs([*update.outputs, *map(OutputProgress._make, update.progress)], now)
             for request_id in update.aborted:
                 self.metrics.record_abort(request_id)
         put_many(delivered)

@@ -91,6 +91,19 @@ class IncrementalDetokenizer:
                 return self._emit("".join(pieces), stop_str, num_used)
         return self._emit("".join(pieces), None, len(token_ids))
 
+    def finish(self, token_ids: Sequence[int]) -> str:
+        """`add_tokens(token_ids)` then `flush()` for a request that has ended, with no stop strings: the
+        text in one decode of the window (those two decode it up to three times; a final-only request
+        sends its whole output here at once, and a burst's requests end together)."""
+        if self.stop:
+            raise ValueError("finish() is for detokenizers without stop strings")
+        self._window.extend(map(int, token_ids))
+        text = self._decode(self._window)
+        released = text[self._window_emitted:]   # nothing is held back without stop strings
+        self._window, self._read_offset, self._window_emitted = [], 0, 0
+        self.output_text += released
+        return released
+
     def flush(self) -> str:
         """Release everything held back; call once when the request finishes other than by a stop
         string. A trailing U+FFFD is final now, and held stop-prefix text is no stop after all."""
