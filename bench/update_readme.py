@@ -538,6 +538,20 @@ def _int_dot_burst_headlines(isa: str, repeats: tuple[str, ...] = ()):
     return rows
 
 
+def _int_dot_single_headlines(isa: str):
+    """One user alone (the serving benchmark at concurrency 1), int8 / int4 --int-dot vs llama-server."""
+    def rows(r: dict) -> list[tuple[str, str]]:
+        runs = {x["target"]: x["summary"]["output_throughput"] for x in r["runs"]}
+        llama = max((v for name, v in runs.items() if name.startswith(LLAMA_PREFIX)), default=None)
+        formats = [fmt for fmt in ("int8", "int4") if f"vllmlite_{fmt}_intdot" in runs]
+        if llama is None or not formats:
+            return []
+        return [(f"One user alone (12 requests one after another), output tok/s with `--quantization "
+                 f"{' / '.join(formats)} --int-dot` vs llama-server `--parallel 1` ({isa})",
+                 " / ".join(f"{runs[f'vllmlite_{fmt}_intdot'] / llama:.2f}x" for fmt in formats))]
+    return rows
+
+
 def _quant_headlines(r: dict) -> list[tuple[str, str]]:
     single = {x["target"]: x for x in r["single_stream"]}
     llama = next((x for name, x in single.items() if name.startswith(LLAMA_PREFIX)), None)
@@ -592,7 +606,9 @@ def _gpu_headlines(r: dict) -> list[tuple[str, str]]:
 
 
 HEADLINES = [("bench_offline.json", "offline", _offline_headlines), ("serve_sweep.json", "serve-sweep", _sweep_headlines),
-             ("serve_burst_34_int_dot_repeat.json", None, _int_dot_burst_headlines("AVX-512 VNNI")),
+             ("serve_burst_34_avx512_int_dot.json", None,
+              _int_dot_burst_headlines("AVX-512 VNNI", repeats=("serve_burst_34_avx512_int_dot_repeat.json",))),
+             ("serve_single_34_avx512_int_dot.json", None, _int_dot_single_headlines("AVX-512 VNNI")),
              ("serve_burst_34_avx2_int_dot.json", None,
               _int_dot_burst_headlines("AVX2", repeats=("serve_burst_34_avx2_int_dot_repeat.json",
                                                         "serve_burst_34_avx2_int_dot_repeat2.json",
