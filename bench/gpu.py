@@ -267,9 +267,9 @@ def http_burst(model: LoadedModel | ModelLoader, prompts: list[list[int]], outpu
                num_scheduler_steps: int = 1, kv_cache_dtype: str = "auto", bursts: int = 1,
                async_scheduling: bool = False) -> dict:
     """The offline workload as a burst of HTTP requests: the OpenAI server (its app and uvicorn in this
-    process, as `python -m vllmlite.api.server` runs them) on an engine built as make_engine's, every
-    request sent at once from a client in another process (/v1/completions with the prompt's token ids,
-    greedy, ignore_eos, not streamed). `model` is the model itself, served by an engine thread in this
+    process, with the settings `python -m vllmlite.api.server` gives them) on an engine built as
+    make_engine's, every request sent at once from a client in another process (/v1/completions with
+    the prompt's token ids, greedy, ignore_eos, not streamed). `model` is the model itself, served by an engine thread in this
     process, or a loader (ModelLoader), which an engine process of its own calls to build it. The warm
     request and every burst after the first send fresh prompts (`fresh_prompts`)."""
     import multiprocessing
@@ -279,14 +279,16 @@ def http_burst(model: LoadedModel | ModelLoader, prompts: list[list[int]], outpu
 
     from vllmlite.api.app import build_app
     from vllmlite.api.cli import ServerArgs
+    from vllmlite.api.server import uvicorn_config
     from vllmlite.engine.factory import make_async_engine, make_process_engine
     from vllmlite.utils.heap import freeze_startup_heap
     args = ServerArgs(**engine_knobs(device, 256, 1024 + output_len + 16, num_scheduler_steps, kv_cache_dtype,
                                      async_scheduling),
-                      max_queue=4 * len(prompts))
+                      max_queue=4 * len(prompts), port=0, log_level="warning")
     in_process = isinstance(model, LoadedModel)
     engine = make_async_engine(args, model) if in_process else make_process_engine(args, model)
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, args), host="127.0.0.1", port=0, log_level="warning"))
+    # The server's own uvicorn settings (its guarded HTTP/1.1 protocol), on a free port.
+    server = uvicorn.Server(uvicorn_config(build_app(engine, args), args))
     freeze_startup_heap()   # as the server's main does: a full collection then skips torch, transformers, the model
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -5,7 +5,7 @@ Owns the batching and the writer: a burst's adds of one event-loop turn cross th
 and a full pipe (the engine process busy in a long step) blocks the writer, never the event loop. A
 turn that runs long (a burst of requests parsed back to back) hands what it posted to the writer every
 HOLD_S seconds, so the engine starts on the first while the server still parses the rest.
-Knows nothing of what commands do, except that an add's final-only mark is read when it is sent.
+Knows nothing of what commands do, except that an add's final-only mark is read when it is handed over.
 """
 
 from __future__ import annotations
