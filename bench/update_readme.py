@@ -538,17 +538,24 @@ def _int_dot_burst_headlines(isa: str, repeats: tuple[str, ...] = ()):
     return rows
 
 
-def _int_dot_single_headlines(isa: str):
-    """One user alone (the serving benchmark at concurrency 1), int8 / int4 --int-dot vs llama-server."""
-    def rows(r: dict) -> list[tuple[str, str]]:
+def _int_dot_single_headlines(isa: str, repeats: tuple[str, ...] = ()):
+    """One user alone (the serving benchmark at concurrency 1), int8 / int4 --int-dot vs llama-server;
+    with `repeats` (more results files of the same command), the range over all the runs."""
+    def ratios(r: dict) -> dict[str, float]:
         runs = {x["target"]: x["summary"]["output_throughput"] for x in r["runs"]}
         llama = max((v for name, v in runs.items() if name.startswith(LLAMA_PREFIX)), default=None)
-        formats = [fmt for fmt in ("int8", "int4") if f"vllmlite_{fmt}_intdot" in runs]
-        if llama is None or not formats:
+        return {fmt: runs[f"vllmlite_{fmt}_intdot"] / llama for fmt in ("int8", "int4")
+                if llama and f"vllmlite_{fmt}_intdot" in runs}
+
+    def rows(r: dict) -> list[tuple[str, str]]:
+        runs = [ratios(r)] + [ratios(x) for x in map(_load, repeats) if x is not None]
+        formats = list(runs[0])
+        if not formats:
             return []
+        cells = [_ratio_range([x[fmt] for x in runs]) for fmt in formats]
+        times = f", {len(runs)} runs" if len(runs) > 1 else ""
         return [(f"One user alone (12 requests one after another), output tok/s with `--quantization "
-                 f"{' / '.join(formats)} --int-dot` vs llama-server `--parallel 1` ({isa})",
-                 " / ".join(f"{runs[f'vllmlite_{fmt}_intdot'] / llama:.2f}x" for fmt in formats))]
+                 f"{' / '.join(formats)} --int-dot` vs llama-server `--parallel 1` ({isa}){times}", " / ".join(cells))]
     return rows
 
 
@@ -608,7 +615,8 @@ def _gpu_headlines(r: dict) -> list[tuple[str, str]]:
 HEADLINES = [("bench_offline.json", "offline", _offline_headlines), ("serve_sweep.json", "serve-sweep", _sweep_headlines),
              ("serve_burst_34_avx512_int_dot.json", None,
               _int_dot_burst_headlines("AVX-512 VNNI", repeats=("serve_burst_34_avx512_int_dot_repeat.json",))),
-             ("serve_single_34_avx512_int_dot.json", None, _int_dot_single_headlines("AVX-512 VNNI")),
+             ("serve_single_34_avx512_int_dot.json", None,
+              _int_dot_single_headlines("AVX-512 VNNI", repeats=("serve_single_34_avx512_int_dot_repeat.json",))),
              ("serve_burst_34_avx2_int_dot.json", None,
               _int_dot_burst_headlines("AVX2", repeats=("serve_burst_34_avx2_int_dot_repeat.json",
                                                         "serve_burst_34_avx2_int_dot_repeat2.json",
