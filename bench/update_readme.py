@@ -513,17 +513,19 @@ def _sweep_headlines(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def _int_dot_burst_headlines(isa: str, repeats: tuple[str, ...] = ()):
-    """The int-dot burst row of a results file measured on a CPU with `isa`'s byte products; with
-    `repeats` (more results files of the same command), the range over all the runs."""
-    def ratios(r: dict) -> dict[str, float]:
-        runs = {x["target"]: x["summary"]["output_throughput"] for x in r["runs"]}
-        llamas = [v for name, v in runs.items() if name.startswith(LLAMA_PREFIX)]
-        return {fmt: runs[f"vllmlite_{fmt}_intdot"] / max(llamas) for fmt in ("int4", "int8")
-                if llamas and f"vllmlite_{fmt}_intdot" in runs}
+def _int_dot_ratios(r: dict) -> dict[str, float]:
+    """Each `--int-dot` target's output tok/s over the best llama-server target's, in a serve results file."""
+    runs = {x["target"]: x["summary"]["output_throughput"] for x in r["runs"]}
+    llama = max((v for name, v in runs.items() if name.startswith(LLAMA_PREFIX)), default=None)
+    return {fmt: runs[f"vllmlite_{fmt}_intdot"] / llama for fmt in ("int4", "int8")
+            if llama and f"vllmlite_{fmt}_intdot" in runs}
 
+
+def _int_dot_headlines(what: Callable[[str], str], repeats: tuple[str, ...] = ()):
+    """The int-dot row of a serve results file: `what(formats)`, and each format's ratio to llama-server;
+    with `repeats` (more results files of the same command), the range over all the runs."""
     def rows(r: dict) -> list[tuple[str, str]]:
-        runs = [ratios(r)] + [ratios(x) for x in map(_load, repeats) if x is not None]
+        runs = [_int_dot_ratios(r)] + [_int_dot_ratios(x) for x in map(_load, repeats) if x is not None]
         formats = list(runs[0])
         if not formats:
             return []
@@ -532,31 +534,13 @@ def _int_dot_burst_headlines(isa: str, repeats: tuple[str, ...] = ()):
             low, high = min(x[fmt] for x in runs), max(x[fmt] for x in runs)
             cells.append(f"{low:.2f}x" if len(runs) == 1 else f"{low:.2f}-{high:.2f}x")
         times = f", {len(runs)} runs" if len(runs) > 1 else ""
-        return [(f"The same burst with `--quantization {' / '.join(formats)} --int-dot` (8-bit activations, integer "
-                 f"products, as llama.cpp; {isa}) vs llama-server at its best `--parallel` in the same run{times}",
-                 " / ".join(cells))]
+        return [(what(" / ".join(formats)) + times, " / ".join(cells))]
     return rows
 
 
-def _int_dot_single_headlines(isa: str, repeats: tuple[str, ...] = ()):
-    """One user alone (the serving benchmark at concurrency 1), int8 / int4 --int-dot vs llama-server;
-    with `repeats` (more results files of the same command), the range over all the runs."""
-    def ratios(r: dict) -> dict[str, float]:
-        runs = {x["target"]: x["summary"]["output_throughput"] for x in r["runs"]}
-        llama = max((v for name, v in runs.items() if name.startswith(LLAMA_PREFIX)), default=None)
-        return {fmt: runs[f"vllmlite_{fmt}_intdot"] / llama for fmt in ("int8", "int4")
-                if llama and f"vllmlite_{fmt}_intdot" in runs}
-
-    def rows(r: dict) -> list[tuple[str, str]]:
-        runs = [ratios(r)] + [ratios(x) for x in map(_load, repeats) if x is not None]
-        formats = list(runs[0])
-        if not formats:
-            return []
-        cells = [_ratio_range([x[fmt] for x in runs]) for fmt in formats]
-        times = f", {len(runs)} runs" if len(runs) > 1 else ""
-        return [(f"One user alone (12 requests one after another), output tok/s with `--quantization "
-                 f"{' / '.join(formats)} --int-dot` vs llama-server `--parallel 1` ({isa}){times}", " / ".join(cells))]
-    return rows
+def _int_dot_burst(isa: str) -> Callable[[str], str]:
+    return lambda formats: (f"The same burst with `--quantization {formats} --int-dot` (8-bit activations, integer "
+                            f"products, as llama.cpp; {isa}) vs llama-server at its best `--parallel` in the same run")
 
 
 def _quant_headlines(r: dict) -> list[tuple[str, str]]:
@@ -614,11 +598,13 @@ def _gpu_headlines(r: dict) -> list[tuple[str, str]]:
 
 HEADLINES = [("bench_offline.json", "offline", _offline_headlines), ("serve_sweep.json", "serve-sweep", _sweep_headlines),
              ("serve_burst_34_avx512_int_dot.json", None,
-              _int_dot_burst_headlines("AVX-512 VNNI", repeats=("serve_burst_34_avx512_int_dot_repeat.json",))),
+              _int_dot_headlines(_int_dot_burst("AVX-512 VNNI"), repeats=("serve_burst_34_avx512_int_dot_repeat.json",))),
              ("serve_single_34_avx512_int_dot.json", None,
-              _int_dot_single_headlines("AVX-512 VNNI", repeats=("serve_single_34_avx512_int_dot_repeat.json",))),
+              _int_dot_headlines(lambda formats: f"One user alone (12 requests one after another), output tok/s with "
+                                 f"`--quantization {formats} --int-dot` vs llama-server `--parallel 1` (AVX-512 VNNI)",
+                                 repeats=("serve_single_34_avx512_int_dot_repeat.json",))),
              ("serve_burst_34_avx2_int_dot.json", None,
-              _int_dot_burst_headlines("AVX2", repeats=("serve_burst_34_avx2_int_dot_repeat.json",
+              _int_dot_headlines(_int_dot_burst("AVX2"), repeats=("serve_burst_34_avx2_int_dot_repeat.json",
                                                         "serve_burst_34_avx2_int_dot_repeat2.json",
                                                         "serve_burst_34_avx2_int_dot_repeat3.json",
                                                         "serve_burst_34_avx2_int_dot_repeat4.json",
