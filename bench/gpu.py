@@ -269,9 +269,10 @@ def http_burst(model: LoadedModel | ModelLoader, prompts: list[list[int]], outpu
     """The offline workload as a burst of HTTP requests: the OpenAI server (its app and uvicorn in this
     process, with the settings `python -m vllmlite.api.server` gives them) on an engine built as
     make_engine's, every request sent at once from a client in another process (/v1/completions with
-    the prompt's token ids, greedy, ignore_eos, not streamed). `model` is the model itself, served by an engine thread in this
-    process, or a loader (ModelLoader), which an engine process of its own calls to build it. The warm
-    request and every burst after the first send fresh prompts (`fresh_prompts`)."""
+    the prompt's token ids, greedy, ignore_eos, not streamed). `model` is the model itself, served by
+    an engine thread in this process, or a loader (ModelLoader), which an engine process of its own
+    calls to build it. The warm request and every burst after the first send fresh prompts
+    (`fresh_prompts`)."""
     import multiprocessing
     import threading
 
