@@ -89,7 +89,8 @@ def test_logprobs_follow_the_rounded_activations_not_the_float_ones(quantized, p
     ({"quantization": "int4", "device": "cuda"}, "int_dot needs the numba or numpy kernels, got 'torch'"),
     ({"quantization": "int4", "kernels": "torch"}, "int_dot needs the numba or numpy kernels, got 'torch'"),
 ])
-def test_int_dot_without_quantized_weights_or_cpu_kernels_is_a_value_error(values, message):
+def test_int_dot_without_quantized_weights_or_cpu_kernels_is_a_value_error(values, message, monkeypatch):
+    monkeypatch.delenv("VLLMLITE_KERNELS", raising=False)   # the knobs given here, not a run's kernels
     with pytest.raises(ValueError, match=message):
         EngineArgs(model="random", int_dot=True, **values).create_engine_config()
 
