@@ -265,6 +265,9 @@ def test_dtype_names_map_to_the_computed_dtype(dtype, resolved, caplog):
     ({"trace_max_events": 0}, "trace_max_events must be >= 1"),
     ({"prefill_chunking": "greedy"}, "prefill_chunking must be one of"),
     ({"target_tpot_ms": 0}, "target_tpot_ms must be > 0"),
+    ({"async_scheduling": "yes"}, "async_scheduling must be True or False, got 'yes'"),
+    ({"enable_prefix_caching": "no"}, "enable_prefix_caching must be True or False, got 'no'"),
+    ({"enforce_eager": 1}, "enforce_eager must be True or False, got 1"),
 ])
 def test_impossible_values_are_a_value_error_naming_the_knob(values, message):
     with pytest.raises(ValueError) as error:

@@ -197,6 +197,10 @@ class EngineArgs:
         return config
 
     def _engine_config(self) -> EngineConfig:
+        for f in fields(self):   # LLM(enable_prefix_caching="no") must not pass as true
+            value = getattr(self, f.name)
+            _require(not isinstance(f.default, bool) or type(value) is bool,
+                     f"{f.name} must be True or False, got {value!r}")
         _require(self.tensor_parallel_size == 1,
                  f"tensor_parallel_size must be 1 (one CPU process), got {self.tensor_parallel_size!r}")
         _require(self.cpu_offload_gb >= 0, f"cpu_offload_gb must be >= 0, got {self.cpu_offload_gb!r}")
