@@ -29,7 +29,8 @@ MODULES = ["bench.bench", "bench.measure", "bench.report", "bench.static_batchin
            "bench.grammar_backends", "bench.grammar_adapters", "bench.trace_overhead", "bench.route_sim",
            "bench.chunking", "bench.prefill_attention", "bench.gpu", "bench.gpu_attention", "bench.gpu_steps", "bench.gpu_gemv",
            "bench.gpu_launch_floor", "bench.step_overhead",
-           "bench.moe", "bench.moe_step", "bench.attention_options", "bench.int_dot"]
+           "bench.moe", "bench.moe_step", "bench.attention_options", "bench.int_dot",
+           "bench.int8_scores"]
 
 
 def test_every_bench_module_is_listed_and_imports():

@@ -8,12 +8,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import numpy as np
 import pytest
 from conftest import engine_on, greedy, make_prompts, run_to_completion
 
 from vllmlite.engine_args import EngineArgs
 from vllmlite.kernels.kv_dtype import PackedKV
-from vllmlite.models.loader import load_model
+from vllmlite.models.loader import load_model, random_weights
 
 MAX_TOKENS = 12
 # Of the float32 run's greedy tokens, the share each kind reproduces at least (each sequence's
@@ -115,6 +116,31 @@ def test_int8_with_a_draft_model_changes_no_greedy_token(loaded, prompts):
                        speculative_config={"method": "self_draft", "num_draft_layers": 1, "num_speculative_tokens": 3})
     assert isinstance(engine.runner.proposer.kv_cache[0][0], PackedKV)
     assert tokens(engine, prompts) == expected
+
+
+@pytest.fixture(scope="module")
+def heads_of_64(loaded):
+    """The random model with 6 query heads of 64 over 2 KV heads: over int8 K its decodes take q . k
+    from the rounded queries' integers where the CPU has AVX-512 VNNI (head_dim a multiple of 64;
+    block_products.integer_scores), while short queries and prefill tiles attend with the rounded
+    floats."""
+    config = dataclasses.replace(loaded.config, num_heads=6, head_dim=64)
+    return dataclasses.replace(loaded, config=config, weights=random_weights(config, np.dtype("float32"), seed=1))
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(block_size=4, max_num_batched_tokens=8), dict(block_size=4, enable_prefix_caching=False),
+    dict(block_size=4, num_blocks=40, preemption_mode="swap", swap_space=0.01, max_num_batched_tokens=32),
+    dict(speculative_config={"method": "self_draft", "num_draft_layers": 1, "num_speculative_tokens": 3}),
+], ids=["chunks-of-8", "no-prefix-cache", "swap", "self-draft"])
+def test_no_serving_knob_changes_an_int8_greedy_token_at_head_dim_64(heads_of_64, prompts, knobs):
+    """Chunks (a chunk of one token is a decode), speculative verification (short queries) and swaps
+    meet the integer scores and the rounded floats of the other paths: the same tokens."""
+    expected = tokens(engine_on(heads_of_64, dtype="float32", kv_cache_dtype="int8"), prompts)
+    engine = engine_on(heads_of_64, dtype="float32", kv_cache_dtype="int8", **knobs)
+    assert tokens(engine, prompts) == expected
+    if "preemption_mode" in knobs:
+        assert engine.scheduler.num_preemptions > 0
 
 
 @pytest.mark.parametrize("kind", ["bf16", "int8"])

@@ -28,6 +28,14 @@ int8 values are k R, not k. As four 64 x 64 products a layer the turns cost a 32
 the default model about 4 ms, 6% of its matrix products' time (results/kv_rotation_step.json); as
 butterflies (`turn`, and numba/hadamard.py) about 1.4 ms (results/kv_turn_butterflies.json).
 
+Attention over int8 K rounds each head's query to 16 bits (`round_queries`, in `attending`; the
+numba backend inside its paged_attention), so that q . k is a sum of integer products, each group's
+scaled once: the numba decode kernel multiplies them as integers where the CPU has AVX-512 VNNI
+(numba/key_products.py). Every path (decode, short queries, prefill tiles, the reference) attends
+with the same rounded q, so chunking and batching still never change a token. 8-bit queries, one
+VNNI instruction where 16-bit ones take two, kept 9 of the 13 parity prompts' greedy tokens where
+float queries kept 12; 16-bit ones keep 12 (results/kv_int_scores_avx512.json).
+
 Why per token (and head and group), not per block: a token's stored K/V depends on that token alone. A write
 never touches earlier tokens (no requantizing a block's earlier tokens when a larger value comes,
 which would change K/V earlier steps already attended to, and make the cache depend on how a prompt
@@ -63,6 +71,7 @@ FP8_MAX = 448.0   # e4m3's largest finite value: fp8 clips to it
 SCALE_BYTES = 4   # one float32 scale per (token, KV head, group), int8 only
 INT8_MAX = 127
 INT8_GROUP = 16   # elements of head_dim sharing one int8 scale
+QUERY_MAX = 32767   # attention over int8 K rounds each head's query to 16 bits (`round_queries`)
 
 
 def int8_groups(head_dim: int) -> int:
@@ -202,16 +211,42 @@ def storing(write_kv):
     return write
 
 
+def rounds_queries(cache) -> bool:
+    """Whether attention over `cache` as K rounds its queries (`round_queries`): int8's does."""
+    return isinstance(cache, PackedKV) and cache.kind == "int8"
+
+
+def round_queries(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """q [..., head_dim] -> (integers int16 [..., head_dim], scales float32 [...]): each head's query
+    rounded to 16 bits: with m = max |q| over the head, scale = m / QUERY_MAX and integers =
+    rint(q * (QUERY_MAX / m)) (a product, not q / scale: the compiled rounding then takes one
+    division a head, not one an element), all 0 where m is 0. Over an int8 K cache attention uses
+    integers * scale for q (`attending`), so that q . k is a sum of integer products scaled per
+    group, which the numba backend multiplies as integers (numba/key_products.py)."""
+    q = np.asarray(q, dtype=np.float32)
+    top = np.abs(q).max(axis=-1)
+    inverse = np.float32(QUERY_MAX) / np.where(top > 0, top, np.float32(QUERY_MAX))   # 1 where m is 0
+    ints = np.clip(np.rint(q * inverse[..., None]), -QUERY_MAX, QUERY_MAX).astype(np.int16)
+    return ints, top / np.float32(QUERY_MAX)
+
+
+def rounded_queries(q: np.ndarray) -> np.ndarray:
+    """The queries attention uses over an int8 K cache: `round_queries`' integers times their scales, in q's dtype."""
+    ints, scales = round_queries(q)
+    return (ints * scales[..., None]).astype(q.dtype, copy=False)
+
+
 def attending(paged_attention):
-    """A backend's paged_attention over an int8 cache: with q R, its output turned back by R^T = R
-    (R is symmetric); unturned=True as `storing`'s."""
+    """A backend's paged_attention over an int8 cache: with q R rounded to 16 bits a head
+    (`rounded_queries`), its output turned back by R^T = R (R is symmetric); unturned=True as
+    `storing`'s (q rounded, not turned)."""
     @functools.wraps(paged_attention)
     def attend(q, k_cache, v_cache, meta, out, unturned: bool = False, **options) -> None:
-        if not turned(k_cache) or unturned:
-            paged_attention(q, k_cache, v_cache, meta, out, **options)
-            return
-        paged_attention(turn(q), k_cache, v_cache, meta, out, **options)
-        out[...] = turn(out)
+        turning = turned(k_cache) and not unturned
+        q = turn(q) if turning else q
+        paged_attention(rounded_queries(q) if rounds_queries(k_cache) else q, k_cache, v_cache, meta, out, **options)
+        if turning:
+            out[...] = turn(out)
     return attend
 
 

@@ -14,7 +14,9 @@ from numba import prange
 
 from vllmlite.kernels import blas, kv_dtype
 from vllmlite.kernels.attention_metadata import MAX_BATCHED_QUERY_LEN, AttentionMetadata, check_attention_options
+from vllmlite.kernels.numba import block_products as blocks
 from vllmlite.kernels.numba.block_products import block_scores, block_values, packed_scores, packed_values, reads_packed
+from vllmlite.kernels.numba.elementwise import round_queries
 from vllmlite.kernels.numba.fast_exp import exp_shifted
 from vllmlite.kernels.numba.hadamard import turn_heads
 from vllmlite.kernels.numba.jit import parallel, serial
@@ -156,26 +158,25 @@ def _prefetch_share(data, scales, slot, num, share, shares):  # pragma: no cover
 
 
 @serial
-def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scale, softcap, acc, best,
-                 total):  # pragma: no cover - compiled
+def _attend_keys(q, rounding, row, k_cache, v_cache, block_table, block_size, first, last, scale, softcap, acc,
+                 best, total):  # pragma: no cover - compiled
     """One query q [heads, head_dim] (a decode) over keys first .. last - 1 of its sequence, read in
     place through `block_table`: acc[h] = sum of p * v, best[h] = the largest score, total[h] =
     sum of p, with p = exp(score - best[h]), for `_paged_attention` to combine across parts. All
     scores of the part are kept (heads x up to DECODE_PART + DECODE_PART_SLACK floats), so the softmax takes two plain passes
     (exp_shifted's vectors) and each K and V vector is read once, a block at a time (load_block
-    widens a packed one, or the int8 products read it in place), for the `group` query heads sharing it."""
+    widens a packed one, or the int8 products read it in place), for the `group` query heads sharing it.
+    rounding, row: `_paged_attention`'s rounding and q's row in it, for integer products on int8 keys."""
     num_heads, head_dim = q.shape
     (k_data, k_scales), (v_data, v_scales) = k_cache, v_cache
     num_kv_heads = k_data.shape[1]
     group = num_heads // num_kv_heads
     num_keys = last - first
-    qs = np.empty((num_heads, head_dim), dtype=q.dtype)
-    for h in range(num_heads):
-        for d in range(head_dim):
-            qs[h, d] = q[h, d] * scale
+    qs = q * scale
     scores = np.empty((num_heads, num_keys), dtype=q.dtype)
     scratch = block_scratch(q, block_size, num_kv_heads)
     packed = reads_packed(q, k_data)   # int8 read in place by the products, else widened here a block at a time
+    words, word_scales = blocks.integer_queries(rounding, row, scale)
     pos = first
     while pos < last:   # the keys, a block (or the part of one in first .. last - 1) at a time
         slot, num = _run(block_table, block_size, pos, last)
@@ -189,7 +190,10 @@ def _attend_keys(q, k_cache, v_cache, block_table, block_size, first, last, scal
         keys = scratch[:0] if packed else load_block(k_data, k_scales, slot, num, scratch)
         for kv in range(num_kv_heads):
             _prefetch_share(next_data, next_scales, next_slot, next_num, kv, num_kv_heads)
-            if packed:
+            if packed and words.shape[0]:
+                blocks.integer_scores(words, word_scales, qs, k_data, k_scales, slot, num, kv, group, scores,
+                                      pos - first)
+            elif packed:
                 packed_scores(qs, k_data, k_scales, slot, num, kv, group, scores, pos - first)
             else:
                 block_scores(qs, keys, kv, group, scores, pos - first)
@@ -270,12 +274,13 @@ def _combine_parts(query_start, first_item, acc, best, total, out):  # pragma: n
 
 
 @parallel
-def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, block_size, max_queries, scale,
+def _paged_attention(q, rounding, k_cache, v_cache, query_start, seq_lens, block_tables, block_size, max_queries, scale,
                      window, softcap, first_item, item_seq, out):  # pragma: no cover - compiled
     """Work items (`_decode_parts`) spread over threads: a decode (one query) is one item per
     DECODE_PART keys it sees (the last `window` of its context), combined afterwards; a sequence
     with 2 .. `max_queries` queries is one item (`_attend_tile`). Sequences with more queries are
     left to the caller. k_cache and v_cache: (data, scales) as kv_read.cache_arrays gives them.
+    rounding: None, or q's integers and scales over an int8 K cache (kv_dtype.round_queries; q rounded).
 
     window and softcap are None or a number: compiled apart, so that without them (numba prunes
     the branches on a None argument) the loops are the plain causal ones."""
@@ -289,7 +294,8 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
         if num_queries == 1:
             first = (0 if window is None else max(0, seq_lens[s] - window)) + (item - first_item[s]) * DECODE_PART
             last = seq_lens[s] if item == first_item[s + 1] - 1 else first + DECODE_PART   # the last part: the rest
-            _attend_keys(q[query_start[s]], k_cache, v_cache, block_tables[s], block_size, first, last, scale,
+            row = query_start[s]
+            _attend_keys(q[row], rounding, row, k_cache, v_cache, block_tables[s], block_size, first, last, scale,
                          softcap, acc[item], best[item], total[item])
         elif num_queries <= max_queries:
             _attend_tile(q, k_cache, v_cache, block_tables[s], block_size, query_start[s], num_queries,
@@ -299,21 +305,21 @@ def _paged_attention(q, k_cache, v_cache, query_start, seq_lens, block_tables, b
 
 def attend_short_queries(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
                          out: np.ndarray, scale: float | None = None, sliding_window: int | None = None,
-                         softcap: float | None = None, turn_out: bool = False) -> None:
+                         softcap: float | None = None, turn_out: bool = False, rounding=None) -> None:
     """The compiled kernel's part of paged_attention: out's rows of the decodes and short queries
     (the long chunks' rows are left to the caller, holding anything).
 
     The kernel sees C-contiguous q and out only: a strided view (the engine's q and out are views of
     its workspace) would be one more compiled kernel for each dtype, kind and option (29 in a test
     run instead of 15, each about 8 s to compile); the copies cost a few microseconds a decode step.
-    turn_out: out's rows turned back (hadamard.py) before they are copied there."""
+    turn_out: out's rows turned back (hadamard.py) before they are copied there. rounding: `_paged_attention`'s."""
     dtype = q.dtype.type
     window = None if sliding_window is None else int(sliding_window)
     parts = meta.kernel_cache.get(f"decode_parts {window}")
     if parts is None:   # the same for every layer of the step with this window
         parts = meta.kernel_cache[f"decode_parts {window}"] = _decode_parts(meta.query_start, meta.seq_lens, window)
     compact = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
-    _paged_attention(np.ascontiguousarray(q), cache_arrays(k_cache), cache_arrays(v_cache), meta.query_start,
+    _paged_attention(np.ascontiguousarray(q), rounding, cache_arrays(k_cache), cache_arrays(v_cache), meta.query_start,
                      meta.seq_lens, meta.block_tables, meta.block_size, MAX_BATCHED_QUERY_LEN,
                      dtype(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), window,
                      None if softcap is None else dtype(softcap), *parts, compact)
@@ -342,13 +348,15 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
 
     Options as reference.paged_attention's; a window bounds every query's keys, so a decode with
     one costs O(window) and blocks wholly before it are never read. Over int8 K/V, stored turned,
-    q is turned on its way in (the contiguous copy the kernel takes anyway) and the output back on
-    its way out (hadamard.py), as kv_dtype.attending does; unturned=True as its."""
+    q is turned and rounded on its way in (the contiguous copy the kernel takes anyway; the decodes
+    multiply its integers) and the output turned back (hadamard.py), as kv_dtype.attending does."""
     check_attention_options(scale, sliding_window, softcap)
     turning = kv_dtype.turned(k_cache) and not unturned
-    if turning:
-        q = turn_heads(q)
-    attend_short_queries(q, k_cache, v_cache, meta, out, scale, sliding_window, softcap, turn_out=turning)
+    q = turn_heads(q) if turning else q
+    rounding = None
+    if kv_dtype.rounds_queries(k_cache):
+        q, rounding = round_queries(np.ascontiguousarray(q))
+    attend_short_queries(q, k_cache, v_cache, meta, out, scale, sliding_window, softcap, turning, rounding)
     if len(meta.long_seqs):
         _attend_long_chunks(q, k_cache, v_cache, meta, out,
                             dict(scale=scale, sliding_window=sliding_window, softcap=softcap))

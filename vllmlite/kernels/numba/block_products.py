@@ -16,8 +16,18 @@ from numba import types
 from numba.extending import overload
 
 from vllmlite.kernels.numba import key_products as products
+from vllmlite.kernels.numba.byte_dots import ISA
 from vllmlite.kernels.numba.jit import FASTMATH, serial
-from vllmlite.kernels.numba.key_products import INT8_HEADS, INT8_SCORE_KEYS, KEYS, LANES, add_weighted_values, dot_keys
+from vllmlite.kernels.numba.key_products import (
+    INT8_HEADS,
+    INT8_SCORE_KEYS,
+    KEYS,
+    LANES,
+    QUAD,
+    VNNI_SCORE_KEYS,
+    add_weighted_values,
+    dot_keys,
+)
 
 
 @serial
@@ -191,13 +201,20 @@ def _int8_scores(qs, data, scales, slot, num, kv, group, scores, t0):  # pragma:
             else:
                 products.int8_dot_keys_1(*args)
             j += keys
-        for k in range(j, num):
-            for hh in range(h, h + heads):
-                dot = qs.dtype.type(0)
-                for d in range(head_dim):
-                    dot += qs[hh, d] * _int8_at(data, scales, slot + k, kv, d)
-                scores[hh, t0 + k] = dot
+        _int8_rest(qs, data, scales, slot, num, j, kv, h, heads, scores, t0)
         h += heads
+
+
+@serial
+def _int8_rest(qs, data, scales, slot, num, j, kv, h, heads, scores, t0):  # pragma: no cover - compiled
+    """scores[hh, t0 + k] = qs[hh] . key slot + k, for heads h .. h + heads - 1 and keys j .. num - 1
+    of a run: the keys a run leaves after its calls of the products, in plain loops."""
+    for k in range(j, num):
+        for hh in range(h, h + heads):
+            dot = qs.dtype.type(0)
+            for d in range(data.shape[2]):
+                dot += qs[hh, d] * _int8_at(data, scales, slot + k, kv, d)
+            scores[hh, t0 + k] = dot
 
 
 def _int8_values(scores, data, scales, slot, num, kv, group, acc, t0):  # pragma: no cover - compiled
@@ -252,3 +269,80 @@ def _packed_scores_overload(qs, data, scales, slot, num, kv, group, scores, t0):
 @overload(packed_values, jit_options={"fastmath": FASTMATH})
 def _packed_values_overload(scores, data, scales, slot, num, kv, group, acc, t0):
     return _int8_values if _packed(scores, data) else _no_values
+
+
+# Integer scores (key_products.py's VNNI products) where the CPU has AVX-512 VNNI.
+INTEGER_SCORES = ISA == "vnni"
+
+
+def integer_queries(rounding, row, scale):
+    """For `integer_scores`, of query `row` of rounding (None, or the queries' kv_dtype.round_queries
+    integers [tokens, heads, head_dim] int16 and scales [tokens, heads]): (its integers as key_products'
+    integer products read them, each QUAD of a head as the int32 words of its even elements then of
+    its odd ones, [heads * head_dim / 2]; its scales [heads] times scale), or two empty arrays where
+    the scores are not taken as integers (rounding None, a CPU without VNNI, a head_dim no multiple
+    of QUAD)."""
+    raise NotImplementedError("compiled only")
+
+
+def _integer_queries(rounding, row, scale):  # pragma: no cover - compiled
+    q_ints, q_scales = rounding[0][row], rounding[1][row]
+    num_heads, head_dim = q_ints.shape
+    if not INTEGER_SCORES or head_dim % QUAD != 0:
+        return np.empty(0, np.int32), np.empty(0, np.float32)
+    halves = np.empty(num_heads * head_dim, np.int16)
+    scales = np.empty(num_heads, np.float32)
+    for h in range(num_heads):
+        for quad in range(0, head_dim, QUAD):
+            at = h * head_dim + quad
+            for i in range(QUAD // 2):
+                halves[at + i] = q_ints[h, quad + 2 * i]
+                halves[at + QUAD // 2 + i] = q_ints[h, quad + 2 * i + 1]
+        scales[h] = q_scales[h] * scale
+    return halves.view(np.int32), scales
+
+
+@overload(integer_queries)
+def _integer_queries_overload(rounding, row, scale):
+    if isinstance(rounding, types.NoneType):
+        return lambda rounding, row, scale: (np.empty(0, np.int32), np.empty(0, np.float32))
+    return _integer_queries
+
+
+def integer_scores(words, q_scales, qs, data, scales, slot, num, kv, group, scores, t0):
+    """`packed_scores` with `integer_queries`' (words, q_scales): passes of up to INT8_HEADS
+    heads, each VNNI_SCORE_KEYS keys (KEYS for one head) a call of key_products' integer products,
+    then the rest of the run in loops over qs (the rounded queries times the scale). Does nothing
+    where `packed_scores` does nothing."""
+    raise NotImplementedError("compiled only")
+
+
+def _integer_scores(words, q_scales, qs, data, scales, slot, num, kv, group, scores, t0):  # pragma: no cover
+    head_dim, row = data.shape[2], scores.shape[1]
+    h, end = kv * group, (kv + 1) * group
+    while h < end:
+        heads = _pass_heads(end - h)
+        keys = KEYS if heads == 1 else VNNI_SCORE_KEYS
+        j = 0
+        while j + keys <= num:
+            offset, scale_offset, stride, scale_stride, _ = _packed_offsets(data, slot + j, kv)
+            args = (words, h * head_dim // 2, q_scales, data, scales, offset, stride, scale_offset,
+                    scale_stride, head_dim // QUAD, scores, h * row + t0 + j, row)
+            if heads == 3:
+                products.vnni_dot_keys_3(*args)
+            elif heads == 2:
+                products.vnni_dot_keys_2(*args)
+            else:
+                products.vnni_dot_keys_1(*args)
+            j += keys
+        _int8_rest(qs, data, scales, slot, num, j, kv, h, heads, scores, t0)
+        h += heads
+
+
+def _no_integer_scores(words, q_scales, qs, data, scales, slot, num, kv, group, scores, t0):  # pragma: no cover
+    pass
+
+
+@overload(integer_scores, jit_options={"fastmath": FASTMATH})
+def _integer_scores_overload(words, q_scales, qs, data, scales, slot, num, kv, group, scores, t0):
+    return _integer_scores if _packed(qs, data) and INTEGER_SCORES else _no_integer_scores

@@ -155,6 +155,31 @@ def _write_int8(data, scales, x, slot_mapping):  # pragma: no cover - compiled
                     data[slot, h, d] = np.int8(min(max(level, -kv_dtype.INT8_MAX), kv_dtype.INT8_MAX))
 
 
+@exact
+def _round_queries(q, ints, scales, rounded):  # pragma: no cover - compiled
+    """kv_dtype.round_queries and rounded_queries bit for bit (no fast-math: the same float32 products)."""
+    num_tokens, num_heads, head_dim = q.shape
+    for i in range(num_tokens):
+        for h in range(num_heads):
+            top = np.float32(0)
+            for d in range(head_dim):
+                top = max(top, abs(np.float32(q[i, h, d])))
+            scale = top / np.float32(kv_dtype.QUERY_MAX)
+            scales[i, h] = scale
+            inverse = np.float32(kv_dtype.QUERY_MAX) / (top if top > 0 else np.float32(kv_dtype.QUERY_MAX))
+            for d in range(head_dim):
+                level = np.rint(np.float32(q[i, h, d]) * inverse)
+                ints[i, h, d] = np.int16(min(max(level, -kv_dtype.QUERY_MAX), kv_dtype.QUERY_MAX))
+                rounded[i, h, d] = np.float32(ints[i, h, d]) * scale
+
+
+def round_queries(q: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """q [tokens, heads, head_dim] -> (kv_dtype.rounded_queries(q), kv_dtype.round_queries(q)), compiled."""
+    ints, scales, rounded = np.empty(q.shape, np.int16), np.empty(q.shape[:2], np.float32), np.empty_like(q)
+    _round_queries(q, ints, scales, rounded)
+    return rounded, (ints, scales)
+
+
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
              slot_mapping: np.ndarray, unturned: bool = False) -> None:
     """kv_dtype.storing's write, compiled for int8: K/V turned (hadamard.py), then encoded (numpy's

@@ -1,8 +1,8 @@
 """The numba backend's products of one query head with KEYS keys at a time, written as explicit
 vectors for the decode kernel (attention.py, through block_products.py): the scores q . k of KEYS
 keys, and the sum of KEYS values weighted by their probabilities; and the same for up to
-INT8_HEADS query heads at once straight from int8 K/V (below `_widened`). Knows nothing of caches
-or softmax.
+INT8_HEADS query heads at once straight from int8 K/V (below `_widened`), whose scores AVX-512 VNNI
+takes as integer products (at the end). Knows nothing of caches or softmax.
 
 Loops of plain numba left these to LLVM, which reduced each dot product's vector to a number on
 its own (eight instructions per key, more than its multiply-adds) and reloaded the accumulators
@@ -280,3 +280,106 @@ def _int8_add_weighted_values(heads):
 int8_dot_keys_1, int8_dot_keys_2, int8_dot_keys_3 = \
     _int8_dot_keys(1, KEYS), *(_int8_dot_keys(h, INT8_SCORE_KEYS) for h in (2, 3))
 int8_add_values_1, int8_add_values_2, int8_add_values_3 = (_int8_add_weighted_values(h) for h in (1, 2, 3))
+
+
+# Integer scores on int8 keys (AVX-512 VNNI): over an int8 K cache attention's queries are rounded to
+# 16 bits per head (kv_dtype.round_queries), so q . k is the sum over the key's groups of its scale
+# times an integer sum, which `vpdpwssd` takes 32 products at a time: it multiplies pairs of int16
+# and adds each pair into one of 16 int32 lanes. A register of 64 key bytes, read as 32 int16 words,
+# gives its even bytes (shifted up and back, keeping the sign) and its odd bytes (shifted down) as
+# int16; against the query's even and odd elements (`integer_queries` lays them out so) the two
+# products leave elements 4i .. 4i + 3 in lane i, as the key's groups of LANES lie. Four
+# instructions a head and 64 elements (two products, a conversion to float, a multiply-add by the
+# lanes' group scales) where widening took a sign extension, a conversion and a product a 16
+# elements (shared by the heads) and a multiply-add each head; one head_dim of 64 is one register.
+# (8-bit queries, vpdpbusd's one product, cost 3 of 13 parity prompts their greedy agreement.)
+QUAD = 64                              # int8 elements of one register (four groups of LANES)
+VNNI_SCORE_KEYS = 8                    # keys a call takes for 2 or 3 heads; one head takes KEYS
+_WORDS = ir.VectorType(ir.IntType(32), 16)    # one register of int32 lanes (any CPU runs the emulated form)
+_HALVES = ir.VectorType(ir.IntType(16), 32)
+_FLOATS = ir.VectorType(_FLOAT, 16)
+_SPREAD = ir.Constant(ir.VectorType(_MASK, 16), [lane * 4 // LANES for lane in range(16)])   # group of each lane
+_EIGHT = ir.Constant(_HALVES, [8] * 32)
+
+
+def _vpdpwssd(builder, acc, a, b, emulated):
+    """acc + in each int32 lane the two products of its int16 halves in a and in b (vpdpwssd, or the
+    same in plain IR on CPUs without it, for the tests)."""
+    if not emulated:
+        fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpwssd.512", fnty=ir.FunctionType(_WORDS, [_WORDS] * 3))
+        return builder.call(fn, [acc, a, b])
+    wide = ir.VectorType(ir.IntType(32), 32)
+    products = builder.mul(builder.sext(builder.bitcast(a, _HALVES), wide), builder.sext(builder.bitcast(b, _HALVES), wide))
+    for k in range(2):
+        acc = builder.add(acc, builder.shuffle_vector(products, products, ir.Constant(ir.VectorType(_MASK, 16),
+                                                                                       list(range(k, 32, 2)))))
+    return acc
+
+
+def _vnni_dot_keys(heads, keys, emulated=False):
+    @intrinsic
+    def dot(typingctx, q_words, q_offset, q_scales, data, scales, offset, stride, scale_offset, scale_stride, num_quads,
+            scores, score_offset, score_row):
+        """scores[score_offset + h * score_row + j] = q_scales[h] * (query h . key j) for the `heads`
+        heads h and `keys` keys j: query h's 16-bit integers are the int32 words from q_words[q_offset +
+        h * n / 2], each quad's 16 words of its even elements then 16 of its odd ones
+        (block_products.integer_queries), n = QUAD * num_quads; key j the int8 values at data[offset
+        + j * stride:][:n], each LANES times its scale at scales[scale_offset + j * scale_stride +
+        group]. Per head and key the float32 sum over the quads of their 16 lanes times their groups'
+        scales, then the keys' sums (`lane_sums`) times the head's scale."""
+        def codegen(context, builder, signature, args):
+            q_data, qs_data, k_data, s_data, out = (_pointer(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 4, 10))
+            q_offset, offset, stride, scale_offset, scale_stride, num_quads, score_offset, score_row = \
+                (args[i] for i in (1, 5, 6, 7, 8, 9, 11, 12))
+            head_words = builder.mul(num_quads, ir.Constant(_INDEX, QUAD // 2))
+            sums = [[cgutils.alloca_once_value(builder, ir.Constant(_FLOATS, [0.0] * 16)) for _ in range(keys)]
+                    for _ in range(heads)]
+            fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(_FLOATS, [_FLOATS] * 3))
+
+            def words_at(index):
+                return builder.load(builder.bitcast(builder.gep(q_data, [index]), _WORDS.as_pointer()), align=4)
+            with cgutils.for_range(builder, num_quads) as loop:
+                quad = builder.add(q_offset, builder.mul(loop.index, ir.Constant(_INDEX, QUAD // 2)))
+                queries = []
+                for h in range(heads):
+                    first = builder.add(quad, builder.mul(head_words, ir.Constant(_INDEX, h)))
+                    queries.append((words_at(first), words_at(builder.add(first, ir.Constant(_INDEX, 16)))))
+                row = builder.add(offset, builder.mul(loop.index, ir.Constant(_INDEX, QUAD)))
+                scale_row = builder.add(scale_offset, builder.mul(loop.index, ir.Constant(_INDEX, QUAD // LANES)))
+                for j in range(keys):
+                    halves = builder.load(builder.bitcast(builder.gep(k_data, [row]), _HALVES.as_pointer()), align=1)
+                    even = builder.bitcast(builder.ashr(builder.shl(halves, _EIGHT), _EIGHT), _WORDS)
+                    odd = builder.bitcast(builder.ashr(halves, _EIGHT), _WORDS)
+                    four = builder.load(builder.bitcast(builder.gep(s_data, [scale_row]),
+                                                        ir.VectorType(_FLOAT, QUAD // LANES).as_pointer()), align=4)
+                    spread = builder.shuffle_vector(four, four, _SPREAD)
+                    for h in range(heads):
+                        ints = _vpdpwssd(builder, ir.Constant(_WORDS, [0] * 16), even, queries[h][0], emulated)
+                        ints = _vpdpwssd(builder, ints, odd, queries[h][1], emulated)
+                        builder.store(builder.call(fma, [builder.sitofp(ints, _FLOATS), spread, builder.load(sums[h][j])]),
+                                      sums[h][j])
+                    row, scale_row = builder.add(row, stride), builder.add(scale_row, scale_stride)
+            first_head = builder.udiv(q_offset, head_words)
+            for h in range(heads):
+                total = lane_sums(builder, [builder.load(s) for s in sums[h]])
+                scale = builder.load(builder.gep(qs_data, [builder.add(first_head, ir.Constant(_INDEX, h))]))
+                lanes = ir.VectorType(_FLOAT, keys)
+                one = builder.insert_element(ir.Constant(lanes, ir.Undefined), scale, ir.Constant(_MASK, 0))
+                total = builder.fmul(total, builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(_MASK, keys), [0] * keys)))
+                at = builder.add(score_offset, builder.mul(score_row, ir.Constant(_INDEX, h)))
+                builder.store(total, builder.bitcast(builder.gep(out, [at]), total.type.as_pointer()), align=4)
+            return context.get_dummy_value()
+        if not (isinstance(q_words, types.Array) and q_words.dtype == types.int32 and _floats(q_scales, scores)
+                and _int8(data, scales)):
+            return None
+        return (types.void(q_words, types.intp, q_scales, data, scales, *[types.intp] * 5, scores, types.intp, types.intp),
+                codegen)
+    return dot
+
+
+def vnni_products(emulated=False):
+    """The integer score products for passes of 1, 2 and 3 heads (KEYS, VNNI_SCORE_KEYS, VNNI_SCORE_KEYS keys)."""
+    return tuple(_vnni_dot_keys(h, KEYS if h == 1 else VNNI_SCORE_KEYS, emulated) for h in (1, 2, 3))
+
+
+vnni_dot_keys_1, vnni_dot_keys_2, vnni_dot_keys_3 = vnni_products()
