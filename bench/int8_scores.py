@@ -4,8 +4,8 @@
 
 The default model's 30 layers of attention for a 32 x 512 decode step (bench.step_bench's shapes and
 cache), the same rounded queries each way: q . k from their 16-bit integers (block_products.
-integer_scores: vpdpwssd, AVX-512 VNNI only) against the float products that widen each key
-(`packed_scores`, what runs without VNNI), timed in turn round after round (bench.measure.interleaved).
+packed_scores with the integers: vpdpwssd, AVX-512 VNNI only) against the float products that widen
+each key (without them, as runs without VNNI), timed in turn round after round (bench.measure.interleaved).
 Also the rounding itself (the turn and `round_queries` of 30 layers' queries), which only the int8
 path pays. Raw results: results/kv_int_scores_avx512.json (with the step and agreement runs).
 """

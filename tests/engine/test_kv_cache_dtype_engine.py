@@ -122,7 +122,7 @@ def test_int8_with_a_draft_model_changes_no_greedy_token(loaded, prompts):
 def heads_of_64(loaded):
     """The random model with 6 query heads of 64 over 2 KV heads: over int8 K its decodes take q . k
     from the rounded queries' integers where the CPU has AVX-512 VNNI (head_dim a multiple of 64;
-    block_products.integer_scores), while short queries and prefill tiles attend with the rounded
+    block_products.packed_scores), while short queries and prefill tiles attend with the rounded
     floats."""
     config = dataclasses.replace(loaded.config, num_heads=6, head_dim=64)
     return dataclasses.replace(loaded, config=config, weights=random_weights(config, np.dtype("float32"), seed=1))

@@ -22,15 +22,18 @@ AVX2_TARGET = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma"}
                     reason="this machine compiles for AVX2 already: the files' own tests check it")
 def test_the_kernels_compiled_for_avx2_on_an_avx512_machine(tmp_path):
     """Without AVX-512 the key products keep 8 floats a register (16 registers), and the integer
-    kernel's block products are vpmaddubsw's: the key products' tests, the int8 decode kernel
-    against the reference, and the integer kernel's tests, compiled for AVX2."""
+    kernel's block products are vpmaddubsw's, and the decode kernel holds int8 K's integer products
+    in plain IR that it never takes: the key products' tests, the int8 decode kernel against the
+    reference, the integer kernel's tests and int8 K's emulated products, compiled for AVX2."""
     script = ("import sys, pytest\n"
               "from vllmlite.kernels.numba import byte_dots, key_products\n"
               "assert key_products.WIDTH == 8 and key_products.KEYS == 8, key_products.WIDTH\n"
               "assert byte_dots.ISA == 'avx2', byte_dots.ISA\n"
               "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-n', '0', "
               "'tests/kernels/test_key_products.py', 'tests/kernels/test_int_dot.py', "
-              "'tests/kernels/test_kv_cache_dtype.py::test_numba_int8_decodes_read_in_place_match_the_reference']))\n")
+              "'tests/kernels/test_kv_cache_dtype.py::test_numba_int8_decodes_read_in_place_match_the_reference', "
+              "'tests/kernels/test_int8_scores.py::test_integer_score_products_are_the_definitions_sums[128-3-True]', "
+              "'tests/kernels/test_int8_scores.py::test_attention_over_int8_keys_uses_the_rounded_queries']))\n")
     env = {**os.environ, **AVX2_TARGET, "NUMBA_CACHE_DIR": str(tmp_path)}
     env.pop("PYTEST_XDIST_WORKER", None)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900, env=env,

@@ -190,11 +190,8 @@ def _attend_keys(q, rounding, row, k_cache, v_cache, block_table, block_size, fi
         keys = scratch[:0] if packed else load_block(k_data, k_scales, slot, num, scratch)
         for kv in range(num_kv_heads):
             _prefetch_share(next_data, next_scales, next_slot, next_num, kv, num_kv_heads)
-            if packed and words.shape[0]:
-                blocks.integer_scores(words, word_scales, qs, k_data, k_scales, slot, num, kv, group, scores,
-                                      pos - first)
-            elif packed:
-                packed_scores(qs, k_data, k_scales, slot, num, kv, group, scores, pos - first)
+            if packed:
+                packed_scores(qs, words, word_scales, k_data, k_scales, slot, num, kv, group, scores, pos - first)
             else:
                 block_scores(qs, keys, kv, group, scores, pos - first)
         pos += num

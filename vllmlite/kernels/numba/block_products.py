@@ -147,11 +147,12 @@ def reads_packed(q, data):
     raise NotImplementedError("compiled only")
 
 
-def packed_scores(qs, data, scales, slot, num, kv, group, scores, t0):
+def packed_scores(qs, words, q_scales, data, scales, slot, num, kv, group, scores, t0):
     """scores[h, t0 + j] = qs[h] . key slot + j of an int8 cache, for KV head kv's query heads h
     and j < num (the run of slots of one block): passes of up to INT8_HEADS heads, each widening
-    INT8_SCORE_KEYS keys in registers for all its heads (key_products.py), then the rest of the
-    run in loops. Where `reads_packed` is false it is never called, and does nothing."""
+    INT8_SCORE_KEYS keys in registers for all its heads (key_products.py), or with `integer_queries`'
+    (words, q_scales) not empty taking VNNI_SCORE_KEYS keys' products as integers, then the rest of
+    the run in loops. Where `reads_packed` is false it is never called, and does nothing."""
     raise NotImplementedError("compiled only")
 
 
@@ -183,38 +184,42 @@ def _int8_at(data, scales, slot, kv, d):  # pragma: no cover - compiled
     return np.float32(data[slot, kv, d]) * scales[slot, kv, d // LANES]
 
 
-def _int8_scores(qs, data, scales, slot, num, kv, group, scores, t0):  # pragma: no cover - compiled
+def _int8_scores(qs, words, q_scales, data, scales, slot, num, kv, group, scores, t0):  # pragma: no cover
     head_dim, row = data.shape[2], scores.shape[1]
+    integer = words.shape[0] > 0
     h, end = kv * group, (kv + 1) * group
     while h < end:
         heads = _pass_heads(end - h)
-        keys = KEYS if heads == 1 else INT8_SCORE_KEYS
+        keys = KEYS if heads == 1 else VNNI_SCORE_KEYS if integer else INT8_SCORE_KEYS
         j = 0
         while j + keys <= num:
             offset, scale_offset, stride, scale_stride, chunks = _packed_offsets(data, slot + j, kv)
-            args = (qs, h * head_dim, data, scales, offset, stride, scale_offset, scale_stride, chunks, scores,
-                    h * row + t0 + j, row)
-            if heads == 3:
-                products.int8_dot_keys_3(*args)
-            elif heads == 2:
-                products.int8_dot_keys_2(*args)
+            if integer:
+                words_args = (words, h * head_dim // 2, q_scales, data, scales, offset, stride, scale_offset,
+                              scale_stride, head_dim // QUAD, scores, h * row + t0 + j, row)
+                if heads == 3:
+                    products.vnni_dot_keys_3(*words_args)
+                elif heads == 2:
+                    products.vnni_dot_keys_2(*words_args)
+                else:
+                    products.vnni_dot_keys_1(*words_args)
             else:
-                products.int8_dot_keys_1(*args)
+                args = (qs, h * head_dim, data, scales, offset, stride, scale_offset, scale_stride, chunks, scores,
+                        h * row + t0 + j, row)
+                if heads == 3:
+                    products.int8_dot_keys_3(*args)
+                elif heads == 2:
+                    products.int8_dot_keys_2(*args)
+                else:
+                    products.int8_dot_keys_1(*args)
             j += keys
-        _int8_rest(qs, data, scales, slot, num, j, kv, h, heads, scores, t0)
+        for k in range(j, num):
+            for hh in range(h, h + heads):
+                dot = qs.dtype.type(0)
+                for d in range(head_dim):
+                    dot += qs[hh, d] * _int8_at(data, scales, slot + k, kv, d)
+                scores[hh, t0 + k] = dot
         h += heads
-
-
-@serial
-def _int8_rest(qs, data, scales, slot, num, j, kv, h, heads, scores, t0):  # pragma: no cover - compiled
-    """scores[hh, t0 + k] = qs[hh] . key slot + k, for heads h .. h + heads - 1 and keys j .. num - 1
-    of a run: the keys a run leaves after its calls of the products, in plain loops."""
-    for k in range(j, num):
-        for hh in range(h, h + heads):
-            dot = qs.dtype.type(0)
-            for d in range(data.shape[2]):
-                dot += qs[hh, d] * _int8_at(data, scales, slot + k, kv, d)
-            scores[hh, t0 + k] = dot
 
 
 def _int8_values(scores, data, scales, slot, num, kv, group, acc, t0):  # pragma: no cover - compiled
@@ -242,7 +247,7 @@ def _int8_values(scores, data, scales, slot, num, kv, group, acc, t0):  # pragma
         h += heads
 
 
-def _no_scores(qs, data, scales, slot, num, kv, group, scores, t0):  # pragma: no cover - compiled
+def _no_scores(qs, words, q_scales, data, scales, slot, num, kv, group, scores, t0):  # pragma: no cover - compiled
     pass
 
 
@@ -262,7 +267,7 @@ def _reads_packed_overload(q, data):
 
 
 @overload(packed_scores, jit_options={"fastmath": FASTMATH})
-def _packed_scores_overload(qs, data, scales, slot, num, kv, group, scores, t0):
+def _packed_scores_overload(qs, words, q_scales, data, scales, slot, num, kv, group, scores, t0):
     return _int8_scores if _packed(qs, data) else _no_scores
 
 
@@ -276,7 +281,7 @@ INTEGER_SCORES = ISA == "vnni"
 
 
 def integer_queries(rounding, row, scale):
-    """For `integer_scores`, of query `row` of rounding (None, or the queries' kv_dtype.round_queries
+    """For `packed_scores`, of query `row` of rounding (None, or the queries' kv_dtype.round_queries
     integers [tokens, heads, head_dim] int16 and scales [tokens, heads]): (its integers as key_products'
     integer products read them, each QUAD of a head as the int32 words of its even elements then of
     its odd ones, [heads * head_dim / 2]; its scales [heads] times scale), or two empty arrays where
@@ -307,42 +312,3 @@ def _integer_queries_overload(rounding, row, scale):
     if isinstance(rounding, types.NoneType):
         return lambda rounding, row, scale: (np.empty(0, np.int32), np.empty(0, np.float32))
     return _integer_queries
-
-
-def integer_scores(words, q_scales, qs, data, scales, slot, num, kv, group, scores, t0):
-    """`packed_scores` with `integer_queries`' (words, q_scales): passes of up to INT8_HEADS
-    heads, each VNNI_SCORE_KEYS keys (KEYS for one head) a call of key_products' integer products,
-    then the rest of the run in loops over qs (the rounded queries times the scale). Does nothing
-    where `packed_scores` does nothing."""
-    raise NotImplementedError("compiled only")
-
-
-def _integer_scores(words, q_scales, qs, data, scales, slot, num, kv, group, scores, t0):  # pragma: no cover
-    head_dim, row = data.shape[2], scores.shape[1]
-    h, end = kv * group, (kv + 1) * group
-    while h < end:
-        heads = _pass_heads(end - h)
-        keys = KEYS if heads == 1 else VNNI_SCORE_KEYS
-        j = 0
-        while j + keys <= num:
-            offset, scale_offset, stride, scale_stride, _ = _packed_offsets(data, slot + j, kv)
-            args = (words, h * head_dim // 2, q_scales, data, scales, offset, stride, scale_offset,
-                    scale_stride, head_dim // QUAD, scores, h * row + t0 + j, row)
-            if heads == 3:
-                products.vnni_dot_keys_3(*args)
-            elif heads == 2:
-                products.vnni_dot_keys_2(*args)
-            else:
-                products.vnni_dot_keys_1(*args)
-            j += keys
-        _int8_rest(qs, data, scales, slot, num, j, kv, h, heads, scores, t0)
-        h += heads
-
-
-def _no_integer_scores(words, q_scales, qs, data, scales, slot, num, kv, group, scores, t0):  # pragma: no cover
-    pass
-
-
-@overload(integer_scores, jit_options={"fastmath": FASTMATH})
-def _integer_scores_overload(words, q_scales, qs, data, scales, slot, num, kv, group, scores, t0):
-    return _integer_scores if _packed(qs, data) and INTEGER_SCORES else _no_integer_scores

@@ -27,6 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from vllmlite.kernels.numba.byte_dots import ISA
 from vllmlite.kernels.numba.jit import cpu_features
 
 LANES = 16   # float32 values in a chunk of head_dim: an int8 group (kv_dtype.INT8_GROUP) shares a scale
@@ -382,4 +383,6 @@ def vnni_products(emulated=False):
     return tuple(_vnni_dot_keys(h, KEYS if h == 1 else VNNI_SCORE_KEYS, emulated) for h in (1, 2, 3))
 
 
-vnni_dot_keys_1, vnni_dot_keys_2, vnni_dot_keys_3 = vnni_products()
+# Without VNNI the plain-IR form, which LLVM can compile there: the decode kernel holds these calls
+# on every CPU, and takes them only where block_products.INTEGER_SCORES.
+vnni_dot_keys_1, vnni_dot_keys_2, vnni_dot_keys_3 = vnni_products(emulated=ISA != "vnni")
