@@ -307,8 +307,13 @@ def _integer_queries(rounding, row, scale):  # pragma: no cover - compiled
     return halves.view(np.int32), scales
 
 
+# What integer_queries gives a decode without rounding (any cache but int8): constants numba freezes
+# into the kernel, so a float cache's decode allocates nothing for it.
+_NO_WORDS, _NO_SCALES = np.empty(0, np.int32), np.empty(0, np.float32)
+
+
 @overload(integer_queries)
 def _integer_queries_overload(rounding, row, scale):
     if isinstance(rounding, types.NoneType):
-        return lambda rounding, row, scale: (np.empty(0, np.int32), np.empty(0, np.float32))
+        return lambda rounding, row, scale: (_NO_WORDS, _NO_SCALES)
     return _integer_queries
